@@ -1,0 +1,360 @@
+//! The Rust client of leasecore, used by the CLI, the benchmarks and the tests.
+//!
+//! It holds a list of endpoints and fails over between them:
+//! - a request that certainly did not reach a node (connection refused) goes to the next one;
+//! - a 503 with a retryable code (`no_leader`, `no_quorum`, `shutting_down`) is retried, on the
+//!   next endpoint, with a short growing backoff: nothing was applied;
+//! - a request that may have reached a node and then failed is retried only if it is a read.
+//!   A write in that state returns its error (`outcome_unknown`) instead of risking a duplicate.
+//!
+//! Errors come back typed: [`ClientError::Api`] carries the server's code and message.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use percent_encoding::{AsciiSet, CONTROLS, utf8_percent_encode};
+use reqwest::{Method, StatusCode};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+use thiserror::Error;
+
+use crate::domain::types::NodeId;
+use crate::raft::consensus::ClusterView;
+use crate::wire::{
+    AddNodeRequest, DeleteResponse, ErrorBody, GetResponse, ListResponse, PutRequest, PutResponse,
+};
+
+/// Characters escaped in a key path segment. `/` stays literal: keys may contain it.
+const KEY_ESCAPES: &AsciiSet = &CONTROLS
+    .add(b' ')
+    .add(b'"')
+    .add(b'#')
+    .add(b'%')
+    .add(b'<')
+    .add(b'>')
+    .add(b'?')
+    .add(b'`')
+    .add(b'{')
+    .add(b'}')
+    .add(b'\\')
+    .add(b'^')
+    .add(b'|')
+    .add(b'[')
+    .add(b']')
+    .add(b'+')
+    .add(b'&')
+    .add(b'=');
+
+/// Characters escaped in a query parameter value.
+const QUERY_ESCAPES: &AsciiSet = &KEY_ESCAPES.add(b'/');
+
+/// Escape a key (or any text) for a URL path.
+pub fn encode_path(key: &str) -> String {
+    utf8_percent_encode(key, KEY_ESCAPES).to_string()
+}
+
+/// Escape a query parameter value.
+pub fn encode_query(v: &str) -> String {
+    utf8_percent_encode(v, QUERY_ESCAPES).to_string()
+}
+
+/// A failed call.
+#[derive(Debug, Error)]
+pub enum ClientError {
+    /// The server answered with an error document.
+    #[error("{code} ({status}): {message}")]
+    Api {
+        status: u16,
+        code: String,
+        message: String,
+        body: Value,
+    },
+    /// No endpoint gave a usable answer.
+    #[error("no endpoint answered: {0}")]
+    Unavailable(String),
+    /// A write reached a node that then failed: it may or may not have been applied.
+    #[error("the request may have been applied, but no answer came back: {0}")]
+    Uncertain(String),
+    /// Bad arguments before anything was sent.
+    #[error("{0}")]
+    Usage(String),
+}
+
+impl ClientError {
+    /// The server's error code, if the server answered.
+    pub fn code(&self) -> Option<&str> {
+        match self {
+            ClientError::Api { code, .. } => Some(code),
+            _ => None,
+        }
+    }
+
+    /// The HTTP status, if the server answered.
+    pub fn status(&self) -> Option<u16> {
+        match self {
+            ClientError::Api { status, .. } => Some(*status),
+            _ => None,
+        }
+    }
+}
+
+/// A client of a leasecore cluster.
+pub struct Client {
+    endpoints: Vec<String>,
+    http: reqwest::Client,
+    /// The endpoint to try first (the last one that answered).
+    preferred: AtomicUsize,
+    /// Attempts per call, across endpoints.
+    attempts: usize,
+}
+
+impl Client {
+    /// A client of the given endpoints (`http://host:port`, or `host:port`).
+    pub fn new<S: AsRef<str>>(endpoints: &[S]) -> Result<Self, ClientError> {
+        Self::with_timeout(endpoints, Duration::from_secs(15))
+    }
+
+    /// A client whose requests each time out after `timeout`.
+    pub fn with_timeout<S: AsRef<str>>(
+        endpoints: &[S],
+        timeout: Duration,
+    ) -> Result<Self, ClientError> {
+        let endpoints: Vec<String> = endpoints
+            .iter()
+            .map(|e| normalize_endpoint(e.as_ref()))
+            .filter(|e| !e.is_empty())
+            .collect();
+        if endpoints.is_empty() {
+            return Err(ClientError::Usage("no endpoint given".into()));
+        }
+        let http = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(2))
+            .timeout(timeout)
+            .tcp_nodelay(true)
+            .build()
+            .map_err(|e| ClientError::Usage(e.to_string()))?;
+        let attempts = (endpoints.len() * 3).max(6);
+        Ok(Client {
+            endpoints,
+            http,
+            preferred: AtomicUsize::new(0),
+            attempts,
+        })
+    }
+
+    /// The endpoints, normalized.
+    pub fn endpoints(&self) -> &[String] {
+        &self.endpoints
+    }
+
+    /// Send one call with failover; decode the success document as `T`.
+    pub async fn call<T: DeserializeOwned>(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<&(impl Serialize + ?Sized)>,
+    ) -> Result<T, ClientError> {
+        let value = self.call_raw(method, path, body).await?;
+        serde_json::from_value(value)
+            .map_err(|e| ClientError::Unavailable(format!("undecodable answer: {e}")))
+    }
+
+    /// Send one call with failover; return the success document as JSON.
+    pub async fn call_raw(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<&(impl Serialize + ?Sized)>,
+    ) -> Result<Value, ClientError> {
+        let body = match body {
+            Some(b) => Some(serde_json::to_vec(b).map_err(|e| ClientError::Usage(e.to_string()))?),
+            None => None,
+        };
+        let idempotent = method == Method::GET;
+        let n = self.endpoints.len();
+        let first = self.preferred.load(Ordering::Relaxed);
+        let mut last_error = String::new();
+        for attempt in 0..self.attempts {
+            let index = (first + attempt) % n;
+            let url = format!("{}{}", self.endpoints[index], path);
+            let mut req = self.http.request(method.clone(), &url);
+            if let Some(b) = &body {
+                req = req
+                    .header(reqwest::header::CONTENT_TYPE, "application/json")
+                    .body(b.clone());
+            }
+            match req.send().await {
+                Err(e) => {
+                    last_error = format!("{url}: {e}");
+                    if !(e.is_connect() || idempotent) {
+                        return Err(ClientError::Uncertain(last_error));
+                    }
+                }
+                Ok(resp) => {
+                    let status = resp.status();
+                    let bytes = match resp.bytes().await {
+                        Ok(b) => b,
+                        Err(e) if idempotent => {
+                            last_error = format!("{url}: {e}");
+                            continue;
+                        }
+                        Err(e) => return Err(ClientError::Uncertain(format!("{url}: {e}"))),
+                    };
+                    if status.is_success() {
+                        self.preferred.store(index, Ordering::Relaxed);
+                        return serde_json::from_slice(&bytes).map_err(|e| {
+                            ClientError::Unavailable(format!("{url}: undecodable answer: {e}"))
+                        });
+                    }
+                    let err = api_error(status, &bytes);
+                    let retry = status == StatusCode::SERVICE_UNAVAILABLE
+                        && matches!(
+                            err.code(),
+                            Some("no_leader" | "no_quorum" | "shutting_down")
+                        );
+                    if !retry {
+                        return Err(err);
+                    }
+                    last_error = err.to_string();
+                }
+            }
+            // Back off a little more on each pass over the endpoints.
+            let pass = (attempt / n) as u64;
+            tokio::time::sleep(Duration::from_millis(50 + 150 * pass)).await;
+        }
+        Err(ClientError::Unavailable(last_error))
+    }
+
+    /// Put a key; `prev_revision` makes it a compare-and-set (0: must not exist).
+    pub async fn put(
+        &self,
+        key: &str,
+        value: &str,
+        lease: Option<&str>,
+        prev_revision: Option<u64>,
+    ) -> Result<PutResponse, ClientError> {
+        let mut path = format!("/v1/kv/{}", encode_path(key));
+        if let Some(p) = prev_revision {
+            path.push_str(&format!("?prev_revision={p}"));
+        }
+        let body = PutRequest {
+            value: value.to_string(),
+            lease: lease.map(str::to_string),
+        };
+        self.call(Method::PUT, &path, Some(&body)).await
+    }
+
+    /// Get a key: `Ok(None)` when it does not exist.
+    pub async fn get(&self, key: &str, local: bool) -> Result<Option<GetResponse>, ClientError> {
+        let mut path = format!("/v1/kv/{}", encode_path(key));
+        if local {
+            path.push_str("?consistency=local");
+        }
+        match self.call(Method::GET, &path, None::<&()>).await {
+            Ok(v) => Ok(Some(v)),
+            Err(e) if e.code() == Some("key_not_found") => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// List keys under a prefix.
+    pub async fn list(
+        &self,
+        prefix: &str,
+        limit: Option<usize>,
+        local: bool,
+    ) -> Result<ListResponse, ClientError> {
+        let mut path = format!("/v1/kv?prefix={}", encode_query(prefix));
+        if let Some(l) = limit {
+            path.push_str(&format!("&limit={l}"));
+        }
+        if local {
+            path.push_str("&consistency=local");
+        }
+        self.call(Method::GET, &path, None::<&()>).await
+    }
+
+    /// Delete a key; `prev_revision` makes it conditional.
+    pub async fn delete(
+        &self,
+        key: &str,
+        prev_revision: Option<u64>,
+    ) -> Result<DeleteResponse, ClientError> {
+        let mut path = format!("/v1/kv/{}", encode_path(key));
+        if let Some(p) = prev_revision {
+            path.push_str(&format!("?prev_revision={p}"));
+        }
+        self.call(Method::DELETE, &path, None::<&()>).await
+    }
+
+    /// The cluster as the first answering node sees it.
+    pub async fn cluster_status(&self) -> Result<ClusterView, ClientError> {
+        self.call(Method::GET, "/v1/cluster", None::<&()>).await
+    }
+
+    /// Add a node (as learner, then voter).
+    pub async fn add_node(&self, id: NodeId, address: &str) -> Result<ClusterView, ClientError> {
+        let body = AddNodeRequest {
+            id,
+            address: address.to_string(),
+        };
+        self.call(Method::POST, "/v1/cluster/nodes", Some(&body))
+            .await
+    }
+
+    /// Remove a node from the cluster.
+    pub async fn remove_node(&self, id: NodeId) -> Result<ClusterView, ClientError> {
+        self.call(
+            Method::DELETE,
+            &format!("/v1/cluster/nodes/{id}"),
+            None::<&()>,
+        )
+        .await
+    }
+}
+
+fn normalize_endpoint(e: &str) -> String {
+    let e = e.trim().trim_end_matches('/');
+    if e.is_empty() || e.starts_with("http://") || e.starts_with("https://") {
+        e.to_string()
+    } else {
+        format!("http://{e}")
+    }
+}
+
+fn api_error(status: StatusCode, body: &[u8]) -> ClientError {
+    match serde_json::from_slice::<ErrorBody>(body) {
+        Ok(doc) => ClientError::Api {
+            status: status.as_u16(),
+            code: doc.error.code,
+            message: doc.error.message,
+            body: serde_json::from_slice(body).unwrap_or(Value::Null),
+        },
+        Err(_) => ClientError::Api {
+            status: status.as_u16(),
+            code: "http_error".into(),
+            message: String::from_utf8_lossy(&body[..body.len().min(300)]).into_owned(),
+            body: Value::Null,
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_keep_slashes_and_escape_reserved_characters() {
+        assert_eq!(encode_path("a/b/c"), "a/b/c");
+        assert_eq!(encode_path("a b?c#d%"), "a%20b%3Fc%23d%25");
+        assert_eq!(encode_path("é"), "%C3%A9");
+        assert_eq!(encode_query("a/b&c"), "a%2Fb%26c");
+    }
+
+    #[test]
+    fn endpoints_are_normalized() {
+        assert_eq!(normalize_endpoint("127.0.0.1:7001/"), "http://127.0.0.1:7001");
+        assert_eq!(normalize_endpoint("http://h:1"), "http://h:1");
+    }
+}

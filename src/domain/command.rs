@@ -1,0 +1,97 @@
+//! The Raft log vocabulary: [`Command`] in, [`Response`] and [`Event`] out.
+//!
+//! # Invariants
+//! - A `Command` carries everything its apply needs: no apply reads a clock, a random source or
+//!   local configuration, so every replica computes the same result from the same entry.
+//! - Domain failures ([`KvError`]) are part of the applied result: an entry that fails a CAS is
+//!   still applied (it changes nothing) and its error goes back to the client.
+//! - The serialized form is the log format. Variants and fields may be added (with
+//!   `#[serde(default)]`), never renamed or repurposed, because old entries stay in logs and
+//!   snapshots.
+
+use serde::{Deserialize, Serialize};
+
+use super::types::Revision;
+
+/// A state-machine command, proposed through Raft and applied on every replica.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum Command {
+    /// Create or replace a key. With `prev_revision`, only if the key's current mod revision
+    /// equals it (0: only if the key does not exist).
+    Put {
+        key: String,
+        value: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        lease: Option<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        prev_revision: Option<Revision>,
+    },
+    /// Delete a key. With `prev_revision`, only if its mod revision equals it.
+    Delete {
+        key: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        prev_revision: Option<Revision>,
+    },
+}
+
+/// The applied result of one log entry, returned to whoever proposed it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "result", rename_all = "snake_case")]
+pub enum Response {
+    /// An entry with no client payload (a leader's blank entry, a membership change).
+    Empty,
+    /// A put applied at `revision`.
+    Put { revision: Revision },
+    /// A delete; `deleted` is 0 when the key did not exist (the revision is then unchanged).
+    Delete { revision: Revision, deleted: u32 },
+    /// The command was applied and changed nothing, for this reason.
+    Rejected { error: KvError },
+}
+
+/// A deterministic domain failure decided at apply time.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+#[serde(tag = "code", rename_all = "snake_case")]
+pub enum KvError {
+    /// A compare-and-set found another mod revision (0 when the key does not exist).
+    #[error("key {key:?} is at revision {actual}, not {expected}")]
+    RevisionMismatch {
+        key: String,
+        expected: Revision,
+        actual: Revision,
+    },
+    /// A put named a lease that does not exist when the entry applied.
+    #[error("lease {lease:?} does not exist")]
+    LeaseNotFound { lease: String },
+}
+
+/// Why a key changed: what a watcher sees.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Cause {
+    Client,
+    LeaseExpired,
+    LeaseRevoked,
+}
+
+/// The kind of change.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EventKind {
+    Put,
+    Delete,
+}
+
+/// One change to one key, at its own revision. Events are produced only by apply.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Event {
+    #[serde(rename = "type")]
+    pub kind: EventKind,
+    pub key: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value: Option<String>,
+    pub revision: Revision,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease: Option<String>,
+    pub cause: Cause,
+}

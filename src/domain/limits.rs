@@ -1,0 +1,117 @@
+//! Input validation: what a client may send, decided before anything is proposed.
+//!
+//! Validation happens at the edge (HTTP, CLI) so that bad input never reaches the log. Apply
+//! itself stays total: it accepts any well-formed command, so an entry written under other
+//! limits (a changed configuration, an older version) still applies the same everywhere.
+
+use thiserror::Error;
+
+/// The largest key, in bytes of UTF-8.
+pub const MAX_KEY_BYTES: usize = 1024;
+/// The default largest value, in bytes of UTF-8.
+pub const DEFAULT_MAX_VALUE_BYTES: usize = 1 << 20;
+/// The largest lease name, in bytes.
+pub const MAX_LEASE_NAME_BYTES: usize = 1024;
+
+/// Size limits in force on this node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits {
+    pub max_value_bytes: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_value_bytes: DEFAULT_MAX_VALUE_BYTES,
+        }
+    }
+}
+
+/// Why input was refused.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum InvalidInput {
+    /// Malformed input: the client must change the request.
+    #[error("{0}")]
+    Invalid(String),
+    /// Input over a size limit.
+    #[error("{0}")]
+    TooLarge(String),
+}
+
+impl Limits {
+    /// A key is a non-empty UTF-8 string of at most [`MAX_KEY_BYTES`] bytes.
+    pub fn check_key(&self, key: &str) -> Result<(), InvalidInput> {
+        if key.is_empty() {
+            return Err(InvalidInput::Invalid("key must not be empty".into()));
+        }
+        if key.len() > MAX_KEY_BYTES {
+            return Err(InvalidInput::Invalid(format!(
+                "key is {} bytes; the limit is {MAX_KEY_BYTES}",
+                key.len()
+            )));
+        }
+        Ok(())
+    }
+
+    /// A value is at most `max_value_bytes` bytes of UTF-8 (it may be empty).
+    pub fn check_value(&self, value: &str) -> Result<(), InvalidInput> {
+        if value.len() > self.max_value_bytes {
+            return Err(InvalidInput::TooLarge(format!(
+                "value is {} bytes; the limit is {}",
+                value.len(),
+                self.max_value_bytes
+            )));
+        }
+        Ok(())
+    }
+
+    /// A lease name is a non-empty string of at most [`MAX_LEASE_NAME_BYTES`] bytes.
+    pub fn check_lease_name(&self, name: &str) -> Result<(), InvalidInput> {
+        if name.is_empty() {
+            return Err(InvalidInput::Invalid("lease name must not be empty".into()));
+        }
+        if name.len() > MAX_LEASE_NAME_BYTES {
+            return Err(InvalidInput::Invalid(format!(
+                "lease name is {} bytes; the limit is {MAX_LEASE_NAME_BYTES}",
+                name.len()
+            )));
+        }
+        Ok(())
+    }
+
+    /// The largest request body worth reading: a value may be JSON-escaped (up to six bytes
+    /// per byte for control characters), plus room for the rest of the document.
+    pub fn max_body_bytes(&self) -> usize {
+        self.max_value_bytes.saturating_mul(6).saturating_add(64 * 1024)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_at_and_over_the_limit() {
+        let l = Limits::default();
+        assert!(l.check_key("a").is_ok());
+        assert!(l.check_key(&"k".repeat(MAX_KEY_BYTES)).is_ok());
+        assert!(matches!(
+            l.check_key(&"k".repeat(MAX_KEY_BYTES + 1)),
+            Err(InvalidInput::Invalid(_))
+        ));
+        assert!(matches!(l.check_key(""), Err(InvalidInput::Invalid(_))));
+        // Multi-byte characters count in bytes, not characters.
+        assert!(l.check_key(&"é".repeat(MAX_KEY_BYTES / 2 + 1)).is_err());
+    }
+
+    #[test]
+    fn values_at_and_over_the_limit() {
+        let l = Limits { max_value_bytes: 4 };
+        assert!(l.check_value("").is_ok());
+        assert!(l.check_value("abcd").is_ok());
+        assert!(matches!(
+            l.check_value("abcde"),
+            Err(InvalidInput::TooLarge(_))
+        ));
+    }
+}

@@ -1,0 +1,21 @@
+//! The pure core of leasecore: every rule lives here.
+//!
+//! # The sans-I/O contract
+//! - Nothing in `domain` does I/O, spawns, sleeps or reads a clock. It does not name tokio,
+//!   sled, axum, reqwest or openraft. Inputs are method calls (any that depend on time take
+//!   `now` as an argument); outputs are return values.
+//! - Iteration that reaches an output is deterministic (`BTreeMap`/`BTreeSet`), so every replica
+//!   applying the same log produces byte-identical state and the same events.
+//! - Errors here are *deterministic* domain outcomes (a CAS mismatch, an unknown lease). They are
+//!   values that travel back to the client; they never stop a node.
+//!
+//! # Layout
+//! - [`types`]: newtypes shared by every layer (revisions, time).
+//! - [`command`]: the Raft log vocabulary: `Command` in, `Response` and `Event` out.
+//! - [`limits`]: input validation shared by the HTTP edge and the CLI.
+//! - [`kv`]: `KvState`, the replicated key-value state machine.
+
+pub mod command;
+pub mod kv;
+pub mod limits;
+pub mod types;

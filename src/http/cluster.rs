@@ -1,0 +1,107 @@
+//! `/v1/cluster`: membership status and changes, `/health` and `/metrics`.
+
+use axum::Json;
+use axum::extract::State;
+use axum::http::header;
+use axum::response::IntoResponse;
+use serde_json::{Value, json};
+
+use super::AppState;
+use super::error::ApiError;
+use super::extract::{ApiJson, ApiPath};
+use crate::raft::consensus::{AdminRequest, ClusterView};
+use crate::wire::AddNodeRequest;
+
+pub async fn status(State(state): State<AppState>) -> Json<ClusterView> {
+    Json(state.consensus.cluster_view())
+}
+
+pub async fn add_node(
+    State(state): State<AppState>,
+    ApiJson(req): ApiJson<AddNodeRequest>,
+) -> Result<Json<ClusterView>, ApiError> {
+    check_address(&req.address)?;
+    state
+        .consensus
+        .admin(AdminRequest::AddNode {
+            id: req.id,
+            address: req.address,
+        })
+        .await?;
+    Ok(Json(state.consensus.cluster_view()))
+}
+
+pub async fn remove_node(
+    State(state): State<AppState>,
+    ApiPath(id): ApiPath<u64>,
+) -> Result<Json<ClusterView>, ApiError> {
+    state
+        .consensus
+        .admin(AdminRequest::RemoveNode { id })
+        .await?;
+    Ok(Json(state.consensus.cluster_view()))
+}
+
+/// A node address is `host:port`, the form peers dial.
+fn check_address(addr: &str) -> Result<(), ApiError> {
+    let ok = addr
+        .rsplit_once(':')
+        .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok_and(|p| p > 0))
+        && !addr.contains('/')
+        && !addr.contains(char::is_whitespace);
+    if ok {
+        Ok(())
+    } else {
+        Err(ApiError::invalid(format!(
+            "address {addr:?} must be host:port (no scheme)"
+        )))
+    }
+}
+
+pub async fn health(State(state): State<AppState>) -> Json<Value> {
+    let view = state.consensus.cluster_view();
+    Json(json!({
+        "status": "ok",
+        "node_id": view.node_id,
+        "state": view.state,
+        "leader_id": view.leader_id,
+    }))
+}
+
+pub async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
+    let v = state.consensus.cluster_view();
+    let is_leader = if v.leader_id == Some(v.node_id) && v.state == "leader" {
+        1.0
+    } else {
+        0.0
+    };
+    let gauges = [
+        ("leasecore_is_leader", "1 if this node is the Raft leader.", is_leader),
+        ("leasecore_raft_term", "The current Raft term.", v.term as f64),
+        (
+            "leasecore_raft_commit_index",
+            "The highest log index known committed.",
+            v.commit_index as f64,
+        ),
+        (
+            "leasecore_raft_applied_index",
+            "The highest log index applied to the state machine.",
+            v.applied_index as f64,
+        ),
+        (
+            "leasecore_raft_last_log_index",
+            "The last log index on this node.",
+            v.last_log_index as f64,
+        ),
+        ("leasecore_store_revision", "The store revision.", v.revision.0 as f64),
+        (
+            "leasecore_cluster_nodes",
+            "Nodes in the membership (voters and learners).",
+            v.nodes.len() as f64,
+        ),
+    ];
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        state.metrics.render(&gauges),
+    )
+}

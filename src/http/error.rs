@@ -1,0 +1,123 @@
+//! Every error a client can see, mapped to an HTTP status in ONE place.
+//!
+//! The body is always `{"error": {"code": "snake_case", "message": "...", ...details}}`. Codes
+//! are part of the contract (DESIGN.md section 6); messages are for people. 503 answers carry a
+//! `Retry-After` header: they are the retryable ones.
+
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde_json::{Map, Value, json};
+
+use crate::domain::command::KvError;
+use crate::domain::limits::InvalidInput;
+use crate::raft::consensus::ConsensusError;
+use crate::wire::{ErrorBody, ErrorDetail};
+
+/// An error on its way to a client.
+#[derive(Debug)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub code: &'static str,
+    pub message: String,
+    pub details: Map<String, Value>,
+}
+
+impl ApiError {
+    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+        ApiError {
+            status,
+            code,
+            message: message.into(),
+            details: Map::new(),
+        }
+    }
+
+    /// Add a machine-readable detail next to the code.
+    pub fn with(mut self, name: &str, value: impl Into<Value>) -> Self {
+        self.details.insert(name.to_string(), value.into());
+        self
+    }
+
+    pub fn invalid(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, "invalid_argument", message)
+    }
+
+    pub fn too_large(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::PAYLOAD_TOO_LARGE, "too_large", message)
+    }
+
+    pub fn not_found(code: &'static str, message: impl Into<String>) -> Self {
+        Self::new(StatusCode::NOT_FOUND, code, message)
+    }
+}
+
+impl From<InvalidInput> for ApiError {
+    fn from(e: InvalidInput) -> Self {
+        match e {
+            InvalidInput::Invalid(m) => ApiError::invalid(m),
+            InvalidInput::TooLarge(m) => ApiError::too_large(m),
+        }
+    }
+}
+
+impl From<KvError> for ApiError {
+    fn from(e: KvError) -> Self {
+        let message = e.to_string();
+        match e {
+            KvError::RevisionMismatch {
+                key,
+                expected,
+                actual,
+            } => ApiError::new(StatusCode::CONFLICT, "revision_mismatch", message)
+                .with("key", key)
+                .with("expected", expected.0)
+                .with("actual", actual.0),
+            KvError::LeaseNotFound { lease } => {
+                ApiError::not_found("lease_not_found", message).with("lease", lease)
+            }
+        }
+    }
+}
+
+impl From<ConsensusError> for ApiError {
+    fn from(e: ConsensusError) -> Self {
+        let message = e.to_string();
+        let unavailable = StatusCode::SERVICE_UNAVAILABLE;
+        match e {
+            ConsensusError::NoLeader | ConsensusError::NotLeader => {
+                ApiError::new(unavailable, "no_leader", message)
+            }
+            ConsensusError::NoQuorum => ApiError::new(unavailable, "no_quorum", message),
+            ConsensusError::OutcomeUnknown { .. } => {
+                ApiError::new(unavailable, "outcome_unknown", message)
+            }
+            ConsensusError::Timeout { .. } => {
+                ApiError::new(StatusCode::GATEWAY_TIMEOUT, "timeout", message)
+            }
+            ConsensusError::ShuttingDown => ApiError::new(unavailable, "shutting_down", message),
+            ConsensusError::InvalidMembership { .. } => ApiError::invalid(message),
+            ConsensusError::NodeNotFound { id } => {
+                ApiError::not_found("node_not_found", message).with("id", id)
+            }
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let retryable = self.status == StatusCode::SERVICE_UNAVAILABLE;
+        let body = ErrorBody {
+            error: ErrorDetail {
+                code: self.code.to_string(),
+                message: self.message,
+                details: self.details,
+            },
+        };
+        let mut resp = (self.status, axum::Json(json!(body))).into_response();
+        if retryable {
+            resp.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        resp
+    }
+}

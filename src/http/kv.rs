@@ -1,0 +1,174 @@
+//! `/v1/kv`: put, get, delete and prefix listing.
+//!
+//! Handlers extract, validate at the edge (so bad input never reaches the log), call the
+//! consensus layer, and map the applied result. Reads are linearizable unless the client asks
+//! for `consistency=local`, which serves this node's applied state (possibly stale, never torn).
+
+use axum::Json;
+use axum::extract::State;
+use serde::Deserialize;
+
+use super::AppState;
+use super::error::ApiError;
+use super::extract::{ApiJson, ApiPath, ApiQuery};
+use crate::domain::command::{Command, Response};
+use crate::domain::types::Revision;
+use crate::wire::{DeleteResponse, GetResponse, KeyValue, ListResponse, PutRequest, PutResponse};
+
+/// The default and the largest `limit` of a listing.
+pub const DEFAULT_LIST_LIMIT: usize = 10_000;
+pub const MAX_LIST_LIMIT: usize = 100_000;
+
+/// How a read is served.
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum Consistency {
+    /// Confirmed with a quorum, reflects every write acknowledged before the read began.
+    #[default]
+    Linearizable,
+    /// This node's applied state, without a quorum round.
+    Local,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WriteQuery {
+    prev_revision: Option<u64>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReadQuery {
+    #[serde(default)]
+    consistency: Consistency,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ListQuery {
+    #[serde(default)]
+    prefix: String,
+    limit: Option<usize>,
+    #[serde(default)]
+    consistency: Consistency,
+}
+
+/// Run a command and count it.
+pub(super) async fn propose(state: &AppState, cmd: Command) -> Result<Response, ApiError> {
+    use std::sync::atomic::Ordering::Relaxed;
+    state.metrics.proposals.fetch_add(1, Relaxed);
+    state.consensus.propose(cmd).await.map_err(|e| {
+        state.metrics.proposals_failed.fetch_add(1, Relaxed);
+        ApiError::from(e)
+    })
+}
+
+/// Make a read linearizable if asked.
+pub(super) async fn read_point(state: &AppState, c: Consistency) -> Result<(), ApiError> {
+    match c {
+        Consistency::Linearizable => Ok(state.consensus.read_barrier().await?),
+        Consistency::Local => Ok(()),
+    }
+}
+
+pub async fn put(
+    State(state): State<AppState>,
+    ApiPath(key): ApiPath<String>,
+    ApiQuery(q): ApiQuery<WriteQuery>,
+    ApiJson(body): ApiJson<PutRequest>,
+) -> Result<Json<PutResponse>, ApiError> {
+    state.limits.check_key(&key)?;
+    state.limits.check_value(&body.value)?;
+    if let Some(lease) = &body.lease {
+        state.limits.check_lease_name(lease)?;
+    }
+    let cmd = Command::Put {
+        key,
+        value: body.value,
+        lease: body.lease,
+        prev_revision: q.prev_revision.map(Revision),
+    };
+    match propose(&state, cmd).await? {
+        Response::Put { revision } => Ok(Json(PutResponse { revision })),
+        other => Err(unexpected(other)),
+    }
+}
+
+pub async fn get(
+    State(state): State<AppState>,
+    ApiPath(key): ApiPath<String>,
+    ApiQuery(q): ApiQuery<ReadQuery>,
+) -> Result<Json<GetResponse>, ApiError> {
+    state.limits.check_key(&key)?;
+    read_point(&state, q.consistency).await?;
+    match state.consensus.view().get(&key) {
+        (revision, Some(v)) => Ok(Json(GetResponse {
+            kv: KeyValue::new(key, v),
+            revision,
+        })),
+        (revision, None) => Err(ApiError::not_found(
+            "key_not_found",
+            format!("key {key:?} does not exist"),
+        )
+        .with("key", key)
+        .with("revision", revision.0)),
+    }
+}
+
+pub async fn list(
+    State(state): State<AppState>,
+    ApiQuery(q): ApiQuery<ListQuery>,
+) -> Result<Json<ListResponse>, ApiError> {
+    let limit = q.limit.unwrap_or(DEFAULT_LIST_LIMIT);
+    if limit == 0 || limit > MAX_LIST_LIMIT {
+        return Err(ApiError::invalid(format!(
+            "limit must be between 1 and {MAX_LIST_LIMIT}"
+        )));
+    }
+    read_point(&state, q.consistency).await?;
+    // One more than asked tells whether the listing was cut short.
+    let (revision, mut items) = state.consensus.view().list(&q.prefix, limit + 1);
+    let more = items.len() > limit;
+    items.truncate(limit);
+    Ok(Json(ListResponse {
+        revision,
+        items: items
+            .into_iter()
+            .map(|(k, v)| KeyValue::new(k, v))
+            .collect(),
+        more,
+    }))
+}
+
+pub async fn delete(
+    State(state): State<AppState>,
+    ApiPath(key): ApiPath<String>,
+    ApiQuery(q): ApiQuery<WriteQuery>,
+) -> Result<Json<DeleteResponse>, ApiError> {
+    state.limits.check_key(&key)?;
+    let cmd = Command::Delete {
+        key,
+        prev_revision: q.prev_revision.map(Revision),
+    };
+    match propose(&state, cmd).await? {
+        Response::Delete { revision, deleted } => Ok(Json(DeleteResponse { revision, deleted })),
+        other => Err(unexpected(other)),
+    }
+}
+
+/// `/v1/kv/` with nothing after it.
+pub async fn empty_key() -> ApiError {
+    ApiError::invalid("key must not be empty")
+}
+
+/// Map an applied response that is not the success shape of the call.
+pub(super) fn unexpected(resp: Response) -> ApiError {
+    match resp {
+        Response::Rejected { error } => error.into(),
+        other => ApiError::new(
+            axum::http::StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            format!("unexpected applied result {other:?}"),
+        ),
+    }
+}

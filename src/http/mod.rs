@@ -1,0 +1,166 @@
+//! The HTTP server (axum): one port per node for clients (`/v1/...`), peers (`/raft/...`),
+//! `/health` and `/metrics`.
+//!
+//! # Invariants
+//! - The router is built only from [`route_table`], which is also what the OpenAPI test reads:
+//!   a route cannot exist without being documented (or be documented without existing).
+//! - Every error a client can cause is a JSON error document with a 4xx status
+//!   ([`error::ApiError`]), including unknown routes, wrong methods and undecodable bodies.
+//! - Handlers translate; they decide nothing. Rules live in `domain`.
+
+pub mod cluster;
+pub mod error;
+pub mod extract;
+pub mod kv;
+pub mod peer;
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::Router;
+use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
+use axum::http::StatusCode;
+use axum::middleware::{self, Next};
+use axum::response::Response;
+use axum::routing::{MethodRouter, delete, get, post, put};
+use tokio_util::sync::CancellationToken;
+
+use crate::domain::limits::Limits;
+use crate::metrics::Metrics;
+use crate::raft::consensus::Consensus;
+use crate::raft::network::routes;
+use error::ApiError;
+
+/// The largest peer message (a snapshot frame).
+pub const MAX_PEER_BODY_BYTES: usize = 1 << 30;
+
+/// What every handler can reach.
+#[derive(Clone)]
+pub struct AppState {
+    pub consensus: Consensus,
+    pub limits: Limits,
+    pub metrics: Arc<Metrics>,
+}
+
+/// Who a route is for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Audience {
+    /// Documented in api/openapi.yaml.
+    Public,
+    /// Node-to-node only.
+    Peer,
+}
+
+/// One route.
+pub struct RouteSpec {
+    pub method: &'static str,
+    pub path: &'static str,
+    pub audience: Audience,
+    pub handler: MethodRouter<AppState>,
+}
+
+fn spec(
+    method: &'static str,
+    path: &'static str,
+    audience: Audience,
+    handler: MethodRouter<AppState>,
+) -> RouteSpec {
+    RouteSpec {
+        method,
+        path,
+        audience,
+        handler,
+    }
+}
+
+/// Every route the node serves.
+pub fn route_table() -> Vec<RouteSpec> {
+    use Audience::{Peer, Public};
+    vec![
+        spec("GET", "/health", Public, get(cluster::health)),
+        spec("GET", "/metrics", Public, get(cluster::metrics)),
+        spec("GET", "/v1/kv", Public, get(kv::list)),
+        spec("PUT", "/v1/kv/{*key}", Public, put(kv::put)),
+        spec("GET", "/v1/kv/{*key}", Public, get(kv::get)),
+        spec("DELETE", "/v1/kv/{*key}", Public, delete(kv::delete)),
+        spec("GET", "/v1/cluster", Public, get(cluster::status)),
+        spec("POST", "/v1/cluster/nodes", Public, post(cluster::add_node)),
+        spec(
+            "DELETE",
+            "/v1/cluster/nodes/{id}",
+            Public,
+            delete(cluster::remove_node),
+        ),
+        spec("POST", routes::APPEND, Peer, post(peer::append)),
+        spec("POST", routes::VOTE, Peer, post(peer::vote)),
+        spec("POST", routes::SNAPSHOT, Peer, post(peer::snapshot)),
+        spec("POST", routes::PROPOSE, Peer, post(peer::propose)),
+        spec("POST", routes::READ_INDEX, Peer, post(peer::read_index)),
+        spec("POST", routes::ADMIN, Peer, post(peer::admin)),
+    ]
+}
+
+/// The node's router.
+pub fn router(state: AppState) -> Router {
+    let client_limit = DefaultBodyLimit::max(state.limits.max_body_bytes());
+    let mut public = Router::new();
+    let mut peers = Router::new();
+    for r in route_table() {
+        match r.audience {
+            Audience::Public => public = public.route(r.path, r.handler),
+            Audience::Peer => peers = peers.route(r.path, r.handler),
+        }
+    }
+    // `/v1/kv/` names no key; answer it rather than calling it an unknown route.
+    public = public.route(
+        "/v1/kv/",
+        get(kv::empty_key).put(kv::empty_key).delete(kv::empty_key),
+    );
+    public
+        .layer(client_limit)
+        .merge(peers.layer(DefaultBodyLimit::max(MAX_PEER_BODY_BYTES)))
+        .fallback(unknown_route)
+        .method_not_allowed_fallback(wrong_method)
+        .layer(middleware::from_fn_with_state(state.clone(), track))
+        .with_state(state)
+}
+
+async fn unknown_route() -> ApiError {
+    ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such route")
+}
+
+async fn wrong_method() -> ApiError {
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        "this route does not accept that method",
+    )
+}
+
+/// Count and time every request by its route template.
+async fn track(State(state): State<AppState>, req: Request, next: Next) -> Response {
+    let route = req
+        .extensions()
+        .get::<MatchedPath>()
+        .map(|p| p.as_str().to_string())
+        .unwrap_or_else(|| "unmatched".to_string());
+    let method = req.method().as_str().to_string();
+    // Latency is an observation, not a decision: the one clock read outside clock.rs.
+    let started = Instant::now();
+    let resp = next.run(req).await;
+    state
+        .metrics
+        .observe_request(&method, &route, resp.status().as_u16(), started.elapsed());
+    resp
+}
+
+/// Serve until `cancel` fires, then finish in-flight requests and return.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    app: Router,
+    cancel: CancellationToken,
+) -> std::io::Result<()> {
+    axum::serve(listener, app)
+        .with_graceful_shutdown(async move { cancel.cancelled().await })
+        .await
+}

@@ -1,0 +1,160 @@
+//! Prometheus text metrics, hand-rolled: counters and fixed-bucket histograms.
+//!
+//! Request metrics are kept per (method, route template) so that cardinality is bounded by the
+//! router, never by user keys. Gauges that describe Raft are read at scrape time from the
+//! consensus layer instead of being copied here.
+//!
+//! # What it must not do
+//! Hold its lock for longer than one map update, or allocate per request on the hot path
+//! beyond the first request of a route.
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+/// Upper bounds of the latency buckets, in seconds.
+const BUCKETS: [f64; 14] = [
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+];
+
+/// A latency histogram.
+#[derive(Default, Clone)]
+struct Histogram {
+    counts: [u64; BUCKETS.len()],
+    count: u64,
+    sum_secs: f64,
+}
+
+impl Histogram {
+    fn observe(&mut self, secs: f64) {
+        for (i, bound) in BUCKETS.iter().enumerate() {
+            if secs <= *bound {
+                self.counts[i] += 1;
+            }
+        }
+        self.count += 1;
+        self.sum_secs += secs;
+    }
+}
+
+/// Key of one route's statistics.
+type RouteKey = (String, String);
+
+/// The node's metric registry.
+#[derive(Default)]
+pub struct Metrics {
+    /// (method, route) -> status -> count.
+    requests: Mutex<BTreeMap<RouteKey, BTreeMap<u16, u64>>>,
+    /// (method, route) -> latency.
+    latency: Mutex<BTreeMap<RouteKey, Histogram>>,
+    /// Commands proposed through this node.
+    pub proposals: AtomicU64,
+    /// Proposals that failed (no leader, timeout, ...), not counting domain rejections.
+    pub proposals_failed: AtomicU64,
+}
+
+impl Metrics {
+    /// Record one finished request.
+    pub fn observe_request(&self, method: &str, route: &str, status: u16, elapsed: Duration) {
+        let key = (method.to_string(), route.to_string());
+        {
+            let mut req = self.requests.lock().unwrap_or_else(|p| p.into_inner());
+            *req.entry(key.clone())
+                .or_default()
+                .entry(status)
+                .or_default() += 1;
+        }
+        let mut lat = self.latency.lock().unwrap_or_else(|p| p.into_inner());
+        lat.entry(key).or_default().observe(elapsed.as_secs_f64());
+    }
+
+    /// Render the registry (plus the given gauges) in Prometheus text format.
+    pub fn render(&self, gauges: &[(&str, &str, f64)]) -> String {
+        let mut out = String::new();
+        for (name, help, value) in gauges {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {value}");
+        }
+        let counters = [
+            (
+                "leasecore_proposals_total",
+                "Commands proposed through this node.",
+                self.proposals.load(Ordering::Relaxed),
+            ),
+            (
+                "leasecore_proposals_failed_total",
+                "Proposals that did not complete (no leader, timeout, shutdown).",
+                self.proposals_failed.load(Ordering::Relaxed),
+            ),
+        ];
+        for (name, help, value) in counters {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {value}");
+        }
+
+        let requests = self
+            .requests
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        let _ = writeln!(
+            out,
+            "# HELP leasecore_http_requests_total HTTP requests by route and status.\n# TYPE leasecore_http_requests_total counter"
+        );
+        for ((method, route), by_status) in &requests {
+            for (status, n) in by_status {
+                let _ = writeln!(
+                    out,
+                    "leasecore_http_requests_total{{method=\"{method}\",route=\"{route}\",status=\"{status}\"}} {n}"
+                );
+            }
+        }
+
+        let latency = self
+            .latency
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        let name = "leasecore_http_request_duration_seconds";
+        let _ = writeln!(
+            out,
+            "# HELP {name} HTTP request latency by route.\n# TYPE {name} histogram"
+        );
+        for ((method, route), h) in &latency {
+            let labels = format!("method=\"{method}\",route=\"{route}\"");
+            for (bound, n) in BUCKETS.iter().zip(h.counts.iter()) {
+                let _ = writeln!(out, "{name}_bucket{{{labels},le=\"{bound}\"}} {n}");
+            }
+            let _ = writeln!(out, "{name}_bucket{{{labels},le=\"+Inf\"}} {}", h.count);
+            let _ = writeln!(out, "{name}_sum{{{labels}}} {}", h.sum_secs);
+            let _ = writeln!(out, "{name}_count{{{labels}}} {}", h.count);
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn histogram_buckets_are_cumulative() {
+        let m = Metrics::default();
+        m.observe_request("GET", "/v1/kv/{*key}", 200, Duration::from_millis(3));
+        m.observe_request("GET", "/v1/kv/{*key}", 404, Duration::from_millis(700));
+        let text = m.render(&[("leasecore_is_leader", "Leader or not.", 1.0)]);
+        assert!(text.contains("leasecore_is_leader 1"));
+        assert!(text.contains(
+            "leasecore_http_requests_total{method=\"GET\",route=\"/v1/kv/{*key}\",status=\"404\"} 1"
+        ));
+        assert!(text.contains(
+            "leasecore_http_request_duration_seconds_bucket{method=\"GET\",route=\"/v1/kv/{*key}\",le=\"0.005\"} 1"
+        ));
+        assert!(text.contains(
+            "leasecore_http_request_duration_seconds_bucket{method=\"GET\",route=\"/v1/kv/{*key}\",le=\"1\"} 2"
+        ));
+        assert!(text.contains(
+            "leasecore_http_request_duration_seconds_count{method=\"GET\",route=\"/v1/kv/{*key}\"} 2"
+        ));
+    }
+}

@@ -1,0 +1,314 @@
+//! A running node: wiring and ordered shutdown.
+//!
+//! `Node::start` opens sled, builds the state machine and log store, starts openraft, the HTTP
+//! server and the drivers, and forms the initial cluster when asked to. Every task it starts is
+//! spawned on one `TaskTracker` and stopped by one `CancellationToken`.
+//!
+//! # Shutdown order (designed, not incidental)
+//! 1. cancel: the HTTP server stops accepting and drivers return;
+//! 2. `raft.shutdown()`: in-flight proposals fail with `shutting_down` rather than hang;
+//! 3. wait for every tracked task (bounded), so nothing outlives the node;
+//! 4. flush sled, then drop it, releasing the directory lock for a restart.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use openraft::SnapshotPolicy;
+use thiserror::Error;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::domain::limits::Limits;
+use crate::domain::types::NodeId;
+use crate::http::{self, AppState};
+use crate::metrics::Metrics;
+use crate::raft::consensus::{Consensus, ConsensusError, ConsensusTimeouts};
+use crate::raft::log_store::LogStore;
+use crate::raft::network::{NetworkFactory, PeerClient};
+use crate::raft::state_machine::{DiscardEvents, StateMachine};
+use crate::raft::Raft;
+use crate::runtime::election::ElectionWatchdog;
+use crate::storage;
+
+/// Raft timing, in milliseconds.
+#[derive(Clone, Copy, Debug)]
+pub struct RaftTimings {
+    /// How often the leader sends heartbeats; also openraft's append RPC timeout.
+    pub heartbeat_ms: u64,
+    /// The election timeout is drawn from `[election_min_ms, election_max_ms)`.
+    pub election_min_ms: u64,
+    pub election_max_ms: u64,
+}
+
+impl Default for RaftTimings {
+    fn default() -> Self {
+        // A wide window relative to openraft's tick (1.5 x heartbeat) keeps two voters' fixed
+        // draws apart (pitfall P1); the watchdog handles the rest.
+        RaftTimings {
+            heartbeat_ms: 100,
+            election_min_ms: 400,
+            election_max_ms: 1000,
+        }
+    }
+}
+
+/// Everything a node needs to start.
+#[derive(Clone, Debug)]
+pub struct NodeConfig {
+    pub id: NodeId,
+    /// Where to listen (`127.0.0.1:0` picks a free port).
+    pub listen: String,
+    /// The address peers and clients reach this node at; defaults to the peers entry for this
+    /// node, else the bound address.
+    pub advertise: Option<String>,
+    pub data_dir: PathBuf,
+    /// The initial voters, this node included. Empty: a single-node cluster of this node.
+    pub peers: BTreeMap<NodeId, String>,
+    /// Never initialize a cluster: wait to be added to an existing one.
+    pub join: bool,
+    pub timings: RaftTimings,
+    /// Take a snapshot (and purge the log) every this many applied entries.
+    pub snapshot_threshold: u64,
+    pub limits: Limits,
+    /// sled's page cache, in bytes.
+    pub cache_bytes: u64,
+}
+
+impl NodeConfig {
+    /// The defaults of `leasecore serve` with no flags, for node `id` in `data_dir`.
+    pub fn new(id: NodeId, data_dir: impl Into<PathBuf>) -> Self {
+        NodeConfig {
+            id,
+            listen: "127.0.0.1:7001".into(),
+            advertise: None,
+            data_dir: data_dir.into(),
+            peers: BTreeMap::new(),
+            join: false,
+            timings: RaftTimings::default(),
+            snapshot_threshold: 10_000,
+            limits: Limits::default(),
+            cache_bytes: 64 << 20,
+        }
+    }
+
+    fn timeouts(&self) -> ConsensusTimeouts {
+        ConsensusTimeouts {
+            // Long enough to ride out one election (lease + timeout), short enough to answer.
+            leader_wait: Duration::from_millis(3 * self.timings.election_max_ms),
+            request: Duration::from_secs(10),
+            catch_up: Duration::from_secs(120),
+        }
+    }
+
+    fn raft_config(&self) -> Result<openraft::Config, NodeError> {
+        let t = self.timings;
+        let config = openraft::Config {
+            cluster_name: "leasecore".into(),
+            heartbeat_interval: t.heartbeat_ms,
+            election_timeout_min: t.election_min_ms,
+            election_timeout_max: t.election_max_ms,
+            // A whole snapshot travels in one request; give it time (pitfall P3).
+            install_snapshot_timeout: 60_000,
+            snapshot_policy: SnapshotPolicy::LogsSinceLast(self.snapshot_threshold.max(1)),
+            max_in_snapshot_log_to_keep: (self.snapshot_threshold / 2).min(1000),
+            replication_lag_threshold: self.snapshot_threshold.max(1) * 2,
+            max_payload_entries: 512,
+            ..Default::default()
+        };
+        config
+            .validate()
+            .map_err(|e| NodeError::Config(e.to_string()))
+    }
+}
+
+/// Why a node could not start.
+#[derive(Debug, Error)]
+pub enum NodeError {
+    #[error("invalid configuration: {0}")]
+    Config(String),
+    #[error(transparent)]
+    Storage(#[from] storage::StorageError),
+    #[error("binding {addr}: {source}")]
+    Bind {
+        addr: String,
+        source: std::io::Error,
+    },
+    #[error("starting raft: {0}")]
+    Raft(String),
+    #[error("forming the cluster: {0}")]
+    Initialize(#[from] ConsensusError),
+}
+
+/// A running node.
+pub struct Node {
+    id: NodeId,
+    addr: SocketAddr,
+    advertise: String,
+    consensus: Consensus,
+    db: sled::Db,
+    cancel: CancellationToken,
+    tasks: TaskTracker,
+}
+
+impl Node {
+    /// Bind `cfg.listen` and start.
+    pub async fn start(cfg: NodeConfig) -> Result<Node, NodeError> {
+        let listener = tokio::net::TcpListener::bind(&cfg.listen)
+            .await
+            .map_err(|source| NodeError::Bind {
+                addr: cfg.listen.clone(),
+                source,
+            })?;
+        Self::start_on(cfg, listener).await
+    }
+
+    /// Start on an already bound listener (tests bind port 0 first to learn the addresses).
+    pub async fn start_on(
+        cfg: NodeConfig,
+        listener: tokio::net::TcpListener,
+    ) -> Result<Node, NodeError> {
+        let addr = listener.local_addr().map_err(|source| NodeError::Bind {
+            addr: cfg.listen.clone(),
+            source,
+        })?;
+        let advertise = match (&cfg.advertise, cfg.peers.get(&cfg.id)) {
+            (Some(a), _) => a.clone(),
+            (None, Some(a)) => a.clone(),
+            (None, None) if addr.ip().is_unspecified() => {
+                return Err(NodeError::Config(format!(
+                    "listening on {addr} (all interfaces): give --advertise, the address peers reach this node at"
+                )));
+            }
+            (None, None) => addr.to_string(),
+        };
+        let raft_config = Arc::new(cfg.raft_config()?);
+
+        std::fs::create_dir_all(&cfg.data_dir).map_err(|e| {
+            NodeError::Config(format!("creating {}: {e}", cfg.data_dir.display()))
+        })?;
+        let dir = cfg.data_dir.clone();
+        let cache = cfg.cache_bytes;
+        let db = tokio::task::spawn_blocking(move || storage::open_db(&dir, cache))
+            .await
+            .map_err(|e| NodeError::Raft(e.to_string()))??;
+        let log_store = LogStore::open(&db)?;
+        let committed = log_store.committed_index();
+        let (state_machine, view) = StateMachine::open(&db, Arc::new(DiscardEvents))?;
+
+        let peers = PeerClient::new();
+        let raft = Raft::new(
+            cfg.id,
+            raft_config,
+            NetworkFactory::new(peers.clone()),
+            log_store,
+            state_machine,
+        )
+        .await
+        .map_err(|e| NodeError::Raft(e.to_string()))?;
+        let consensus = Consensus::new(cfg.id, raft, peers, view, committed, cfg.timeouts());
+
+        let cancel = CancellationToken::new();
+        let tasks = TaskTracker::new();
+        let state = AppState {
+            consensus: consensus.clone(),
+            limits: cfg.limits,
+            metrics: Arc::new(Metrics::default()),
+        };
+        let app = http::router(state);
+        tasks.spawn({
+            let cancel = cancel.clone();
+            async move {
+                if let Err(e) = http::serve(listener, app, cancel).await {
+                    tracing::error!(error = %e, "HTTP server failed");
+                }
+            }
+        });
+        let election_max = Duration::from_millis(cfg.timings.election_max_ms);
+        tasks.spawn(
+            ElectionWatchdog {
+                port: consensus.clone(),
+                check_every: election_max / 2,
+                stall_after: election_max * 4,
+                jitter_max: election_max,
+            }
+            .run(cancel.clone()),
+        );
+
+        let node = Node {
+            id: cfg.id,
+            addr,
+            advertise: advertise.clone(),
+            consensus,
+            db,
+            cancel,
+            tasks,
+        };
+        if let Some(voters) = initial_voters(&cfg, &advertise) {
+            if let Err(e) = node.consensus.initialize(voters).await {
+                node.shutdown().await;
+                return Err(e.into());
+            }
+        }
+        tracing::info!(id = cfg.id, %addr, advertise = %node.advertise, "node started");
+        Ok(node)
+    }
+
+    pub fn id(&self) -> NodeId {
+        self.id
+    }
+
+    /// The bound address.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The address peers reach this node at.
+    pub fn advertise(&self) -> &str {
+        &self.advertise
+    }
+
+    pub fn consensus(&self) -> &Consensus {
+        &self.consensus
+    }
+
+    /// A token that fires when the node begins shutting down.
+    pub fn cancelled(&self) -> CancellationToken {
+        self.cancel.clone()
+    }
+
+    /// Stop everything, in order (see the module docs).
+    pub async fn shutdown(self) {
+        self.cancel.cancel();
+        if let Err(e) = self.consensus.raft().shutdown().await {
+            tracing::warn!(error = %e, "raft shutdown");
+        }
+        self.tasks.close();
+        if tokio::time::timeout(Duration::from_secs(10), self.tasks.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!("tasks still running 10 s after shutdown began");
+        }
+        if let Err(e) = self.db.flush_async().await {
+            tracing::error!(error = %e, "final flush failed");
+        }
+        tracing::info!(id = self.id, "node stopped");
+    }
+}
+
+/// The voters to initialize with, or `None` when this node must wait to be added.
+fn initial_voters(cfg: &NodeConfig, advertise: &str) -> Option<BTreeMap<NodeId, String>> {
+    if cfg.join {
+        return None;
+    }
+    if cfg.peers.is_empty() {
+        return Some(BTreeMap::from([(cfg.id, advertise.to_string())]));
+    }
+    // A node outside the initial voter list joins later through `cluster add`. Every listed
+    // node proposes the same initial membership; openraft accepts it on a node with an empty
+    // log and refuses it (harmlessly) everywhere else.
+    cfg.peers.contains_key(&cfg.id).then(|| cfg.peers.clone())
+}

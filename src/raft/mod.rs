@@ -1,0 +1,52 @@
+//! The openraft adapter: log store, state machine and peer network on top of the pure domain.
+//!
+//! This layer translates between openraft's traits and leasecore's types. It decodes entries,
+//! calls [`crate::domain`], persists what the domain changed, and publishes applied progress. It
+//! decides nothing: every rule it needs lives in `domain`.
+//!
+//! # Layout
+//! - [`log_store`]: `RaftLogStorage` on sled; an append is acknowledged only after a flush.
+//! - [`state_machine`]: `RaftStateMachine` on sled, mirrored in memory for reads.
+//! - [`network`]: the peer client (append, vote, snapshot, forwarded proposals and reads).
+//! - [`consensus`]: [`Consensus`], the handle the HTTP layer and the drivers use: propose a
+//!   command (forwarding to the leader), confirm leadership for reads, change membership.
+
+pub mod consensus;
+pub mod log_store;
+pub mod network;
+pub mod state_machine;
+
+use openraft::BasicNode;
+
+use crate::domain::command::{Command, Response};
+pub use crate::domain::types::NodeId;
+
+openraft::declare_raft_types!(
+    /// leasecore's openraft type configuration.
+    pub TypeConfig:
+        D = Command,
+        R = Response,
+        NodeId = NodeId,
+        Node = BasicNode,
+        Entry = openraft::Entry<TypeConfig>,
+        SnapshotData = Vec<u8>,
+        AsyncRuntime = openraft::TokioRuntime,
+);
+
+/// The openraft handle for leasecore.
+pub type Raft = openraft::Raft<TypeConfig>;
+/// openraft's storage error for our node id.
+pub type StorageError = openraft::StorageError<NodeId>;
+/// A log id.
+pub type LogId = openraft::LogId<NodeId>;
+/// A log entry.
+pub type Entry = openraft::Entry<TypeConfig>;
+/// Snapshot metadata.
+pub type SnapshotMeta = openraft::SnapshotMeta<NodeId, BasicNode>;
+/// Membership as stored with an applied log id.
+pub type StoredMembership = openraft::StoredMembership<NodeId, BasicNode>;
+
+/// Wrap any error as openraft's opaque error payload.
+pub(crate) fn any_err<E: std::error::Error + 'static>(e: &E) -> openraft::AnyError {
+    openraft::AnyError::new(e)
+}

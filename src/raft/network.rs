@@ -1,0 +1,288 @@
+//! The peer network: openraft's RPCs and leasecore's forwarded calls over HTTP/JSON.
+//!
+//! One shared `reqwest::Client` (a connection pool) serves every peer. Every call has a
+//! deadline. Errors are classified the way openraft needs them: a connection that could not be
+//! made is `Unreachable` (openraft backs off), any other transport failure is `Network` (retry
+//! at once), and an error the remote Raft returned is `RemoteError`.
+//!
+//! Snapshots travel as one binary frame, `[u64 BE header length][JSON {vote, meta}][raw data]`,
+//! so that the data is not inflated into a JSON array of numbers.
+//!
+//! # What it must not do
+//! Decide. It moves bytes and maps errors.
+
+use std::future::Future;
+use std::time::Duration;
+
+use openraft::error::{
+    Fatal, NetworkError, RPCError, RaftError, RemoteError,
+    ReplicationClosed, StreamingError, Unreachable,
+};
+use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
+use openraft::raft::{
+    AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, VoteRequest, VoteResponse,
+};
+use openraft::{BasicNode, OptionalSend, Snapshot, Vote};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use super::{NodeId, SnapshotMeta, TypeConfig};
+
+/// The routes of the peer API (served by `http::peer`).
+pub mod routes {
+    pub const APPEND: &str = "/raft/append";
+    pub const VOTE: &str = "/raft/vote";
+    pub const SNAPSHOT: &str = "/raft/snapshot";
+    pub const PROPOSE: &str = "/raft/propose";
+    pub const READ_INDEX: &str = "/raft/read_index";
+    pub const ADMIN: &str = "/raft/admin";
+}
+
+/// A failed peer call.
+#[derive(Debug, thiserror::Error)]
+pub enum PeerError {
+    /// The connection could not be made: the request was certainly not delivered.
+    #[error("peer {addr} unreachable: {source}")]
+    Unreachable {
+        addr: String,
+        source: reqwest::Error,
+    },
+    /// The request may have been delivered, but no usable answer came back.
+    #[error("peer {addr}: {detail}")]
+    Transport { addr: String, detail: String },
+}
+
+impl PeerError {
+    /// Whether the request certainly never reached the peer (safe to send elsewhere).
+    pub fn not_delivered(&self) -> bool {
+        matches!(self, PeerError::Unreachable { .. })
+    }
+}
+
+/// The shared HTTP client for peer traffic.
+#[derive(Clone)]
+pub struct PeerClient {
+    http: reqwest::Client,
+}
+
+impl Default for PeerClient {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl PeerClient {
+    pub fn new() -> Self {
+        let http = reqwest::Client::builder()
+            .connect_timeout(Duration::from_millis(500))
+            .pool_idle_timeout(Duration::from_secs(60))
+            .tcp_nodelay(true)
+            .build()
+            .expect("a plain HTTP client always builds");
+        PeerClient { http }
+    }
+
+    /// POST a JSON body and decode a JSON answer.
+    pub async fn post_json<Req: Serialize + ?Sized, Resp: DeserializeOwned>(
+        &self,
+        addr: &str,
+        path: &str,
+        body: &Req,
+        timeout: Duration,
+    ) -> Result<Resp, PeerError> {
+        let bytes = serde_json::to_vec(body).map_err(|e| PeerError::Transport {
+            addr: addr.to_string(),
+            detail: e.to_string(),
+        })?;
+        self.post_bytes(addr, path, "application/json", bytes, timeout)
+            .await
+    }
+
+    /// POST raw bytes and decode a JSON answer.
+    pub async fn post_bytes<Resp: DeserializeOwned>(
+        &self,
+        addr: &str,
+        path: &str,
+        content_type: &'static str,
+        body: Vec<u8>,
+        timeout: Duration,
+    ) -> Result<Resp, PeerError> {
+        let url = format!("http://{addr}{path}");
+        let transport = |detail: String| PeerError::Transport {
+            addr: addr.to_string(),
+            detail,
+        };
+        let resp = self
+            .http
+            .post(&url)
+            .header(reqwest::header::CONTENT_TYPE, content_type)
+            .body(body)
+            .timeout(timeout)
+            .send()
+            .await
+            .map_err(|e| {
+                if e.is_connect() {
+                    PeerError::Unreachable {
+                        addr: addr.to_string(),
+                        source: e,
+                    }
+                } else {
+                    transport(e.to_string())
+                }
+            })?;
+        let status = resp.status();
+        let body = resp.bytes().await.map_err(|e| transport(e.to_string()))?;
+        if !status.is_success() {
+            return Err(transport(format!(
+                "status {status}: {}",
+                String::from_utf8_lossy(&body[..body.len().min(512)])
+            )));
+        }
+        serde_json::from_slice(&body).map_err(|e| transport(format!("undecodable answer: {e}")))
+    }
+}
+
+/// Encode a snapshot for the wire.
+pub fn encode_snapshot_frame(vote: &Vote<NodeId>, meta: &SnapshotMeta, data: &[u8]) -> Vec<u8> {
+    let header = serde_json::to_vec(&(vote, meta)).expect("plain data serializes");
+    let mut frame = Vec::with_capacity(8 + header.len() + data.len());
+    frame.extend_from_slice(&(header.len() as u64).to_be_bytes());
+    frame.extend_from_slice(&header);
+    frame.extend_from_slice(data);
+    frame
+}
+
+/// Decode a snapshot frame; `Err` describes what is malformed.
+pub fn decode_snapshot_frame(frame: &[u8]) -> Result<(Vote<NodeId>, SnapshotMeta, Vec<u8>), String> {
+    let len_bytes: [u8; 8] = frame
+        .get(..8)
+        .and_then(|b| b.try_into().ok())
+        .ok_or("snapshot frame shorter than its length prefix")?;
+    let len = u64::from_be_bytes(len_bytes);
+    let end = 8u64
+        .checked_add(len)
+        .filter(|&end| end <= frame.len() as u64)
+        .ok_or("snapshot header length exceeds the frame")? as usize;
+    let (vote, meta): (Vote<NodeId>, SnapshotMeta) =
+        serde_json::from_slice(&frame[8..end]).map_err(|e| format!("snapshot header: {e}"))?;
+    Ok((vote, meta, frame[end..].to_vec()))
+}
+
+/// Makes one [`PeerConnection`] per target for openraft.
+#[derive(Clone)]
+pub struct NetworkFactory {
+    client: PeerClient,
+}
+
+impl NetworkFactory {
+    pub fn new(client: PeerClient) -> Self {
+        NetworkFactory { client }
+    }
+}
+
+impl RaftNetworkFactory<TypeConfig> for NetworkFactory {
+    type Network = PeerConnection;
+
+    async fn new_client(&mut self, target: NodeId, node: &BasicNode) -> Self::Network {
+        PeerConnection {
+            client: self.client.clone(),
+            target,
+            addr: node.addr.clone(),
+        }
+    }
+}
+
+/// openraft's view of one peer.
+pub struct PeerConnection {
+    client: PeerClient,
+    target: NodeId,
+    addr: String,
+}
+
+impl PeerConnection {
+    async fn call<Req, Resp, E>(
+        &self,
+        path: &str,
+        req: &Req,
+        timeout: Duration,
+    ) -> Result<Resp, RPCError<NodeId, BasicNode, E>>
+    where
+        Req: Serialize,
+        Resp: DeserializeOwned,
+        E: std::error::Error + DeserializeOwned,
+    {
+        let answer: Result<Resp, E> = self
+            .client
+            .post_json(&self.addr, path, req, timeout)
+            .await
+            .map_err(|e| to_rpc_error(&e))?;
+        answer.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e)))
+    }
+}
+
+fn to_rpc_error<E: std::error::Error>(e: &PeerError) -> RPCError<NodeId, BasicNode, E> {
+    match e {
+        PeerError::Unreachable { .. } => RPCError::Unreachable(Unreachable::new(e)),
+        PeerError::Transport { .. } => RPCError::Network(NetworkError::new(e)),
+    }
+}
+
+impl RaftNetwork<TypeConfig> for PeerConnection {
+    async fn append_entries(
+        &mut self,
+        rpc: AppendEntriesRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId>>> {
+        self.call(routes::APPEND, &rpc, option.hard_ttl()).await
+    }
+
+    async fn vote(
+        &mut self,
+        rpc: VoteRequest<NodeId>,
+        option: RPCOption,
+    ) -> Result<VoteResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId>>> {
+        self.call(routes::VOTE, &rpc, option.hard_ttl()).await
+    }
+
+    async fn full_snapshot(
+        &mut self,
+        vote: Vote<NodeId>,
+        snapshot: Snapshot<TypeConfig>,
+        cancel: impl Future<Output = ReplicationClosed> + OptionalSend + 'static,
+        option: RPCOption,
+    ) -> Result<SnapshotResponse<NodeId>, StreamingError<TypeConfig, Fatal<NodeId>>> {
+        let frame = encode_snapshot_frame(&vote, &snapshot.meta, &snapshot.snapshot);
+        let send = self.client.post_bytes::<Result<SnapshotResponse<NodeId>, Fatal<NodeId>>>(
+            &self.addr,
+            routes::SNAPSHOT,
+            "application/octet-stream",
+            frame,
+            option.hard_ttl(),
+        );
+        let answer = tokio::select! {
+            closed = cancel => return Err(StreamingError::Closed(closed)),
+            answer = send => answer,
+        };
+        match answer {
+            Ok(Ok(resp)) => Ok(resp),
+            Ok(Err(fatal)) => Err(StreamingError::RemoteError(RemoteError::new(
+                self.target,
+                fatal,
+            ))),
+            Err(e @ PeerError::Unreachable { .. }) => {
+                Err(StreamingError::Unreachable(Unreachable::new(&e)))
+            }
+            Err(e) => Err(StreamingError::Network(NetworkError::new(&e))),
+        }
+    }
+
+    fn backoff(&self) -> openraft::network::Backoff {
+        // Retry an unreachable peer quickly at first (a restarting node comes back within a
+        // second), then settle at one attempt per 500 ms.
+        let steps = [50u64, 100, 200, 400]
+            .into_iter()
+            .chain(std::iter::repeat(500))
+            .map(Duration::from_millis);
+        openraft::network::Backoff::new(steps)
+    }
+}

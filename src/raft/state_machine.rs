@@ -1,0 +1,392 @@
+//! The state machine adapter: applies committed entries to [`KvState`] and persists the result.
+//!
+//! # Invariants
+//! - The keys an entry batch changed, the applied log id, the membership and the store revision
+//!   are written in ONE sled batch on [`TREE_STATE`]: a crash leaves the persisted state at some
+//!   applied index, never between two. On restart openraft re-applies from there up to the
+//!   committed id (the log holds every entry not yet in a snapshot).
+//! - The in-memory `KvState` is the read view (behind a `RwLock` held for a few lines, never
+//!   across an await). It is updated before the applied mark is published, so a reader that sees
+//!   mark `i` reads a state that includes entry `i`.
+//! - Snapshots are taken from a consistent view: the state is serialized in
+//!   `get_snapshot_builder`, which openraft runs serialized with `apply` (pitfall P5).
+//! - Installing a snapshot replaces the state: stale keys are removed in the same batch that
+//!   writes the new ones (pitfall P6).
+//!
+//! # What it must not do
+//! Decide anything. The rules are in `domain::kv`; this file decodes, calls, persists, publishes.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use openraft::storage::{RaftStateMachine, Snapshot};
+use openraft::{EntryPayload, OptionalSend, RaftSnapshotBuilder, StorageIOError};
+use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
+
+use super::{Entry, LogId, SnapshotMeta, StorageError, StoredMembership, TypeConfig, any_err};
+use crate::domain::command::{Event, Response};
+use crate::domain::kv::{KvSnapshot, KvState, Versioned};
+use crate::domain::types::Revision;
+use crate::storage::{TREE_SNAPSHOT, TREE_STATE};
+
+const KEY_PREFIX: &[u8] = b"k/";
+const KEY_APPLIED: &[u8] = b"m/applied";
+const KEY_MEMBERSHIP: &[u8] = b"m/membership";
+const KEY_REVISION: &[u8] = b"m/revision";
+const SNAP_META: &[u8] = b"meta";
+const SNAP_DATA: &[u8] = b"data";
+
+/// How far the state machine has applied: published after every applied batch.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AppliedMark {
+    /// The index of the last applied log entry (0 before any).
+    pub log_index: u64,
+    /// The store revision after it.
+    pub revision: Revision,
+}
+
+/// Receives the events of every applied batch, in order (the watch hub).
+pub trait ApplyObserver: Send + Sync + 'static {
+    fn on_applied(&self, mark: AppliedMark, events: Vec<Event>);
+}
+
+/// An observer that drops events (until a watch hub is wired in).
+pub struct DiscardEvents;
+
+impl ApplyObserver for DiscardEvents {
+    fn on_applied(&self, _mark: AppliedMark, _events: Vec<Event>) {}
+}
+
+/// A cheap, cloneable read view of the applied state, for the HTTP layer.
+#[derive(Clone)]
+pub struct StateView {
+    kv: Arc<RwLock<KvState>>,
+    applied: watch::Receiver<AppliedMark>,
+}
+
+impl StateView {
+    /// One key, as of the latest applied entry.
+    pub fn get(&self, key: &str) -> (Revision, Option<Versioned>) {
+        let kv = self.kv.read().unwrap_or_else(|p| p.into_inner());
+        (kv.revision(), kv.get(key).cloned())
+    }
+
+    /// Keys under `prefix`, sorted, at most `limit`.
+    pub fn list(&self, prefix: &str, limit: usize) -> (Revision, Vec<(String, Versioned)>) {
+        let kv = self.kv.read().unwrap_or_else(|p| p.into_inner());
+        let items = kv
+            .list(prefix, limit)
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v.clone()))
+            .collect();
+        (kv.revision(), items)
+    }
+
+    /// The latest applied mark.
+    pub fn applied(&self) -> AppliedMark {
+        *self.applied.borrow()
+    }
+
+    /// Wait until the applied index reaches `index`; false on timeout or shutdown.
+    pub async fn wait_applied(&self, index: u64, timeout: Duration) -> bool {
+        let mut rx = self.applied.clone();
+        let reached = rx.wait_for(|m| m.log_index >= index);
+        matches!(tokio::time::timeout(timeout, reached).await, Ok(Ok(_)))
+    }
+
+    /// A receiver of applied marks (for drivers that follow progress).
+    pub fn subscribe(&self) -> watch::Receiver<AppliedMark> {
+        self.applied.clone()
+    }
+}
+
+/// The snapshot payload: the whole state plus the membership it was taken with.
+#[derive(Serialize, Deserialize)]
+struct SnapshotPayload {
+    kv: KvSnapshot,
+}
+
+/// The sled-backed state machine.
+pub struct StateMachine {
+    db: sled::Db,
+    state: sled::Tree,
+    snapshots: sled::Tree,
+    kv: Arc<RwLock<KvState>>,
+    last_applied: Option<LogId>,
+    membership: StoredMembership,
+    applied_tx: Arc<watch::Sender<AppliedMark>>,
+    observer: Arc<dyn ApplyObserver>,
+    /// Distinguishes snapshots built at the same log id.
+    snapshot_seq: u64,
+}
+
+impl StateMachine {
+    /// Load the persisted state from `db`.
+    pub fn open(
+        db: &sled::Db,
+        observer: Arc<dyn ApplyObserver>,
+    ) -> Result<(Self, StateView), crate::storage::StorageError> {
+        let state = db.open_tree(TREE_STATE)?;
+        let snapshots = db.open_tree(TREE_SNAPSHOT)?;
+        let corrupt = |what: &str, e: serde_json::Error| crate::storage::StorageError::Corrupt {
+            what: what.to_string(),
+            detail: e.to_string(),
+        };
+        let mut keys = BTreeMap::new();
+        for item in state.scan_prefix(KEY_PREFIX) {
+            let (k, v) = item?;
+            let key = String::from_utf8(k[KEY_PREFIX.len()..].to_vec()).map_err(|e| {
+                crate::storage::StorageError::Corrupt {
+                    what: "key".into(),
+                    detail: e.to_string(),
+                }
+            })?;
+            let value: Versioned = serde_json::from_slice(&v).map_err(|e| corrupt("value", e))?;
+            keys.insert(key, value);
+        }
+        let read = |k: &[u8]| state.get(k);
+        let last_applied: Option<LogId> = match read(KEY_APPLIED)? {
+            Some(b) => serde_json::from_slice(&b).map_err(|e| corrupt("applied", e))?,
+            None => None,
+        };
+        let membership: StoredMembership = match read(KEY_MEMBERSHIP)? {
+            Some(b) => serde_json::from_slice(&b).map_err(|e| corrupt("membership", e))?,
+            None => StoredMembership::default(),
+        };
+        let revision: Revision = match read(KEY_REVISION)? {
+            Some(b) => serde_json::from_slice(&b).map_err(|e| corrupt("revision", e))?,
+            None => Revision::default(),
+        };
+        let kv = KvState::from_snapshot(KvSnapshot { revision, keys });
+        let mark = AppliedMark {
+            log_index: last_applied.map(|l| l.index).unwrap_or(0),
+            revision,
+        };
+        let (applied_tx, applied_rx) = watch::channel(mark);
+        let kv = Arc::new(RwLock::new(kv));
+        let view = StateView {
+            kv: kv.clone(),
+            applied: applied_rx,
+        };
+        let sm = StateMachine {
+            db: db.clone(),
+            state,
+            snapshots,
+            kv,
+            last_applied,
+            membership,
+            applied_tx: Arc::new(applied_tx),
+            observer,
+            snapshot_seq: 0,
+        };
+        Ok((sm, view))
+    }
+
+    fn publish(&self, revision: Revision, events: Vec<Event>) {
+        let mark = AppliedMark {
+            log_index: self.last_applied.map(|l| l.index).unwrap_or(0),
+            revision,
+        };
+        self.observer.on_applied(mark, events);
+        self.applied_tx.send_replace(mark);
+    }
+}
+
+fn write_err<E: std::error::Error + 'static>(e: E) -> StorageError {
+    StorageIOError::write_state_machine(any_err(&e)).into()
+}
+
+fn json<T: Serialize>(v: &T) -> Result<Vec<u8>, StorageError> {
+    serde_json::to_vec(v).map_err(write_err)
+}
+
+fn state_key(key: &str) -> Vec<u8> {
+    let mut k = Vec::with_capacity(KEY_PREFIX.len() + key.len());
+    k.extend_from_slice(KEY_PREFIX);
+    k.extend_from_slice(key.as_bytes());
+    k
+}
+
+impl RaftStateMachine<TypeConfig> for StateMachine {
+    type SnapshotBuilder = SnapshotBuilder;
+
+    async fn applied_state(&mut self) -> Result<(Option<LogId>, StoredMembership), StorageError> {
+        Ok((self.last_applied, self.membership.clone()))
+    }
+
+    async fn apply<I>(&mut self, entries: I) -> Result<Vec<Response>, StorageError>
+    where
+        I: IntoIterator<Item = Entry> + OptionalSend,
+        I::IntoIter: OptionalSend,
+    {
+        let mut responses = Vec::new();
+        let mut events = Vec::new();
+        let mut batch = sled::Batch::default();
+        let revision = {
+            let mut kv = self.kv.write().unwrap_or_else(|p| p.into_inner());
+            for entry in entries {
+                self.last_applied = Some(entry.log_id);
+                let response = match entry.payload {
+                    EntryPayload::Blank => Response::Empty,
+                    EntryPayload::Normal(cmd) => {
+                        let applied = kv.apply(&cmd);
+                        events.extend(applied.events);
+                        applied.response
+                    }
+                    EntryPayload::Membership(m) => {
+                        self.membership = StoredMembership::new(Some(entry.log_id), m);
+                        Response::Empty
+                    }
+                };
+                responses.push(response);
+            }
+            for (key, value) in kv.take_dirty() {
+                match value {
+                    Some(v) => batch.insert(state_key(&key), json(v)?),
+                    None => batch.remove(state_key(&key)),
+                }
+            }
+            kv.revision()
+        };
+        batch.insert(KEY_APPLIED, json(&self.last_applied)?);
+        batch.insert(KEY_MEMBERSHIP, json(&self.membership)?);
+        batch.insert(KEY_REVISION, json(&revision)?);
+        // Not flushed here: the log holds every applied entry durably, and sled recovers a
+        // prefix of writes, so a lost tail is re-applied from the log on restart.
+        self.state.apply_batch(batch).map_err(write_err)?;
+        self.publish(revision, events);
+        Ok(responses)
+    }
+
+    async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
+        // Serialize now, while apply cannot run: the snapshot is exactly the state at
+        // `last_applied` (pitfall P5).
+        let payload = {
+            let kv = self.kv.read().unwrap_or_else(|p| p.into_inner());
+            serde_json::to_vec(&SnapshotPayload { kv: kv.snapshot() })
+        };
+        self.snapshot_seq += 1;
+        SnapshotBuilder {
+            db: self.db.clone(),
+            snapshots: self.snapshots.clone(),
+            payload: payload.map_err(|e| e.to_string()),
+            last_applied: self.last_applied,
+            membership: self.membership.clone(),
+            seq: self.snapshot_seq,
+        }
+    }
+
+    async fn begin_receiving_snapshot(&mut self) -> Result<Box<Vec<u8>>, StorageError> {
+        Ok(Box::default())
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        meta: &SnapshotMeta,
+        snapshot: Box<Vec<u8>>,
+    ) -> Result<(), StorageError> {
+        let payload: SnapshotPayload = serde_json::from_slice(&snapshot).map_err(|e| {
+            StorageError::from(StorageIOError::read_snapshot(
+                Some(meta.signature()),
+                any_err(&e),
+            ))
+        })?;
+        // Keep the snapshot first: if we crash after the state batch, the snapshot that the
+        // state came from is still there to serve to others.
+        save_snapshot(&self.snapshots, meta, &snapshot)?;
+
+        let mut batch = sled::Batch::default();
+        for item in self.state.scan_prefix(KEY_PREFIX) {
+            let (k, _) = item.map_err(write_err)?;
+            batch.remove(k);
+        }
+        for (key, value) in &payload.kv.keys {
+            batch.insert(state_key(key), json(value)?);
+        }
+        let revision = payload.kv.revision;
+        batch.insert(KEY_APPLIED, json(&meta.last_log_id)?);
+        batch.insert(KEY_MEMBERSHIP, json(&meta.last_membership)?);
+        batch.insert(KEY_REVISION, json(&revision)?);
+        self.state.apply_batch(batch).map_err(write_err)?;
+        self.db.flush_async().await.map_err(write_err)?;
+
+        *self.kv.write().unwrap_or_else(|p| p.into_inner()) = KvState::from_snapshot(payload.kv);
+        self.last_applied = meta.last_log_id;
+        self.membership = meta.last_membership.clone();
+        self.publish(revision, Vec::new());
+        Ok(())
+    }
+
+    async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot<TypeConfig>>, StorageError> {
+        let read_err = |e: &dyn std::fmt::Display| {
+            StorageError::from(StorageIOError::read_snapshot(
+                None,
+                openraft::AnyError::error(e.to_string()),
+            ))
+        };
+        let meta = self.snapshots.get(SNAP_META).map_err(|e| read_err(&e))?;
+        let data = self.snapshots.get(SNAP_DATA).map_err(|e| read_err(&e))?;
+        match (meta, data) {
+            (Some(meta), Some(data)) => {
+                let meta: SnapshotMeta = serde_json::from_slice(&meta).map_err(|e| read_err(&e))?;
+                Ok(Some(Snapshot {
+                    meta,
+                    snapshot: Box::new(data.to_vec()),
+                }))
+            }
+            _ => Ok(None),
+        }
+    }
+}
+
+fn save_snapshot(tree: &sled::Tree, meta: &SnapshotMeta, data: &[u8]) -> Result<(), StorageError> {
+    let err = |e: &dyn std::fmt::Display| {
+        StorageError::from(StorageIOError::write_snapshot(
+            Some(meta.signature()),
+            openraft::AnyError::error(e.to_string()),
+        ))
+    };
+    let mut batch = sled::Batch::default();
+    batch.insert(SNAP_META, serde_json::to_vec(meta).map_err(|e| err(&e))?);
+    batch.insert(SNAP_DATA, data);
+    tree.apply_batch(batch).map_err(|e| err(&e))
+}
+
+/// Builds a snapshot from a state serialized when the builder was made.
+pub struct SnapshotBuilder {
+    db: sled::Db,
+    snapshots: sled::Tree,
+    payload: Result<Vec<u8>, String>,
+    last_applied: Option<LogId>,
+    membership: StoredMembership,
+    seq: u64,
+}
+
+impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
+    async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError> {
+        let data = std::mem::replace(&mut self.payload, Ok(Vec::new())).map_err(|e| {
+            StorageError::from(StorageIOError::write_snapshot(
+                None,
+                openraft::AnyError::error(e),
+            ))
+        })?;
+        let snapshot_id = match self.last_applied {
+            Some(l) => format!("{}-{}-{}", l.leader_id.term, l.index, self.seq),
+            None => format!("0-0-{}", self.seq),
+        };
+        let meta = SnapshotMeta {
+            last_log_id: self.last_applied,
+            last_membership: self.membership.clone(),
+            snapshot_id,
+        };
+        save_snapshot(&self.snapshots, &meta, &data)?;
+        // Durable before openraft may purge the log entries it covers.
+        self.db.flush_async().await.map_err(write_err)?;
+        Ok(Snapshot {
+            meta,
+            snapshot: Box::new(data),
+        })
+    }
+}

@@ -1,0 +1,98 @@
+//! The JSON documents of the client API, shared by the HTTP server and the Rust client.
+//!
+//! `api/openapi.yaml` describes these shapes; a test checks that the document and the router
+//! agree. Request documents reject unknown fields, so a misspelt field is an error, not a
+//! silently ignored option.
+
+use serde::{Deserialize, Serialize};
+
+use crate::domain::kv::Versioned;
+use crate::domain::types::{NodeId, Revision};
+
+/// Body of `PUT /v1/kv/{key}`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PutRequest {
+    pub value: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease: Option<String>,
+}
+
+/// Answer to a successful put.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct PutResponse {
+    pub revision: Revision,
+}
+
+/// One key with its counters.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeyValue {
+    pub key: String,
+    pub value: String,
+    pub create_revision: Revision,
+    pub mod_revision: Revision,
+    pub version: u64,
+    pub lease: Option<String>,
+}
+
+impl KeyValue {
+    pub fn new(key: String, v: Versioned) -> Self {
+        KeyValue {
+            key,
+            value: v.value,
+            create_revision: v.create_revision,
+            mod_revision: v.mod_revision,
+            version: v.version,
+            lease: v.lease,
+        }
+    }
+}
+
+/// Answer to `GET /v1/kv/{key}`: the key, plus the store revision it was read at.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct GetResponse {
+    #[serde(flatten)]
+    pub kv: KeyValue,
+    /// The store revision at the time of the read.
+    pub revision: Revision,
+}
+
+/// Answer to `GET /v1/kv?prefix=...`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ListResponse {
+    pub revision: Revision,
+    pub items: Vec<KeyValue>,
+    /// True when `limit` cut the listing short.
+    #[serde(default)]
+    pub more: bool,
+}
+
+/// Answer to `DELETE /v1/kv/{key}`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct DeleteResponse {
+    pub revision: Revision,
+    pub deleted: u32,
+}
+
+/// Body of `POST /v1/cluster/nodes`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AddNodeRequest {
+    pub id: NodeId,
+    pub address: String,
+}
+
+/// The error document: `{"error": {"code", "message", ...details}}`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ErrorBody {
+    pub error: ErrorDetail,
+}
+
+/// The inside of an error document.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ErrorDetail {
+    pub code: String,
+    pub message: String,
+    #[serde(flatten)]
+    pub details: serde_json::Map<String, serde_json::Value>,
+}

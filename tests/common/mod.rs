@@ -1,0 +1,164 @@
+//! A cluster of in-process nodes on 127.0.0.1 port 0, in temporary directories.
+//!
+//! Nothing here sleeps and hopes: every wait is a condition polled until a deadline.
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use leasecore::client::Client;
+use leasecore::domain::types::NodeId;
+use leasecore::node::{Node, NodeConfig, RaftTimings};
+use tempfile::TempDir;
+
+/// Poll `check` until it returns `Some`, or panic with `what` at the deadline.
+pub async fn eventually<T, F, Fut>(timeout: Duration, what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        if Instant::now() >= deadline {
+            panic!("timed out after {timeout:?} waiting for: {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+pub fn init_tracing() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("LEASECORE_TEST_LOG")
+                .unwrap_or_else(|_| "warn,openraft=error".into()),
+        )
+        .with_test_writer()
+        .try_init();
+}
+
+pub struct TestCluster {
+    pub tmp: TempDir,
+    pub addrs: BTreeMap<NodeId, String>,
+    pub nodes: BTreeMap<NodeId, Node>,
+    pub initial: BTreeMap<NodeId, String>,
+    pub snapshot_threshold: u64,
+    pub max_value_bytes: Option<usize>,
+}
+
+impl TestCluster {
+    /// Start `n` voters that form a cluster by themselves.
+    pub async fn start(n: u64) -> TestCluster {
+        Self::start_with(n, 10_000).await
+    }
+
+    pub async fn start_with(n: u64, snapshot_threshold: u64) -> TestCluster {
+        init_tracing();
+        let tmp = TempDir::new().unwrap();
+        let mut listeners = BTreeMap::new();
+        let mut addrs = BTreeMap::new();
+        for id in 1..=n {
+            let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            addrs.insert(id, l.local_addr().unwrap().to_string());
+            listeners.insert(id, l);
+        }
+        let mut c = TestCluster {
+            tmp,
+            addrs: addrs.clone(),
+            nodes: BTreeMap::new(),
+            initial: addrs,
+            snapshot_threshold,
+            max_value_bytes: None,
+        };
+        for (id, l) in listeners {
+            let node = Node::start_on(c.config(id, false), l).await.unwrap();
+            c.nodes.insert(id, node);
+        }
+        c
+    }
+
+    pub fn data_dir(&self, id: NodeId) -> PathBuf {
+        self.tmp.path().join(format!("node-{id}"))
+    }
+
+    pub fn config(&self, id: NodeId, join: bool) -> NodeConfig {
+        let mut cfg = NodeConfig::new(id, self.data_dir(id));
+        cfg.listen = self.addrs[&id].clone();
+        cfg.advertise = Some(self.addrs[&id].clone());
+        cfg.peers = if join { BTreeMap::new() } else { self.initial.clone() };
+        cfg.join = join;
+        cfg.timings = RaftTimings::default();
+        cfg.snapshot_threshold = self.snapshot_threshold;
+        cfg.cache_bytes = 16 << 20;
+        if let Some(m) = self.max_value_bytes {
+            cfg.limits.max_value_bytes = m;
+        }
+        cfg
+    }
+
+    pub fn url(&self, id: NodeId) -> String {
+        format!("http://{}", self.addrs[&id])
+    }
+
+    /// A client of every running node.
+    pub fn client(&self) -> Client {
+        let eps: Vec<String> = self.nodes.keys().map(|id| self.url(*id)).collect();
+        Client::new(&eps).unwrap()
+    }
+
+    /// A client of one node only.
+    pub fn client_of(&self, id: NodeId) -> Client {
+        Client::new(&[self.url(id)]).unwrap()
+    }
+
+    /// Wait until every running node agrees on one running leader.
+    pub async fn leader(&self) -> NodeId {
+        eventually(Duration::from_secs(20), "an agreed leader", || async {
+            let mut seen = None;
+            for node in self.nodes.values() {
+                let v = node.consensus().cluster_view();
+                match (v.leader_id, seen) {
+                    (None, _) => return None,
+                    (Some(l), None) => seen = Some(l),
+                    (Some(l), Some(s)) if l != s => return None,
+                    _ => {}
+                }
+            }
+            let l = seen?;
+            (self.nodes.contains_key(&l) && self.nodes[&l].consensus().is_leader()).then_some(l)
+        })
+        .await
+    }
+
+    /// Stop a node (gracefully: its data stays).
+    pub async fn stop(&mut self, id: NodeId) {
+        let node = self.nodes.remove(&id).expect("node is running");
+        node.shutdown().await;
+    }
+
+    /// Restart a stopped node from its directory, on its old address.
+    pub async fn restart(&mut self, id: NodeId) {
+        let join = !self.initial.contains_key(&id);
+        let node = Node::start(self.config(id, join)).await.unwrap();
+        self.nodes.insert(id, node);
+    }
+
+    /// Start a new, empty node that waits to be added.
+    pub async fn start_joiner(&mut self, id: NodeId) {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        self.addrs.insert(id, l.local_addr().unwrap().to_string());
+        let node = Node::start_on(self.config(id, true), l).await.unwrap();
+        self.nodes.insert(id, node);
+    }
+
+    pub async fn shutdown(mut self) {
+        let ids: Vec<NodeId> = self.nodes.keys().copied().collect();
+        for id in ids {
+            self.stop(id).await;
+        }
+    }
+}
