@@ -1,1 +1,392 @@
-fn main() {}
+//! The `leasecore` binary: a node (`serve`) and the client commands, in one.
+//!
+//! Every flag of `serve` also reads from an environment variable (`LEASECORE_ID`,
+//! `LEASECORE_LISTEN`, ...), for containers. Client commands take `--endpoints` (or
+//! `LEASECORE_ENDPOINTS`) and fail over between them. Output is for people; `--json` prints the
+//! server's documents as they are.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+use leasecore::bench::{self, BenchOptions, Workload};
+use leasecore::client::{Client, ClientError};
+use leasecore::domain::limits::DEFAULT_MAX_VALUE_BYTES;
+use leasecore::domain::types::NodeId;
+use leasecore::node::{Node, NodeConfig, RaftTimings};
+use serde::Serialize;
+
+#[derive(Parser)]
+#[command(name = "leasecore", version, about = "A Consistent Core: Raft-replicated keys, leases and watches")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run a node.
+    Serve(ServeArgs),
+    /// Read and write keys.
+    Kv {
+        #[command(subcommand)]
+        cmd: KvCmd,
+        #[command(flatten)]
+        conn: ConnArgs,
+    },
+    /// Inspect and change the cluster's membership.
+    Cluster {
+        #[command(subcommand)]
+        cmd: ClusterCmd,
+        #[command(flatten)]
+        conn: ConnArgs,
+    },
+    /// Drive a running cluster with load and report throughput and latency.
+    Bench(BenchArgs),
+}
+
+#[derive(Args)]
+struct ServeArgs {
+    /// This node's id (stable across restarts).
+    #[arg(long, env = "LEASECORE_ID", default_value_t = 1)]
+    id: NodeId,
+    /// Address to listen on, for clients and peers alike.
+    #[arg(long, env = "LEASECORE_LISTEN", default_value = "127.0.0.1:7001")]
+    listen: String,
+    /// Address peers and clients reach this node at (default: this node's --peers entry, else
+    /// --listen).
+    #[arg(long, env = "LEASECORE_ADVERTISE")]
+    advertise: Option<String>,
+    /// Data directory (default: ./leasecore-data/node-<id>).
+    #[arg(long, env = "LEASECORE_DATA")]
+    data: Option<PathBuf>,
+    /// The initial voters, this node included: ID=HOST:PORT,ID=HOST:PORT,...
+    #[arg(long, env = "LEASECORE_PEERS", value_parser = parse_peers)]
+    peers: Option<BTreeMap<NodeId, String>>,
+    /// Do not form a cluster: wait to be added to one (`leasecore cluster add`).
+    #[arg(long, env = "LEASECORE_JOIN")]
+    join: bool,
+    /// Leader heartbeat interval, in milliseconds.
+    #[arg(long, env = "LEASECORE_HEARTBEAT_MS", default_value_t = RaftTimings::default().heartbeat_ms)]
+    heartbeat_ms: u64,
+    /// Smallest election timeout, in milliseconds.
+    #[arg(long, env = "LEASECORE_ELECTION_MIN_MS", default_value_t = RaftTimings::default().election_min_ms)]
+    election_min_ms: u64,
+    /// Largest election timeout, in milliseconds.
+    #[arg(long, env = "LEASECORE_ELECTION_MAX_MS", default_value_t = RaftTimings::default().election_max_ms)]
+    election_max_ms: u64,
+    /// Snapshot and compact the log every this many applied entries.
+    #[arg(long, env = "LEASECORE_SNAPSHOT_THRESHOLD", default_value_t = 10_000)]
+    snapshot_threshold: u64,
+    /// The largest value, in bytes.
+    #[arg(long, env = "LEASECORE_MAX_VALUE_BYTES", default_value_t = DEFAULT_MAX_VALUE_BYTES)]
+    max_value_bytes: usize,
+    /// sled page cache, in MiB.
+    #[arg(long, env = "LEASECORE_CACHE_MB", default_value_t = 64)]
+    cache_mb: u64,
+}
+
+#[derive(Args, Clone)]
+struct ConnArgs {
+    /// Nodes to talk to, comma-separated; the client fails over between them.
+    #[arg(long, global = true, env = "LEASECORE_ENDPOINTS", value_delimiter = ',', default_value = "http://127.0.0.1:7001")]
+    endpoints: Vec<String>,
+    /// Print the server's JSON documents as they are.
+    #[arg(long, global = true)]
+    json: bool,
+}
+
+#[derive(Subcommand)]
+enum KvCmd {
+    /// Set a key.
+    Put {
+        key: String,
+        value: String,
+        /// Attach the key to this lease.
+        #[arg(long)]
+        lease: Option<String>,
+        /// Only if the key's mod revision is this (0: only if it does not exist).
+        #[arg(long)]
+        prev_revision: Option<u64>,
+    },
+    /// Print a key's value.
+    Get {
+        key: String,
+        /// Serve from the answering node's applied state, without a quorum round.
+        #[arg(long)]
+        local: bool,
+    },
+    /// Delete a key.
+    Del {
+        key: String,
+        #[arg(long)]
+        prev_revision: Option<u64>,
+    },
+    /// List keys under a prefix.
+    List {
+        #[arg(default_value = "")]
+        prefix: String,
+        #[arg(long)]
+        limit: Option<usize>,
+        #[arg(long)]
+        local: bool,
+    },
+}
+
+#[derive(Subcommand)]
+enum ClusterCmd {
+    /// Show the leader, terms, indexes and members.
+    Status,
+    /// Add a node (it must be running with --join): learner first, then voter.
+    Add { id: NodeId, address: String },
+    /// Remove a node from the membership.
+    Remove { id: NodeId },
+}
+
+#[derive(Args)]
+struct BenchArgs {
+    /// put, get (linearizable) or get-local.
+    workload: Workload,
+    #[arg(long, env = "LEASECORE_ENDPOINTS", value_delimiter = ',', default_value = "http://127.0.0.1:7001")]
+    endpoints: Vec<String>,
+    /// Concurrent connections (each sends one request at a time).
+    #[arg(long, short = 'c', default_value_t = 16)]
+    connections: usize,
+    /// Seconds to run.
+    #[arg(long, short = 'd', default_value_t = 10.0)]
+    duration: f64,
+    /// Distinct keys written and read.
+    #[arg(long, default_value_t = 10_000)]
+    keys: usize,
+    /// Value size in bytes.
+    #[arg(long, default_value_t = 64)]
+    value_size: usize,
+    /// Print the result as one JSON line.
+    #[arg(long)]
+    json: bool,
+}
+
+fn parse_peers(s: &str) -> Result<BTreeMap<NodeId, String>, String> {
+    let mut peers = BTreeMap::new();
+    for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let (id, addr) = part
+            .split_once('=')
+            .ok_or_else(|| format!("{part:?} is not ID=HOST:PORT"))?;
+        let id: NodeId = id
+            .trim()
+            .parse()
+            .map_err(|_| format!("{id:?} is not a node id"))?;
+        if peers.insert(id, addr.trim().to_string()).is_some() {
+            return Err(format!("node id {id} appears twice"));
+        }
+    }
+    if peers.is_empty() {
+        return Err("--peers is empty".into());
+    }
+    Ok(peers)
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("a tokio runtime");
+    runtime.block_on(async move {
+        match cli.command {
+            Command::Serve(args) => serve(args).await,
+            Command::Kv { cmd, conn } => report(kv(cmd, &conn).await),
+            Command::Cluster { cmd, conn } => report(cluster(cmd, &conn).await),
+            Command::Bench(args) => report(run_bench(args).await),
+        }
+    })
+}
+
+fn report(result: Result<(), ClientError>) -> ExitCode {
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn serve(args: ServeArgs) -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("LEASECORE_LOG")
+                .unwrap_or_else(|_| "info,openraft=warn,sled=warn".into()),
+        )
+        .init();
+    let data = args
+        .data
+        .unwrap_or_else(|| PathBuf::from(format!("leasecore-data/node-{}", args.id)));
+    let mut cfg = NodeConfig::new(args.id, data);
+    cfg.listen = args.listen;
+    cfg.advertise = args.advertise;
+    cfg.peers = args.peers.unwrap_or_default();
+    cfg.join = args.join;
+    cfg.timings = RaftTimings {
+        heartbeat_ms: args.heartbeat_ms,
+        election_min_ms: args.election_min_ms,
+        election_max_ms: args.election_max_ms,
+    };
+    cfg.snapshot_threshold = args.snapshot_threshold;
+    cfg.limits.max_value_bytes = args.max_value_bytes;
+    cfg.cache_bytes = args.cache_mb << 20;
+    let node = match Node::start(cfg).await {
+        Ok(node) => node,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    shutdown_signal().await;
+    tracing::info!("signal received; shutting down");
+    node.shutdown().await;
+    ExitCode::SUCCESS
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .expect("installing a SIGTERM handler");
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = ctrl_c.await;
+    }
+}
+
+fn print_json<T: Serialize>(v: &T) {
+    println!(
+        "{}",
+        serde_json::to_string_pretty(v).unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"))
+    );
+}
+
+async fn kv(cmd: KvCmd, conn: &ConnArgs) -> Result<(), ClientError> {
+    let client = Client::new(&conn.endpoints)?;
+    match cmd {
+        KvCmd::Put {
+            key,
+            value,
+            lease,
+            prev_revision,
+        } => {
+            let r = client
+                .put(&key, &value, lease.as_deref(), prev_revision)
+                .await?;
+            if conn.json {
+                print_json(&r);
+            } else {
+                println!("OK (revision {})", r.revision);
+            }
+        }
+        KvCmd::Get { key, local } => match client.get(&key, local).await? {
+            Some(r) if conn.json => print_json(&r),
+            Some(r) => println!("{}", r.kv.value),
+            None => {
+                return Err(ClientError::Api {
+                    status: 404,
+                    code: "key_not_found".into(),
+                    message: format!("key {key:?} does not exist"),
+                    body: serde_json::Value::Null,
+                });
+            }
+        },
+        KvCmd::Del { key, prev_revision } => {
+            let r = client.delete(&key, prev_revision).await?;
+            if conn.json {
+                print_json(&r);
+            } else if r.deleted == 0 {
+                println!("no such key (revision {})", r.revision);
+            } else {
+                println!("deleted (revision {})", r.revision);
+            }
+        }
+        KvCmd::List {
+            prefix,
+            limit,
+            local,
+        } => {
+            let r = client.list(&prefix, limit, local).await?;
+            if conn.json {
+                print_json(&r);
+            } else {
+                for item in &r.items {
+                    println!("{} = {}", item.key, item.value);
+                }
+                let more = if r.more { " (more: raise --limit)" } else { "" };
+                eprintln!("{} keys at revision {}{more}", r.items.len(), r.revision);
+            }
+        }
+    }
+    Ok(())
+}
+
+async fn cluster(cmd: ClusterCmd, conn: &ConnArgs) -> Result<(), ClientError> {
+    let client = Client::new(&conn.endpoints)?;
+    let view = match cmd {
+        ClusterCmd::Status => client.cluster_status().await?,
+        ClusterCmd::Add { id, address } => client.add_node(id, &address).await?,
+        ClusterCmd::Remove { id } => client.remove_node(id).await?,
+    };
+    if conn.json {
+        print_json(&view);
+        return Ok(());
+    }
+    let leader = view
+        .leader_id
+        .map(|l| l.to_string())
+        .unwrap_or_else(|| "none".into());
+    println!(
+        "node {} ({}), leader {leader}, term {}, commit {}, applied {}, revision {}",
+        view.node_id, view.state, view.term, view.commit_index, view.applied_index, view.revision
+    );
+    println!("{:>6}  {:<24}  role", "id", "address");
+    for n in &view.nodes {
+        let role = match (n.voter, Some(n.id) == view.leader_id) {
+            (true, true) => "voter (leader)",
+            (true, false) => "voter",
+            (false, _) => "learner",
+        };
+        println!("{:>6}  {:<24}  {role}", n.id, n.address);
+    }
+    Ok(())
+}
+
+async fn run_bench(args: BenchArgs) -> Result<(), ClientError> {
+    let opts = BenchOptions {
+        workload: args.workload,
+        endpoints: args.endpoints,
+        connections: args.connections.max(1),
+        duration: Duration::from_secs_f64(args.duration.max(0.1)),
+        keys: args.keys.max(1),
+        value_size: args.value_size,
+    };
+    let result = bench::run(&opts).await?;
+    if args.json {
+        println!(
+            "{}",
+            serde_json::to_string(&result).expect("plain data serializes")
+        );
+    } else {
+        println!("{result}");
+    }
+    if result.ok == 0 {
+        return Err(ClientError::Unavailable(
+            "no request succeeded; is the cluster running?".into(),
+        ));
+    }
+    Ok(())
+}

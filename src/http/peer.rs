@@ -24,9 +24,12 @@ use crate::raft::{NodeId, TypeConfig};
 
 pub async fn append(
     State(state): State<AppState>,
-    ApiJson(req): ApiJson<AppendEntriesRequest<TypeConfig>>,
-) -> Json<Result<AppendEntriesResponse<NodeId>, RaftError<NodeId>>> {
-    Json(state.consensus.raft().append_entries(req).await)
+    body: Bytes,
+) -> Result<Json<Result<AppendEntriesResponse<NodeId>, RaftError<NodeId>>>, ApiError> {
+    // MessagePack (see raft::network): values travel as raw bytes.
+    let req: AppendEntriesRequest<TypeConfig> = rmp_serde::from_slice(&body)
+        .map_err(|e| ApiError::invalid(format!("undecodable append request: {e}")))?;
+    Ok(Json(state.consensus.raft().append_entries(req).await))
 }
 
 pub async fn vote(

@@ -9,8 +9,9 @@
 //!   or acknowledgement is never given for an entry a crash could lose.
 //! - `save_vote` flushes before returning: a node never votes twice in one term across a crash.
 //!
-//! Entries are JSON: the same encoding as the wire, easy to inspect, and the cost is measured
-//! (the bench tool) rather than assumed.
+//! Entries are MessagePack (named fields, so optional fields may be omitted): values are stored
+//! as raw bytes rather than JSON-escaped text, which keeps a 1 MiB value near 1 MiB on disk and
+//! on the wire. The marks are small JSON documents.
 
 use std::fmt::Debug;
 use std::ops::{Bound, RangeBounds};
@@ -73,9 +74,7 @@ impl LogStore {
         match last {
             None => Ok(None),
             Some((_, bytes)) => {
-                let entry: Entry = serde_json::from_slice(&bytes)
-                    .map_err(|e| StorageIOError::read_logs(any_err(&e)))?;
-                Ok(Some(entry.log_id))
+                Ok(Some(decode_entry(&bytes)?.log_id))
             }
         }
     }
@@ -87,6 +86,16 @@ impl LogStore {
 
 fn encode<T: Serialize>(v: &T) -> Result<Vec<u8>, StorageError> {
     serde_json::to_vec(v).map_err(|e| StorageIOError::write_logs(any_err(&e)).into())
+}
+
+/// An entry's stored form.
+pub fn encode_entry(entry: &Entry) -> Result<Vec<u8>, StorageError> {
+    rmp_serde::to_vec_named(entry).map_err(|e| StorageIOError::write_logs(any_err(&e)).into())
+}
+
+/// An entry back from its stored form.
+pub fn decode_entry(bytes: &[u8]) -> Result<Entry, StorageError> {
+    rmp_serde::from_slice(bytes).map_err(|e| StorageIOError::read_logs(any_err(&e)).into())
 }
 
 impl RaftLogReader<TypeConfig> for LogStore {
@@ -108,9 +117,7 @@ impl RaftLogReader<TypeConfig> for LogStore {
         let mut out = Vec::new();
         for item in iter {
             let (_, bytes) = item.map_err(|e| StorageIOError::read_logs(any_err(&e)))?;
-            let entry: Entry = serde_json::from_slice(&bytes)
-                .map_err(|e| StorageIOError::read_logs(any_err(&e)))?;
-            out.push(entry);
+            out.push(decode_entry(&bytes)?);
         }
         Ok(out)
     }
@@ -174,7 +181,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     {
         let mut batch = sled::Batch::default();
         for entry in entries {
-            batch.insert(&index_key(ENTRY, entry.log_id.index), encode(&entry)?);
+            batch.insert(&index_key(ENTRY, entry.log_id.index), encode_entry(&entry)?);
         }
         self.tree
             .apply_batch(batch)

@@ -5,6 +5,13 @@
 //! made is `Unreachable` (openraft backs off), any other transport failure is `Network` (retry
 //! at once), and an error the remote Raft returned is `RemoteError`.
 //!
+//! AppendEntries travels as MessagePack (values as raw bytes, not JSON-escaped text) and is
+//! bounded in bytes: openraft 0.9 gives each append RPC only `heartbeat_interval` to complete
+//! (pitfall P3), so a batch of large entries is cut to [`MAX_APPEND_BYTES`] (at least one entry)
+//! and a success is reported as `PartialSuccess` up to the last entry sent; openraft then sends
+//! the rest. Without the cut, a batch too large to cross in time would be retried, whole, for
+//! ever.
+//!
 //! Snapshots travel as one binary frame, `[u64 BE header length][JSON {vote, meta}][raw data]`,
 //! so that the data is not inflated into a JSON array of numbers.
 //!
@@ -22,11 +29,47 @@ use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
 use openraft::raft::{
     AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, VoteRequest, VoteResponse,
 };
-use openraft::{BasicNode, OptionalSend, Snapshot, Vote};
+use openraft::{BasicNode, EntryPayload, OptionalSend, Snapshot, Vote};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use super::{NodeId, SnapshotMeta, TypeConfig};
+use super::{Entry, NodeId, SnapshotMeta, TypeConfig};
+use crate::domain::command::Command;
+
+/// The largest AppendEntries payload sent in one request (estimated), unless a single entry is
+/// larger on its own.
+pub const MAX_APPEND_BYTES: usize = 1 << 20;
+
+/// The MIME type of MessagePack bodies.
+pub const MSGPACK: &str = "application/msgpack";
+
+/// A cheap estimate of an entry's encoded size.
+fn approx_entry_bytes(entry: &Entry) -> usize {
+    const OVERHEAD: usize = 96;
+    match &entry.payload {
+        EntryPayload::Normal(Command::Put { key, value, lease, .. }) => {
+            OVERHEAD + key.len() + value.len() + lease.as_ref().map_or(0, |l| l.len())
+        }
+        EntryPayload::Normal(Command::Delete { key, .. }) => OVERHEAD + key.len(),
+        EntryPayload::Membership(_) => 4 * OVERHEAD,
+        EntryPayload::Blank => OVERHEAD,
+    }
+}
+
+/// Cut `entries` to the byte budget, keeping at least one. Returns whether anything was cut.
+fn cut_to_budget(entries: &mut Vec<Entry>) -> bool {
+    let mut total = 0;
+    let keep = entries
+        .iter()
+        .position(|e| {
+            total += approx_entry_bytes(e);
+            total > MAX_APPEND_BYTES
+        })
+        .map_or(entries.len(), |i| i.max(1));
+    let cut = keep < entries.len();
+    entries.truncate(keep);
+    cut
+}
 
 /// The routes of the peer API (served by `http::peer`).
 pub mod routes {
@@ -230,10 +273,24 @@ fn to_rpc_error<E: std::error::Error>(e: &PeerError) -> RPCError<NodeId, BasicNo
 impl RaftNetwork<TypeConfig> for PeerConnection {
     async fn append_entries(
         &mut self,
-        rpc: AppendEntriesRequest<TypeConfig>,
+        mut rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId>>> {
-        self.call(routes::APPEND, &rpc, option.hard_ttl()).await
+        let cut = cut_to_budget(&mut rpc.entries);
+        let last_sent = rpc.entries.last().map(|e| e.log_id);
+        let body = rmp_serde::to_vec_named(&rpc).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
+        let answer: Result<AppendEntriesResponse<NodeId>, RaftError<NodeId>> = self
+            .client
+            .post_bytes(&self.addr, routes::APPEND, MSGPACK, body, option.hard_ttl())
+            .await
+            .map_err(|e| to_rpc_error(&e))?;
+        match answer {
+            Ok(AppendEntriesResponse::Success) if cut => {
+                Ok(AppendEntriesResponse::PartialSuccess(last_sent))
+            }
+            Ok(resp) => Ok(resp),
+            Err(e) => Err(RPCError::RemoteError(RemoteError::new(self.target, e))),
+        }
     }
 
     async fn vote(

@@ -1,0 +1,227 @@
+//! `leasecore bench`: a closed-loop load generator against a running cluster.
+//!
+//! Each connection is one worker with its own single-connection HTTP client that sends one
+//! request at a time, so `connections` is the concurrency. Every response is checked (status
+//! and body); only checked successes count toward throughput and latency. Workers are spread
+//! over the endpoints round-robin.
+//!
+//! Figures are only comparable within one run on one machine: report ratios against a baseline
+//! measured in the same run (scripts/bench.sh does this).
+
+use std::fmt;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+use crate::client::{Client, ClientError, encode_path};
+use crate::wire::{GetResponse, PutResponse};
+
+/// What to measure.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Workload {
+    /// `PUT /v1/kv/{key}` over a key space.
+    Put,
+    /// Linearizable `GET /v1/kv/{key}`.
+    Get,
+    /// `GET /v1/kv/{key}?consistency=local`.
+    GetLocal,
+}
+
+impl FromStr for Workload {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "put" => Ok(Workload::Put),
+            "get" => Ok(Workload::Get),
+            "get-local" => Ok(Workload::GetLocal),
+            other => Err(format!("unknown workload {other:?}: put, get or get-local")),
+        }
+    }
+}
+
+/// How to run.
+#[derive(Clone, Debug)]
+pub struct BenchOptions {
+    pub workload: Workload,
+    pub endpoints: Vec<String>,
+    pub connections: usize,
+    pub duration: Duration,
+    pub keys: usize,
+    pub value_size: usize,
+}
+
+/// What was measured.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct BenchResult {
+    pub workload: Workload,
+    pub connections: usize,
+    pub seconds: f64,
+    /// Checked successes.
+    pub ok: u64,
+    /// Failed or unchecked responses (not counted in throughput).
+    pub errors: u64,
+    pub throughput: f64,
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+    pub max_ms: f64,
+}
+
+impl fmt::Display for BenchResult {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{:?} c={} {:.1}s: {:.0} ops/s, p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms ({} ok, {} errors)",
+            self.workload,
+            self.connections,
+            self.seconds,
+            self.throughput,
+            self.p50_ms,
+            self.p99_ms,
+            self.max_ms,
+            self.ok,
+            self.errors
+        )
+    }
+}
+
+fn key_name(i: usize) -> String {
+    format!("bench/{i:08}")
+}
+
+fn value_for(i: usize, size: usize) -> String {
+    let mut v = format!("{i:08}");
+    v.extend(std::iter::repeat_n('x', size.saturating_sub(v.len())));
+    v.truncate(size.max(1));
+    v
+}
+
+/// Run one workload and return its figures.
+pub async fn run(opts: &BenchOptions) -> Result<BenchResult, ClientError> {
+    if opts.workload != Workload::Put {
+        preload(opts).await?;
+    }
+    let endpoints: Vec<String> = Client::new(&opts.endpoints)?.endpoints().to_vec();
+    let deadline = Instant::now() + opts.duration;
+    let opts = Arc::new(opts.clone());
+    let started = Instant::now();
+    let mut workers = Vec::new();
+    for w in 0..opts.connections {
+        let endpoint = endpoints[w % endpoints.len()].clone();
+        let opts = opts.clone();
+        workers.push(tokio::spawn(async move {
+            worker(w, &endpoint, &opts, deadline).await
+        }));
+    }
+    let mut latencies_us: Vec<u32> = Vec::new();
+    let mut errors = 0;
+    for w in workers {
+        let (lat, err) = w.await.map_err(|e| ClientError::Usage(e.to_string()))?;
+        latencies_us.extend(lat);
+        errors += err;
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    latencies_us.sort_unstable();
+    let pct = |p: f64| -> f64 {
+        if latencies_us.is_empty() {
+            return 0.0;
+        }
+        let i = ((latencies_us.len() as f64 * p).ceil() as usize).clamp(1, latencies_us.len()) - 1;
+        latencies_us[i] as f64 / 1000.0
+    };
+    Ok(BenchResult {
+        workload: opts.workload,
+        connections: opts.connections,
+        seconds,
+        ok: latencies_us.len() as u64,
+        errors,
+        throughput: latencies_us.len() as f64 / seconds,
+        p50_ms: pct(0.50),
+        p99_ms: pct(0.99),
+        max_ms: latencies_us.last().map(|l| *l as f64 / 1000.0).unwrap_or(0.0),
+    })
+}
+
+/// Write every key once so that reads find them.
+async fn preload(opts: &BenchOptions) -> Result<(), ClientError> {
+    let client = Arc::new(Client::new(&opts.endpoints)?);
+    let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for _ in 0..32 {
+        let (client, next) = (client.clone(), next.clone());
+        let (keys, size) = (opts.keys, opts.value_size);
+        tasks.push(tokio::spawn(async move {
+            loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                if i >= keys {
+                    return Ok::<(), ClientError>(());
+                }
+                client
+                    .put(&key_name(i), &value_for(i, size), None, None)
+                    .await?;
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.map_err(|e| ClientError::Usage(e.to_string()))??;
+    }
+    Ok(())
+}
+
+async fn worker(
+    w: usize,
+    endpoint: &str,
+    opts: &BenchOptions,
+    deadline: Instant,
+) -> (Vec<u32>, u64) {
+    let http = reqwest::Client::builder()
+        .pool_max_idle_per_host(1)
+        .tcp_nodelay(true)
+        .timeout(Duration::from_secs(10))
+        .build()
+        .expect("a plain HTTP client always builds");
+    let mut latencies = Vec::new();
+    let mut errors = 0u64;
+    // Workers start at different keys so that they do not write the same key in lockstep.
+    let mut i = w.wrapping_mul(7919) % opts.keys;
+    while Instant::now() < deadline {
+        let key = key_name(i);
+        let url = format!("{endpoint}/v1/kv/{}", encode_path(&key));
+        let sent = Instant::now();
+        let ok = match opts.workload {
+            Workload::Put => {
+                let body = serde_json::json!({ "value": value_for(i, opts.value_size) });
+                match http.put(&url).json(&body).send().await {
+                    Ok(r) if r.status().is_success() => r
+                        .json::<PutResponse>()
+                        .await
+                        .is_ok_and(|p| p.revision.0 > 0),
+                    _ => false,
+                }
+            }
+            Workload::Get | Workload::GetLocal => {
+                let url = if opts.workload == Workload::GetLocal {
+                    format!("{url}?consistency=local")
+                } else {
+                    url
+                };
+                match http.get(&url).send().await {
+                    Ok(r) if r.status().is_success() => r
+                        .json::<GetResponse>()
+                        .await
+                        .is_ok_and(|g| g.kv.value.len() == opts.value_size.max(1)),
+                    _ => false,
+                }
+            }
+        };
+        if ok {
+            latencies.push(sent.elapsed().as_micros().min(u32::MAX as u128) as u32);
+        } else {
+            errors += 1;
+        }
+        i = (i + 1) % opts.keys;
+    }
+    (latencies, errors)
+}
