@@ -54,7 +54,7 @@ pub enum ConsensusError {
     #[error("the leader failed while the request was in flight; the outcome is unknown: {detail}")]
     OutcomeUnknown { detail: String },
     /// The operation did not finish in time.
-    #[error("timed out after {ms} ms; the outcome is unknown")]
+    #[error("timed out after {ms} ms (a write may still be applied)")]
     Timeout { ms: u64 },
     /// The node is shutting down.
     #[error("the node is shutting down")]
@@ -472,10 +472,13 @@ impl Consensus {
                 } else {
                     ChangeMembers::RemoveNodes(ids)
                 };
-                raft.change_membership(change, false)
-                    .await
-                    .map_err(from_write_error)?;
-                Ok(())
+                let t = self.inner.timeouts.request;
+                match tokio::time::timeout(t, raft.change_membership(change, false)).await {
+                    Ok(r) => r.map(|_| ()).map_err(from_write_error),
+                    Err(_) => Err(ConsensusError::Timeout {
+                        ms: t.as_millis() as u64,
+                    }),
+                }
             }
         }
     }
