@@ -57,6 +57,15 @@ impl TestCluster {
     }
 
     pub async fn start_with(n: u64, snapshot_threshold: u64) -> TestCluster {
+        Self::start_full(n, snapshot_threshold, None).await
+    }
+
+    /// Start `n` voters with a snapshot threshold and, optionally, a value size limit.
+    pub async fn start_full(
+        n: u64,
+        snapshot_threshold: u64,
+        max_value_bytes: Option<usize>,
+    ) -> TestCluster {
         init_tracing();
         let tmp = TempDir::new().unwrap();
         let mut listeners = BTreeMap::new();
@@ -72,7 +81,7 @@ impl TestCluster {
             nodes: BTreeMap::new(),
             initial: addrs,
             snapshot_threshold,
-            max_value_bytes: None,
+            max_value_bytes,
         };
         for (id, l) in listeners {
             let node = Node::start_on(c.config(id, false), l).await.unwrap();
