@@ -354,7 +354,10 @@ mod tests {
 
     #[test]
     fn endpoints_are_normalized() {
-        assert_eq!(normalize_endpoint("127.0.0.1:7001/"), "http://127.0.0.1:7001");
+        assert_eq!(
+            normalize_endpoint("127.0.0.1:7001/"),
+            "http://127.0.0.1:7001"
+        );
         assert_eq!(normalize_endpoint("http://h:1"), "http://h:1");
     }
 }

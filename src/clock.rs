@@ -4,6 +4,8 @@
 //! [`Clock`] and pass readings into the pure cores; tests hold a [`ManualClock`] and move time
 //! by hand, so time-dependent rules are tested deterministically in microseconds.
 
+#![allow(clippy::disallowed_methods)] // the one place that reads clocks
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};

@@ -19,7 +19,11 @@ use leasecore::node::{Node, NodeConfig, RaftTimings};
 use serde::Serialize;
 
 #[derive(Parser)]
-#[command(name = "leasecore", version, about = "A Consistent Core: Raft-replicated keys, leases and watches")]
+#[command(
+    name = "leasecore",
+    version,
+    about = "A Consistent Core: Raft-replicated keys, leases and watches"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -91,7 +95,13 @@ struct ServeArgs {
 #[derive(Args, Clone)]
 struct ConnArgs {
     /// Nodes to talk to, comma-separated; the client fails over between them.
-    #[arg(long, global = true, env = "LEASECORE_ENDPOINTS", value_delimiter = ',', default_value = "http://127.0.0.1:7001")]
+    #[arg(
+        long,
+        global = true,
+        env = "LEASECORE_ENDPOINTS",
+        value_delimiter = ',',
+        default_value = "http://127.0.0.1:7001"
+    )]
     endpoints: Vec<String>,
     /// Print the server's JSON documents as they are.
     #[arg(long, global = true)]
@@ -149,7 +159,12 @@ enum ClusterCmd {
 struct BenchArgs {
     /// put, get (linearizable) or get-local.
     workload: Workload,
-    #[arg(long, env = "LEASECORE_ENDPOINTS", value_delimiter = ',', default_value = "http://127.0.0.1:7001")]
+    #[arg(
+        long,
+        env = "LEASECORE_ENDPOINTS",
+        value_delimiter = ',',
+        default_value = "http://127.0.0.1:7001"
+    )]
     endpoints: Vec<String>,
     /// Concurrent connections (each sends one request at a time).
     #[arg(long, short = 'c', default_value_t = 16)]

@@ -74,7 +74,10 @@ impl Metrics {
     pub fn render(&self, gauges: &[(&str, &str, f64)]) -> String {
         let mut out = String::new();
         for (name, help, value) in gauges {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {value}");
+            let _ = writeln!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {value}"
+            );
         }
         let counters = [
             (
@@ -89,7 +92,10 @@ impl Metrics {
             ),
         ];
         for (name, help, value) in counters {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {value}");
+            let _ = writeln!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} counter\n{name} {value}"
+            );
         }
 
         let requests = self

@@ -25,11 +25,11 @@ use crate::domain::limits::Limits;
 use crate::domain::types::NodeId;
 use crate::http::{self, AppState};
 use crate::metrics::Metrics;
+use crate::raft::Raft;
 use crate::raft::consensus::{Consensus, ConsensusError, ConsensusTimeouts};
 use crate::raft::log_store::LogStore;
 use crate::raft::network::{NetworkFactory, PeerClient};
 use crate::raft::state_machine::{DiscardEvents, StateMachine};
-use crate::raft::Raft;
 use crate::runtime::election::ElectionWatchdog;
 use crate::storage;
 
@@ -186,9 +186,8 @@ impl Node {
         };
         let raft_config = Arc::new(cfg.raft_config()?);
 
-        std::fs::create_dir_all(&cfg.data_dir).map_err(|e| {
-            NodeError::Config(format!("creating {}: {e}", cfg.data_dir.display()))
-        })?;
+        std::fs::create_dir_all(&cfg.data_dir)
+            .map_err(|e| NodeError::Config(format!("creating {}: {e}", cfg.data_dir.display())))?;
         let dir = cfg.data_dir.clone();
         let cache = cfg.cache_bytes;
         let db = tokio::task::spawn_blocking(move || storage::open_db(&dir, cache))
@@ -246,11 +245,11 @@ impl Node {
             cancel,
             tasks,
         };
-        if let Some(voters) = initial_voters(&cfg, &advertise) {
-            if let Err(e) = node.consensus.initialize(voters).await {
-                node.shutdown().await;
-                return Err(e.into());
-            }
+        if let Some(voters) = initial_voters(&cfg, &advertise)
+            && let Err(e) = node.consensus.initialize(voters).await
+        {
+            node.shutdown().await;
+            return Err(e.into());
         }
         tracing::info!(id = cfg.id, %addr, advertise = %node.advertise, "node started");
         Ok(node)

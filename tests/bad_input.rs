@@ -9,6 +9,9 @@ use serde_json::Value;
 
 const MAX_VALUE: usize = 1000;
 
+/// A request and the refusal it must get: method, path, body, status, code.
+type Case = (Method, String, Option<Vec<u8>>, u16, &'static str);
+
 struct Probe {
     http: reqwest::Client,
     base: String,
@@ -51,18 +54,84 @@ async fn bad_client_input_is_refused_with_its_code_and_changes_nothing() {
     };
     let json = |s: &str| Some(s.as_bytes().to_vec());
     let long_key = "k".repeat(1025);
-    let cases: Vec<(Method, String, Option<Vec<u8>>, u16, &str)> = vec![
-        (Method::PUT, "/v1/kv/a".into(), json("{not json"), 400, "invalid_argument"),
-        (Method::PUT, "/v1/kv/a".into(), json(r#"{"value": 5}"#), 400, "invalid_argument"),
-        (Method::PUT, "/v1/kv/a".into(), json(r#"{"value": "x", "ttl": 3}"#), 400, "invalid_argument"),
-        (Method::PUT, "/v1/kv/a".into(), json(r#"{}"#), 400, "invalid_argument"),
-        (Method::PUT, "/v1/kv/a".into(), json(r#"[]"#), 400, "invalid_argument"),
-        (Method::PUT, "/v1/kv/a".into(), None, 400, "invalid_argument"),
-        (Method::PUT, "/v1/kv/a".into(), Some(b"{\"value\": \"\xff\"}".to_vec()), 400, "invalid_argument"),
-        (Method::PUT, "/v1/kv/".into(), json(r#"{"value": "x"}"#), 400, "invalid_argument"),
-        (Method::PUT, format!("/v1/kv/{long_key}"), json(r#"{"value": "x"}"#), 400, "invalid_argument"),
-        (Method::GET, format!("/v1/kv/{long_key}"), None, 400, "invalid_argument"),
-        (Method::PUT, "/v1/kv/a%FF".into(), json(r#"{"value": "x"}"#), 400, "invalid_argument"),
+    let cases: Vec<Case> = vec![
+        (
+            Method::PUT,
+            "/v1/kv/a".into(),
+            json("{not json"),
+            400,
+            "invalid_argument",
+        ),
+        (
+            Method::PUT,
+            "/v1/kv/a".into(),
+            json(r#"{"value": 5}"#),
+            400,
+            "invalid_argument",
+        ),
+        (
+            Method::PUT,
+            "/v1/kv/a".into(),
+            json(r#"{"value": "x", "ttl": 3}"#),
+            400,
+            "invalid_argument",
+        ),
+        (
+            Method::PUT,
+            "/v1/kv/a".into(),
+            json(r#"{}"#),
+            400,
+            "invalid_argument",
+        ),
+        (
+            Method::PUT,
+            "/v1/kv/a".into(),
+            json(r#"[]"#),
+            400,
+            "invalid_argument",
+        ),
+        (
+            Method::PUT,
+            "/v1/kv/a".into(),
+            None,
+            400,
+            "invalid_argument",
+        ),
+        (
+            Method::PUT,
+            "/v1/kv/a".into(),
+            Some(b"{\"value\": \"\xff\"}".to_vec()),
+            400,
+            "invalid_argument",
+        ),
+        (
+            Method::PUT,
+            "/v1/kv/".into(),
+            json(r#"{"value": "x"}"#),
+            400,
+            "invalid_argument",
+        ),
+        (
+            Method::PUT,
+            format!("/v1/kv/{long_key}"),
+            json(r#"{"value": "x"}"#),
+            400,
+            "invalid_argument",
+        ),
+        (
+            Method::GET,
+            format!("/v1/kv/{long_key}"),
+            None,
+            400,
+            "invalid_argument",
+        ),
+        (
+            Method::PUT,
+            "/v1/kv/a%FF".into(),
+            json(r#"{"value": "x"}"#),
+            400,
+            "invalid_argument",
+        ),
         (
             Method::PUT,
             "/v1/kv/a".into(),
@@ -77,30 +146,130 @@ async fn bad_client_input_is_refused_with_its_code_and_changes_nothing() {
             413,
             "too_large",
         ),
-        (Method::PUT, "/v1/kv/a?prev_revision=abc".into(), json(r#"{"value": "x"}"#), 400, "invalid_argument"),
-        (Method::PUT, "/v1/kv/a?prev_revison=1".into(), json(r#"{"value": "x"}"#), 400, "invalid_argument"),
-        (Method::PUT, "/v1/kv/a?prev_revision=-1".into(), json(r#"{"value": "x"}"#), 400, "invalid_argument"),
-        (Method::PUT, "/v1/kv/existing?prev_revision=0".into(), json(r#"{"value": "x"}"#), 409, "revision_mismatch"),
-        (Method::PUT, "/v1/kv/a".into(), json(r#"{"value": "x", "lease": "nope"}"#), 404, "lease_not_found"),
-        (Method::PUT, "/v1/kv/a".into(), json(r#"{"value": "x", "lease": ""}"#), 400, "invalid_argument"),
-        (Method::DELETE, "/v1/kv/existing?prev_revision=999".into(), None, 409, "revision_mismatch"),
-        (Method::GET, "/v1/kv/a?consistency=eventual".into(), None, 400, "invalid_argument"),
-        (Method::GET, "/v1/kv/missing".into(), None, 404, "key_not_found"),
-        (Method::GET, "/v1/kv?limit=0".into(), None, 400, "invalid_argument"),
-        (Method::GET, "/v1/kv?limit=many".into(), None, 400, "invalid_argument"),
-        (Method::POST, "/v1/kv/a".into(), json(r#"{"value": "x"}"#), 405, "method_not_allowed"),
+        (
+            Method::PUT,
+            "/v1/kv/a?prev_revision=abc".into(),
+            json(r#"{"value": "x"}"#),
+            400,
+            "invalid_argument",
+        ),
+        (
+            Method::PUT,
+            "/v1/kv/a?prev_revison=1".into(),
+            json(r#"{"value": "x"}"#),
+            400,
+            "invalid_argument",
+        ),
+        (
+            Method::PUT,
+            "/v1/kv/a?prev_revision=-1".into(),
+            json(r#"{"value": "x"}"#),
+            400,
+            "invalid_argument",
+        ),
+        (
+            Method::PUT,
+            "/v1/kv/existing?prev_revision=0".into(),
+            json(r#"{"value": "x"}"#),
+            409,
+            "revision_mismatch",
+        ),
+        (
+            Method::PUT,
+            "/v1/kv/a".into(),
+            json(r#"{"value": "x", "lease": "nope"}"#),
+            404,
+            "lease_not_found",
+        ),
+        (
+            Method::PUT,
+            "/v1/kv/a".into(),
+            json(r#"{"value": "x", "lease": ""}"#),
+            400,
+            "invalid_argument",
+        ),
+        (
+            Method::DELETE,
+            "/v1/kv/existing?prev_revision=999".into(),
+            None,
+            409,
+            "revision_mismatch",
+        ),
+        (
+            Method::GET,
+            "/v1/kv/a?consistency=eventual".into(),
+            None,
+            400,
+            "invalid_argument",
+        ),
+        (
+            Method::GET,
+            "/v1/kv/missing".into(),
+            None,
+            404,
+            "key_not_found",
+        ),
+        (
+            Method::GET,
+            "/v1/kv?limit=0".into(),
+            None,
+            400,
+            "invalid_argument",
+        ),
+        (
+            Method::GET,
+            "/v1/kv?limit=many".into(),
+            None,
+            400,
+            "invalid_argument",
+        ),
+        (
+            Method::POST,
+            "/v1/kv/a".into(),
+            json(r#"{"value": "x"}"#),
+            405,
+            "method_not_allowed",
+        ),
         (Method::GET, "/v2/kv/a".into(), None, 404, "not_found"),
-        (Method::POST, "/v1/cluster/nodes".into(), json(r#"{"id": 9, "address": "http://x/"}"#), 400, "invalid_argument"),
-        (Method::POST, "/v1/cluster/nodes".into(), json(r#"{"id": "nine", "address": "h:1"}"#), 400, "invalid_argument"),
-        (Method::DELETE, "/v1/cluster/nodes/99".into(), None, 404, "node_not_found"),
-        (Method::DELETE, "/v1/cluster/nodes/abc".into(), None, 400, "invalid_argument"),
+        (
+            Method::POST,
+            "/v1/cluster/nodes".into(),
+            json(r#"{"id": 9, "address": "http://x/"}"#),
+            400,
+            "invalid_argument",
+        ),
+        (
+            Method::POST,
+            "/v1/cluster/nodes".into(),
+            json(r#"{"id": "nine", "address": "h:1"}"#),
+            400,
+            "invalid_argument",
+        ),
+        (
+            Method::DELETE,
+            "/v1/cluster/nodes/99".into(),
+            None,
+            404,
+            "node_not_found",
+        ),
+        (
+            Method::DELETE,
+            "/v1/cluster/nodes/abc".into(),
+            None,
+            400,
+            "invalid_argument",
+        ),
     ];
     for (method, path, body, status, code) in cases {
         let shown = format!("{method} {}", &path[..path.len().min(60)]);
         let got = p.send(method, &path, body).await;
         assert_eq!(got, (status, code.to_string()), "{shown}");
     }
-    assert_eq!(store_fingerprint(&c).await, before, "bad input changed the store");
+    assert_eq!(
+        store_fingerprint(&c).await,
+        before,
+        "bad input changed the store"
+    );
     c.shutdown().await;
 }
 
@@ -121,7 +290,10 @@ async fn malformed_peer_messages_are_refused_without_harming_the_node() {
             ("/raft/vote", b"{}".to_vec()),
             ("/raft/vote", b"{\"vote\": 1".to_vec()),
             ("/raft/snapshot", b"\x00\x00".to_vec()),
-            ("/raft/snapshot", [&u64::MAX.to_be_bytes()[..], b"{}"].concat()),
+            (
+                "/raft/snapshot",
+                [&u64::MAX.to_be_bytes()[..], b"{}"].concat(),
+            ),
             ("/raft/snapshot", [&2u64.to_be_bytes()[..], b"{}"].concat()),
             ("/raft/propose", b"{\"op\": \"explode\"}".to_vec()),
             ("/raft/admin", b"{\"op\": \"add_node\"}".to_vec()),
@@ -144,16 +316,25 @@ async fn boundary_sizes_are_accepted() {
     c.leader().await;
     let client = c.client();
     let key = "k".repeat(1024);
-    client.put(&key, &"v".repeat(MAX_VALUE), None, None).await.unwrap();
+    client
+        .put(&key, &"v".repeat(MAX_VALUE), None, None)
+        .await
+        .unwrap();
     let got = client.get(&key, false).await.unwrap().unwrap();
     assert_eq!(got.kv.value.len(), MAX_VALUE);
     // Reserved characters survive the round trip through the path.
     let odd = "dir/a b?c#d%e&f=g+h/é/\u{1F600}";
     client.put(odd, "odd", None, None).await.unwrap();
     assert_eq!(client.get(odd, false).await.unwrap().unwrap().kv.key, odd);
-    assert_eq!(client.list("dir/", None, false).await.unwrap().items[0].key, odd);
+    assert_eq!(
+        client.list("dir/", None, false).await.unwrap().items[0].key,
+        odd
+    );
     // An empty value is a value.
     client.put("empty", "", None, None).await.unwrap();
-    assert_eq!(client.get("empty", false).await.unwrap().unwrap().kv.value, "");
+    assert_eq!(
+        client.get("empty", false).await.unwrap().unwrap().kv.value,
+        ""
+    );
     c.shutdown().await;
 }

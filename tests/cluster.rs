@@ -12,7 +12,11 @@ async fn writes_through_any_node_are_readable_linearizably_from_every_node() {
     c.leader().await;
     for (i, id) in [1u64, 2, 3].into_iter().enumerate() {
         let key = format!("k/{i}");
-        let put = c.client_of(id).put(&key, &format!("v{i}"), None, None).await.unwrap();
+        let put = c
+            .client_of(id)
+            .put(&key, &format!("v{i}"), None, None)
+            .await
+            .unwrap();
         for reader in [1u64, 2, 3] {
             let got = c.client_of(reader).get(&key, false).await.unwrap().unwrap();
             assert_eq!(got.kv.value, format!("v{i}"));
@@ -49,7 +53,11 @@ async fn leader_failover_loses_no_acknowledged_write() {
         let client = c.client_of(id);
         for (key, revision) in &acknowledged {
             let got = client.get(key, false).await.unwrap();
-            assert_eq!(got.map(|g| g.kv.mod_revision), Some(*revision), "{key} on node {id}");
+            assert_eq!(
+                got.map(|g| g.kv.mod_revision),
+                Some(*revision),
+                "{key} on node {id}"
+            );
         }
     }
     c.shutdown().await;
@@ -63,14 +71,21 @@ async fn a_restarted_node_recovers_from_its_directory_and_catches_up() {
     c.client().put("before", "1", None, None).await.unwrap();
     c.stop(follower).await;
     for i in 0..30 {
-        c.client().put(&format!("during/{i}"), "2", None, None).await.unwrap();
+        c.client()
+            .put(&format!("during/{i}"), "2", None, None)
+            .await
+            .unwrap();
     }
     c.restart(follower).await;
     let client = c.client_of(follower);
-    eventually(Duration::from_secs(20), "restarted follower catches up", || async {
-        let r = client.list("during/", None, true).await.ok()?;
-        (r.items.len() == 30).then_some(())
-    })
+    eventually(
+        Duration::from_secs(20),
+        "restarted follower catches up",
+        || async {
+            let r = client.list("during/", None, true).await.ok()?;
+            (r.items.len() == 30).then_some(())
+        },
+    )
     .await;
     assert_eq!(
         client.get("before", true).await.unwrap().unwrap().kv.value,
@@ -85,14 +100,26 @@ async fn a_node_added_after_compaction_catches_up_by_snapshot() {
     let mut c = TestCluster::start_with(3, 20).await;
     c.leader().await;
     for i in 0..150 {
-        c.client().put(&format!("s/{i:03}"), &i.to_string(), None, None).await.unwrap();
+        c.client()
+            .put(&format!("s/{i:03}"), &i.to_string(), None, None)
+            .await
+            .unwrap();
     }
     // The leader's log no longer starts at 1: a newcomer cannot be fed from the log.
     let leader = c.leader().await;
-    eventually(Duration::from_secs(20), "the leader purges its log", || async {
-        let m = c.nodes[&leader].consensus().raft().metrics().borrow().clone();
-        m.purged.filter(|p| p.index > 10).map(|_| ())
-    })
+    eventually(
+        Duration::from_secs(20),
+        "the leader purges its log",
+        || async {
+            let m = c.nodes[&leader]
+                .consensus()
+                .raft()
+                .metrics()
+                .borrow()
+                .clone();
+            m.purged.filter(|p| p.index > 10).map(|_| ())
+        },
+    )
     .await;
     c.start_joiner(4).await;
     let view = c.client().add_node(4, &c.addrs[&4].clone()).await.unwrap();
@@ -101,7 +128,13 @@ async fn a_node_added_after_compaction_catches_up_by_snapshot() {
     let listed = newcomer.list("s/", None, true).await.unwrap();
     assert_eq!(listed.items.len(), 150);
     assert!(
-        c.nodes[&4].consensus().raft().metrics().borrow().snapshot.is_some(),
+        c.nodes[&4]
+            .consensus()
+            .raft()
+            .metrics()
+            .borrow()
+            .snapshot
+            .is_some(),
         "the newcomer installed a snapshot"
     );
     // And it takes part from then on.

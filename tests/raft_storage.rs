@@ -7,7 +7,7 @@ use leasecore::raft::state_machine::{DiscardEvents, StateMachine};
 use leasecore::raft::{StorageError, TypeConfig};
 use leasecore::storage::open_db;
 use openraft::testing::{StoreBuilder, Suite};
-use openraft::{StorageIOError, AnyError};
+use openraft::{AnyError, StorageIOError};
 use tempfile::TempDir;
 
 struct SledBuilder;

@@ -97,7 +97,10 @@ impl KvState {
     /// Keys starting with `prefix`, in key order, at most `limit` of them.
     pub fn list(&self, prefix: &str, limit: usize) -> Vec<(&str, &Versioned)> {
         self.keys
-            .range::<str, _>((std::ops::Bound::Included(prefix), std::ops::Bound::Unbounded))
+            .range::<str, _>((
+                std::ops::Bound::Included(prefix),
+                std::ops::Bound::Unbounded,
+            ))
             .take_while(|(k, _)| k.starts_with(prefix))
             .take(limit)
             .map(|(k, v)| (k.as_str(), v))
@@ -310,7 +313,12 @@ mod tests {
         kv.apply(&put("a", "2"));
         let a = kv.get("a").unwrap();
         assert_eq!(
-            (a.value.as_str(), a.create_revision, a.mod_revision, a.version),
+            (
+                a.value.as_str(),
+                a.create_revision,
+                a.mod_revision,
+                a.version
+            ),
             ("2", Revision(1), Revision(3), 2)
         );
         let deleted = kv.apply(&del("a"));
@@ -443,7 +451,10 @@ mod tests {
             .collect();
         assert_eq!(
             dirty,
-            vec![("a".to_string(), Some("2".to_string())), ("b".to_string(), None)]
+            vec![
+                ("a".to_string(), Some("2".to_string())),
+                ("b".to_string(), None)
+            ]
         );
         assert!(kv.take_dirty().is_empty());
     }

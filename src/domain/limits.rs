@@ -82,7 +82,9 @@ impl Limits {
     /// The largest request body worth reading: a value may be JSON-escaped (up to six bytes
     /// per byte for control characters), plus room for the rest of the document.
     pub fn max_body_bytes(&self) -> usize {
-        self.max_value_bytes.saturating_mul(6).saturating_add(64 * 1024)
+        self.max_value_bytes
+            .saturating_mul(6)
+            .saturating_add(64 * 1024)
     }
 }
 

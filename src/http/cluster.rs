@@ -76,8 +76,16 @@ pub async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
         0.0
     };
     let gauges = [
-        ("leasecore_is_leader", "1 if this node is the Raft leader.", is_leader),
-        ("leasecore_raft_term", "The current Raft term.", v.term as f64),
+        (
+            "leasecore_is_leader",
+            "1 if this node is the Raft leader.",
+            is_leader,
+        ),
+        (
+            "leasecore_raft_term",
+            "The current Raft term.",
+            v.term as f64,
+        ),
         (
             "leasecore_raft_commit_index",
             "The highest log index known committed.",
@@ -93,7 +101,11 @@ pub async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
             "The last log index on this node.",
             v.last_log_index as f64,
         ),
-        ("leasecore_store_revision", "The store revision.", v.revision.0 as f64),
+        (
+            "leasecore_store_revision",
+            "The store revision.",
+            v.revision.0 as f64,
+        ),
         (
             "leasecore_cluster_nodes",
             "Nodes in the membership (voters and learners).",

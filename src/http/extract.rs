@@ -29,7 +29,9 @@ where
             .await
             .map_err(body_rejection)?;
         if bytes.is_empty() {
-            return Err(ApiError::invalid("the request body must be a JSON document"));
+            return Err(ApiError::invalid(
+                "the request body must be a JSON document",
+            ));
         }
         serde_json::from_slice(&bytes)
             .map(ApiJson)

@@ -138,6 +138,7 @@ async fn wrong_method() -> ApiError {
 }
 
 /// Count and time every request by its route template.
+#[allow(clippy::disallowed_methods)]
 async fn track(State(state): State<AppState>, req: Request, next: Next) -> Response {
     let route = req
         .extensions()

@@ -24,7 +24,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use openraft::error::{
-    CheckIsLeaderError, ChangeMembershipError, ClientWriteError, InitializeError, RaftError,
+    ChangeMembershipError, CheckIsLeaderError, ClientWriteError, InitializeError, RaftError,
 };
 use openraft::{BasicNode, ChangeMembers, ServerState};
 use serde::{Deserialize, Serialize};
@@ -317,7 +317,9 @@ impl Consensus {
         let mut stale = None;
         loop {
             match leader_ref(&inner.raft, inner.id) {
-                LeaderRef::Me => return self.propose_here(cmd).await.map_err(no_leader_for_clients),
+                LeaderRef::Me => {
+                    return self.propose_here(cmd).await.map_err(no_leader_for_clients);
+                }
                 LeaderRef::Other { id, addr } => {
                     let answer: Result<Result<Response, ConsensusError>, _> = inner
                         .peers

@@ -13,6 +13,9 @@
 //! as raw bytes rather than JSON-escaped text, which keeps a 1 MiB value near 1 MiB on disk and
 //! on the wire. The marks are small JSON documents.
 
+// openraft's traits impose `StorageError` (large) as the error type of every storage call.
+#![allow(clippy::result_large_err)]
+
 use std::fmt::Debug;
 use std::ops::{Bound, RangeBounds};
 use std::sync::Arc;
@@ -73,9 +76,7 @@ impl LogStore {
             .map_err(|e| StorageIOError::read_logs(any_err(&e)))?;
         match last {
             None => Ok(None),
-            Some((_, bytes)) => {
-                Ok(Some(decode_entry(&bytes)?.log_id))
-            }
+            Some((_, bytes)) => Ok(Some(decode_entry(&bytes)?.log_id)),
         }
     }
 
@@ -214,7 +215,10 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     async fn purge(&mut self, log_id: LogId) -> Result<(), StorageError> {
         let mut batch = sled::Batch::default();
         batch.insert(KEY_PURGED, encode(&log_id)?);
-        for item in self.tree.range(index_key(ENTRY, 0)..=index_key(ENTRY, log_id.index)) {
+        for item in self
+            .tree
+            .range(index_key(ENTRY, 0)..=index_key(ENTRY, log_id.index))
+        {
             let (k, _) = item.map_err(|e| StorageIOError::write_logs(any_err(&e)))?;
             batch.remove(k);
         }

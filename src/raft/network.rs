@@ -22,8 +22,8 @@ use std::future::Future;
 use std::time::Duration;
 
 use openraft::error::{
-    Fatal, NetworkError, RPCError, RaftError, RemoteError,
-    ReplicationClosed, StreamingError, Unreachable,
+    Fatal, NetworkError, RPCError, RaftError, RemoteError, ReplicationClosed, StreamingError,
+    Unreachable,
 };
 use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
 use openraft::raft::{
@@ -47,9 +47,9 @@ pub const MSGPACK: &str = "application/msgpack";
 fn approx_entry_bytes(entry: &Entry) -> usize {
     const OVERHEAD: usize = 96;
     match &entry.payload {
-        EntryPayload::Normal(Command::Put { key, value, lease, .. }) => {
-            OVERHEAD + key.len() + value.len() + lease.as_ref().map_or(0, |l| l.len())
-        }
+        EntryPayload::Normal(Command::Put {
+            key, value, lease, ..
+        }) => OVERHEAD + key.len() + value.len() + lease.as_ref().map_or(0, |l| l.len()),
         EntryPayload::Normal(Command::Delete { key, .. }) => OVERHEAD + key.len(),
         EntryPayload::Membership(_) => 4 * OVERHEAD,
         EntryPayload::Blank => OVERHEAD,
@@ -196,7 +196,9 @@ pub fn encode_snapshot_frame(vote: &Vote<NodeId>, meta: &SnapshotMeta, data: &[u
 }
 
 /// Decode a snapshot frame; `Err` describes what is malformed.
-pub fn decode_snapshot_frame(frame: &[u8]) -> Result<(Vote<NodeId>, SnapshotMeta, Vec<u8>), String> {
+pub fn decode_snapshot_frame(
+    frame: &[u8],
+) -> Result<(Vote<NodeId>, SnapshotMeta, Vec<u8>), String> {
     let len_bytes: [u8; 8] = frame
         .get(..8)
         .and_then(|b| b.try_into().ok())
@@ -278,7 +280,8 @@ impl RaftNetwork<TypeConfig> for PeerConnection {
     ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId>>> {
         let cut = cut_to_budget(&mut rpc.entries);
         let last_sent = rpc.entries.last().map(|e| e.log_id);
-        let body = rmp_serde::to_vec_named(&rpc).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
+        let body =
+            rmp_serde::to_vec_named(&rpc).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
         let answer: Result<AppendEntriesResponse<NodeId>, RaftError<NodeId>> = self
             .client
             .post_bytes(&self.addr, routes::APPEND, MSGPACK, body, option.hard_ttl())
@@ -309,13 +312,15 @@ impl RaftNetwork<TypeConfig> for PeerConnection {
         option: RPCOption,
     ) -> Result<SnapshotResponse<NodeId>, StreamingError<TypeConfig, Fatal<NodeId>>> {
         let frame = encode_snapshot_frame(&vote, &snapshot.meta, &snapshot.snapshot);
-        let send = self.client.post_bytes::<Result<SnapshotResponse<NodeId>, Fatal<NodeId>>>(
-            &self.addr,
-            routes::SNAPSHOT,
-            "application/octet-stream",
-            frame,
-            option.hard_ttl(),
-        );
+        let send = self
+            .client
+            .post_bytes::<Result<SnapshotResponse<NodeId>, Fatal<NodeId>>>(
+                &self.addr,
+                routes::SNAPSHOT,
+                "application/octet-stream",
+                frame,
+                option.hard_ttl(),
+            );
         let answer = tokio::select! {
             closed = cancel => return Err(StreamingError::Closed(closed)),
             answer = send => answer,

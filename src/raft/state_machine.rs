@@ -16,6 +16,9 @@
 //! # What it must not do
 //! Decide anything. The rules are in `domain::kv`; this file decodes, calls, persists, publishes.
 
+// openraft's traits impose `StorageError` (large) as the error type of every storage call.
+#![allow(clippy::result_large_err)]
+
 use std::collections::BTreeMap;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;

@@ -41,8 +41,8 @@ pub struct ElectionWatchdog<P> {
 
 impl<P: ElectionPort> ElectionWatchdog<P> {
     pub async fn run(self, cancel: CancellationToken) {
-        let stall_checks = (self.stall_after.as_millis() / self.check_every.as_millis().max(1))
-            .max(1) as u64;
+        let stall_checks =
+            (self.stall_after.as_millis() / self.check_every.as_millis().max(1)).max(1) as u64;
         let mut leaderless_checks = 0u64;
         loop {
             tokio::select! {
@@ -64,7 +64,9 @@ impl<P: ElectionPort> ElectionWatchdog<P> {
                 _ = tokio::time::sleep(Duration::from_millis(jitter_ms)) => {}
             }
             if !self.port.leader_known() {
-                tracing::warn!("no leader for a while; campaigning to break a possible election tie");
+                tracing::warn!(
+                    "no leader for a while; campaigning to break a possible election tie"
+                );
                 self.port.elect().await;
             }
         }

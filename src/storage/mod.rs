@@ -40,7 +40,8 @@ pub enum StorageError {
 /// restart within one test process) may still hold it for a moment, so the open is retried for
 /// a bounded time.
 pub fn open_db(dir: &Path, cache_bytes: u64) -> Result<sled::Db, StorageError> {
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    // Up to ~10 s of 20 ms attempts.
+    let mut attempts_left = 500u32;
     loop {
         let res = sled::Config::new()
             .path(dir)
@@ -50,9 +51,9 @@ pub fn open_db(dir: &Path, cache_bytes: u64) -> Result<sled::Db, StorageError> {
         match res {
             Ok(db) => return Ok(db),
             Err(sled::Error::Io(e))
-                if e.kind() == std::io::ErrorKind::WouldBlock
-                    && std::time::Instant::now() < deadline =>
+                if e.kind() == std::io::ErrorKind::WouldBlock && attempts_left > 0 =>
             {
+                attempts_left -= 1;
                 std::thread::sleep(Duration::from_millis(20));
             }
             Err(source) => {
@@ -72,4 +73,3 @@ pub fn index_key(prefix: u8, index: u64) -> [u8; 9] {
     k[1..].copy_from_slice(&index.to_be_bytes());
     k
 }
-

@@ -2,6 +2,8 @@
 //!
 //! Nothing here sleeps and hopes: every wait is a condition polled until a deadline.
 #![allow(dead_code)]
+// Tests wait for conditions against real deadlines.
+#![allow(clippy::disallowed_methods)]
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -98,7 +100,11 @@ impl TestCluster {
         let mut cfg = NodeConfig::new(id, self.data_dir(id));
         cfg.listen = self.addrs[&id].clone();
         cfg.advertise = Some(self.addrs[&id].clone());
-        cfg.peers = if join { BTreeMap::new() } else { self.initial.clone() };
+        cfg.peers = if join {
+            BTreeMap::new()
+        } else {
+            self.initial.clone()
+        };
         cfg.join = join;
         cfg.timings = RaftTimings::default();
         cfg.snapshot_threshold = self.snapshot_threshold;

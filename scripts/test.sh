@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# The whole test suite: layering, formatting, lints, then every test (unit, property,
+# storage conformance, OpenAPI contract, end-to-end clusters on loopback).
+# This is the command README.md gives and .ci/run calls.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if ! command -v cargo >/dev/null 2>&1; then
+  [ -f "$HOME/.cargo/env" ] && . "$HOME/.cargo/env"
+fi
+if ! command -v cargo >/dev/null 2>&1; then
+  echo "cargo not found: install Rust (https://rustup.rs) and run again" >&2
+  exit 1
+fi
+# curl is used by scripts/cluster.sh and the smoke checks; install it where it is missing.
+if ! command -v curl >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+  echo "installing curl"; (apt-get update -qq && apt-get install -y -qq curl) >/dev/null
+fi
+
+scripts/check-layering.sh
+
+if cargo fmt --version >/dev/null 2>&1; then
+  cargo fmt --all -- --check
+else
+  echo "rustfmt not installed: skipping the format check"
+fi
+if cargo clippy --version >/dev/null 2>&1; then
+  cargo clippy --locked --all-targets -- -D warnings
+else
+  echo "clippy not installed: skipping lints"
+fi
+
+cargo test --locked --all-targets
