@@ -97,10 +97,12 @@ EOF
 echo "root:x:0:0:root:/:/usr/local/bin/leasecore" >"$root/etc/passwd"
 echo "root:x:0:" >"$root/etc/group"
 
+# NO_COLOR=1: plain log lines in `docker logs` (tracing-subscriber honours it).
 cat >"$ctx/Dockerfile" <<'EOF'
 FROM scratch
 COPY rootfs/ /
 ENV PATH=/usr/local/bin \
+    NO_COLOR=1 \
     LEASECORE_LISTEN=0.0.0.0:7001 \
     LEASECORE_DATA=/data
 VOLUME /data
@@ -113,7 +115,7 @@ EOF
 
 # --- image -----------------------------------------------------------------------------------
 # Without the buildx plugin, recent docker CLIs still build with the classic builder if asked
-# to; that builder handles FROM scratch fine.
+# to (it prints a deprecation notice); that builder handles FROM scratch fine.
 if ! docker buildx version >/dev/null 2>&1; then export DOCKER_BUILDKIT=0; fi
 old=$(docker image inspect --format '{{.Id}}' "$IMAGE" 2>/dev/null || true)
 say "docker build -t $IMAGE (context $ctx)"
