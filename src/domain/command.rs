@@ -33,6 +33,32 @@ pub enum Command {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         prev_revision: Option<Revision>,
     },
+    /// Create a lease. The duplicate check happens here, at apply time.
+    RegisterLease { name: String, ttl_ms: u64 },
+    /// Delete a lease and its keys (a client's decision).
+    RevokeLease { name: String },
+    /// Delete leases and their keys (the leader's decision). Each names the incarnation it
+    /// means, so a late entry never removes a newer lease of the same name; a lease already gone
+    /// is skipped.
+    ExpireLeases { leases: Vec<LeaseRef> },
+    /// Record (or clear, with `remaining_ms: None`) the remaining time of long leases, so that
+    /// a new leader does not restart their full TTL.
+    CheckpointLeases { checkpoints: Vec<LeaseCheckpoint> },
+}
+
+/// One incarnation of a lease: its name and registration revision.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeaseRef {
+    pub name: String,
+    pub revision: Revision,
+}
+
+/// A checkpoint of one lease incarnation.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeaseCheckpoint {
+    pub name: String,
+    pub revision: Revision,
+    pub remaining_ms: Option<u64>,
 }
 
 /// The applied result of one log entry, returned to whoever proposed it.
@@ -45,6 +71,18 @@ pub enum Response {
     Put { revision: Revision },
     /// A delete; `deleted` is 0 when the key did not exist (the revision is then unchanged).
     Delete { revision: Revision, deleted: u32 },
+    /// A lease registered at `revision` (its fencing token).
+    LeaseRegistered { revision: Revision },
+    /// A lease revoked; its keys deleted in this order.
+    LeaseRevoked {
+        revision: Revision,
+        deleted_keys: Vec<String>,
+    },
+    /// Leases expired (those still present), with the store revision after.
+    LeasesExpired {
+        revision: Revision,
+        expired: Vec<String>,
+    },
     /// The command was applied and changed nothing, for this reason.
     Rejected { error: KvError },
 }
@@ -60,9 +98,25 @@ pub enum KvError {
         expected: Revision,
         actual: Revision,
     },
-    /// A put named a lease that does not exist when the entry applied.
+    /// A put or a revoke named a lease that does not exist when the entry applied.
     #[error("lease {lease:?} does not exist")]
     LeaseNotFound { lease: String },
+    /// A registration named a lease that already exists.
+    #[error("lease {lease:?} already exists")]
+    LeaseExists { lease: String },
+}
+
+/// A change to the set of leases, for the leader's tracker.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LeaseChange {
+    Registered {
+        name: String,
+        revision: Revision,
+        ttl_ms: u64,
+    },
+    Removed {
+        name: String,
+    },
 }
 
 /// Why a key changed: what a watcher sees.

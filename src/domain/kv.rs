@@ -10,6 +10,11 @@
 //!   `mod_revision` (the last change) and `version` (changes since creation, starting at 1).
 //!   Deleting a key ends its incarnation: a later put starts again at version 1.
 //! - Every change produces exactly one [`Event`], carrying the key's new revision.
+//! - Leases are facts, never deadlines: `{ttl, revision, keys, checkpoint}`. A key belongs to at
+//!   most one lease, and `lease.keys` and `key.lease` always agree. Registering a lease advances
+//!   the revision (the lease's revision is its fencing token); revoking or expiring one deletes
+//!   its keys in key order, one revision each, then the lease itself at one more revision.
+//!   Checkpoints change no revision: they are bookkeeping of the leader's timer, not data.
 //!
 //! # What it must not do
 //! It never persists anything. The storage adapter asks for the keys touched since its last
@@ -20,7 +25,10 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
-use super::command::{Cause, Command, Event, EventKind, KvError, Response};
+use super::command::{
+    Cause, Command, Event, EventKind, KvError, LeaseChange, LeaseCheckpoint, LeaseRef, Response,
+};
+use super::lease::LeaseFacts;
 use super::types::Revision;
 
 /// One key's current value and its history counters.
@@ -34,11 +42,27 @@ pub struct Versioned {
     pub lease: Option<String>,
 }
 
-/// The outcome of applying one command: the client's answer and the watchers' events.
+/// A lease as replicated: facts only, no deadline.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeaseRecord {
+    pub ttl_ms: u64,
+    /// The revision that registered this incarnation (its fencing token).
+    pub revision: Revision,
+    /// The attached keys, in key order.
+    #[serde(default)]
+    pub keys: BTreeSet<String>,
+    /// The remaining time last checkpointed by a leader, if in force.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint_ms: Option<u64>,
+}
+
+/// The outcome of applying one command: the client's answer, the watchers' events and the
+/// tracker's lease changes.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Applied {
     pub response: Response,
     pub events: Vec<Event>,
+    pub lease_changes: Vec<LeaseChange>,
 }
 
 /// The whole replicated state, as written in snapshots.
@@ -46,6 +70,8 @@ pub struct Applied {
 pub struct KvSnapshot {
     pub revision: Revision,
     pub keys: BTreeMap<String, Versioned>,
+    #[serde(default)]
+    pub leases: BTreeMap<String, LeaseRecord>,
 }
 
 /// The replicated key-value state.
@@ -55,8 +81,12 @@ pub struct KvState {
     revision: Revision,
     /// Every live key, in key order.
     keys: BTreeMap<String, Versioned>,
+    /// Every lease, by name.
+    leases: BTreeMap<String, LeaseRecord>,
     /// Keys changed since the last [`KvState::take_dirty`] (for the storage adapter).
     dirty: BTreeSet<String>,
+    /// Leases changed since the last [`KvState::take_dirty_leases`].
+    dirty_leases: BTreeSet<String>,
 }
 
 impl KvState {
@@ -70,7 +100,9 @@ impl KvState {
         KvState {
             revision: snapshot.revision,
             keys: snapshot.keys,
+            leases: snapshot.leases,
             dirty: BTreeSet::new(),
+            dirty_leases: BTreeSet::new(),
         }
     }
 
@@ -107,6 +139,29 @@ impl KvState {
             .collect()
     }
 
+    /// One lease.
+    pub fn lease(&self, name: &str) -> Option<&LeaseRecord> {
+        self.leases.get(name)
+    }
+
+    /// Every lease, by name.
+    pub fn leases(&self) -> &BTreeMap<String, LeaseRecord> {
+        &self.leases
+    }
+
+    /// What a newly promoted leader needs to track every lease.
+    pub fn lease_facts(&self) -> Vec<LeaseFacts> {
+        self.leases
+            .iter()
+            .map(|(name, l)| LeaseFacts {
+                name: name.clone(),
+                revision: l.revision,
+                ttl_ms: l.ttl_ms,
+                checkpoint_ms: l.checkpoint_ms,
+            })
+            .collect()
+    }
+
     /// Apply one command. Total: any well-formed command applies, no input panics.
     pub fn apply(&mut self, cmd: &Command) -> Applied {
         match cmd {
@@ -117,7 +172,122 @@ impl KvState {
                 prev_revision,
             } => self.put(key, value, lease.as_deref(), *prev_revision),
             Command::Delete { key, prev_revision } => self.delete(key, *prev_revision),
+            Command::RegisterLease { name, ttl_ms } => self.register_lease(name, *ttl_ms),
+            Command::RevokeLease { name } => self.revoke_lease(name),
+            Command::ExpireLeases { leases } => self.expire_leases(leases),
+            Command::CheckpointLeases { checkpoints } => self.checkpoint_leases(checkpoints),
         }
+    }
+
+    fn register_lease(&mut self, name: &str, ttl_ms: u64) -> Applied {
+        if self.leases.contains_key(name) {
+            return rejected(KvError::LeaseExists {
+                lease: name.to_string(),
+            });
+        }
+        let revision = self.revision.next();
+        self.revision = revision;
+        self.leases.insert(
+            name.to_string(),
+            LeaseRecord {
+                ttl_ms,
+                revision,
+                keys: BTreeSet::new(),
+                checkpoint_ms: None,
+            },
+        );
+        self.dirty_leases.insert(name.to_string());
+        Applied {
+            response: Response::LeaseRegistered { revision },
+            events: vec![],
+            lease_changes: vec![LeaseChange::Registered {
+                name: name.to_string(),
+                revision,
+                ttl_ms,
+            }],
+        }
+    }
+
+    fn revoke_lease(&mut self, name: &str) -> Applied {
+        match self.remove_lease(name, Cause::LeaseRevoked) {
+            Some((deleted_keys, mut applied)) => {
+                applied.response = Response::LeaseRevoked {
+                    revision: self.revision,
+                    deleted_keys,
+                };
+                applied
+            }
+            None => rejected(KvError::LeaseNotFound {
+                lease: name.to_string(),
+            }),
+        }
+    }
+
+    fn expire_leases(&mut self, leases: &[LeaseRef]) -> Applied {
+        let mut out = Applied {
+            response: Response::Empty,
+            events: vec![],
+            lease_changes: vec![],
+        };
+        let mut expired = Vec::new();
+        for l in leases {
+            // Only the incarnation the leader meant; a lease already gone is a no-op.
+            if self.leases.get(&l.name).map(|r| r.revision) != Some(l.revision) {
+                continue;
+            }
+            if let Some((_, applied)) = self.remove_lease(&l.name, Cause::LeaseExpired) {
+                out.events.extend(applied.events);
+                out.lease_changes.extend(applied.lease_changes);
+                expired.push(l.name.clone());
+            }
+        }
+        out.response = Response::LeasesExpired {
+            revision: self.revision,
+            expired,
+        };
+        out
+    }
+
+    fn checkpoint_leases(&mut self, checkpoints: &[LeaseCheckpoint]) -> Applied {
+        for c in checkpoints {
+            if let Some(l) = self.leases.get_mut(&c.name)
+                && l.revision == c.revision
+            {
+                l.checkpoint_ms = c.remaining_ms;
+                self.dirty_leases.insert(c.name.clone());
+            }
+        }
+        Applied {
+            response: Response::Empty,
+            events: vec![],
+            lease_changes: vec![],
+        }
+    }
+
+    /// Delete a lease's keys (key order, one revision each) and then the lease (one more
+    /// revision). `None` if there is no such lease.
+    fn remove_lease(&mut self, name: &str, cause: Cause) -> Option<(Vec<String>, Applied)> {
+        let lease = self.leases.remove(name)?;
+        self.dirty_leases.insert(name.to_string());
+        let mut events = Vec::with_capacity(lease.keys.len());
+        let mut deleted = Vec::with_capacity(lease.keys.len());
+        for key in &lease.keys {
+            if let Some(event) = self.remove_key(key, cause) {
+                events.push(event);
+                deleted.push(key.clone());
+            }
+        }
+        self.revision = self.revision.next();
+        Some((
+            deleted,
+            Applied {
+                response: Response::Empty,
+                events,
+                lease_changes: vec![LeaseChange::Removed {
+                    name: name.to_string(),
+                }],
+            },
+        ))
     }
 
     fn put(
@@ -130,11 +300,25 @@ impl KvState {
         if let Some(error) = self.check_prev(key, prev_revision) {
             return rejected(error);
         }
-        if let Some(lease) = lease {
-            // Leases arrive with the lease issue; until then no lease exists.
+        if let Some(lease) = lease
+            && !self.leases.contains_key(lease)
+        {
             return rejected(KvError::LeaseNotFound {
                 lease: lease.to_string(),
             });
+        }
+        // A key belongs to at most one lease: detach it from its old one, attach to the new.
+        let old_lease = self.keys.get(key).and_then(|v| v.lease.clone());
+        if old_lease.as_deref() != lease {
+            if let Some(old) = old_lease {
+                self.detach(key, &old);
+            }
+            if let Some(new) = lease
+                && let Some(l) = self.leases.get_mut(new)
+            {
+                l.keys.insert(key.to_string());
+                self.dirty_leases.insert(new.to_string());
+            }
         }
         let revision = self.revision.next();
         self.revision = revision;
@@ -166,12 +350,23 @@ impl KvState {
                 lease: lease.map(str::to_string),
                 cause: Cause::Client,
             }],
+            lease_changes: vec![],
+        }
+    }
+
+    fn detach(&mut self, key: &str, lease: &str) {
+        if let Some(l) = self.leases.get_mut(lease) {
+            l.keys.remove(key);
+            self.dirty_leases.insert(lease.to_string());
         }
     }
 
     fn delete(&mut self, key: &str, prev_revision: Option<Revision>) -> Applied {
         if let Some(error) = self.check_prev(key, prev_revision) {
             return rejected(error);
+        }
+        if let Some(lease) = self.keys.get(key).and_then(|v| v.lease.clone()) {
+            self.detach(key, &lease);
         }
         match self.remove_key(key, Cause::Client) {
             Some(event) => Applied {
@@ -180,6 +375,7 @@ impl KvState {
                     deleted: 1,
                 },
                 events: vec![event],
+                lease_changes: vec![],
             },
             None => Applied {
                 response: Response::Delete {
@@ -187,6 +383,7 @@ impl KvState {
                     deleted: 0,
                 },
                 events: vec![],
+                lease_changes: vec![],
             },
         }
     }
@@ -235,11 +432,24 @@ impl KvState {
             .collect()
     }
 
+    /// The leases changed since the last call, with their current record (`None`: removed).
+    pub fn take_dirty_leases(&mut self) -> Vec<(String, Option<&LeaseRecord>)> {
+        let dirty = std::mem::take(&mut self.dirty_leases);
+        dirty
+            .into_iter()
+            .map(|n| {
+                let l = self.leases.get(&n);
+                (n, l)
+            })
+            .collect()
+    }
+
     /// A copy of the whole state, for a snapshot.
     pub fn snapshot(&self) -> KvSnapshot {
         KvSnapshot {
             revision: self.revision,
             keys: self.keys.clone(),
+            leases: self.leases.clone(),
         }
     }
 
@@ -249,10 +459,12 @@ impl KvState {
         struct View<'a> {
             revision: Revision,
             keys: &'a BTreeMap<String, Versioned>,
+            leases: &'a BTreeMap<String, LeaseRecord>,
         }
         serde_json::to_vec(&View {
             revision: self.revision,
             keys: &self.keys,
+            leases: &self.leases,
         })
         .expect("serializing plain data cannot fail")
     }
@@ -262,6 +474,7 @@ fn rejected(error: KvError) -> Applied {
     Applied {
         response: Response::Rejected { error },
         events: vec![],
+        lease_changes: vec![],
     }
 }
 
@@ -470,22 +683,225 @@ mod tests {
         assert_eq!(restored.revision(), Revision(3));
     }
 
+    fn lease_put(key: &str, lease: &str) -> Command {
+        Command::Put {
+            key: key.into(),
+            value: "v".into(),
+            lease: Some(lease.into()),
+            prev_revision: None,
+        }
+    }
+
+    fn register(name: &str) -> Command {
+        Command::RegisterLease {
+            name: name.into(),
+            ttl_ms: 1000,
+        }
+    }
+
+    fn expire(name: &str, revision: u64) -> Command {
+        Command::ExpireLeases {
+            leases: vec![LeaseRef {
+                name: name.into(),
+                revision: Revision(revision),
+            }],
+        }
+    }
+
+    fn lease_keys(kv: &KvState, name: &str) -> Vec<String> {
+        kv.lease(name).unwrap().keys.iter().cloned().collect()
+    }
+
+    #[test]
+    fn register_and_duplicate_registration() {
+        let mut kv = KvState::new();
+        let out = kv.apply(&register("l"));
+        assert_eq!(
+            out.response,
+            Response::LeaseRegistered {
+                revision: Revision(1)
+            }
+        );
+        assert_eq!(
+            out.lease_changes,
+            vec![LeaseChange::Registered {
+                name: "l".into(),
+                revision: Revision(1),
+                ttl_ms: 1000
+            }]
+        );
+        let dup = kv.apply(&register("l"));
+        assert_eq!(
+            dup.response,
+            Response::Rejected {
+                error: KvError::LeaseExists { lease: "l".into() }
+            }
+        );
+        assert!(dup.lease_changes.is_empty());
+        assert_eq!(kv.revision(), Revision(1));
+    }
+
+    #[test]
+    fn attach_reattach_and_detach() {
+        let mut kv = KvState::new();
+        kv.apply(&register("l1"));
+        kv.apply(&register("l2"));
+        kv.apply(&lease_put("k", "l1"));
+        assert_eq!(lease_keys(&kv, "l1"), ["k"]);
+        assert_eq!(kv.get("k").unwrap().lease.as_deref(), Some("l1"));
+        // Re-attach to another lease: it leaves the first.
+        kv.apply(&lease_put("k", "l2"));
+        assert!(lease_keys(&kv, "l1").is_empty());
+        assert_eq!(lease_keys(&kv, "l2"), ["k"]);
+        // A put without a lease detaches.
+        kv.apply(&put("k", "plain"));
+        assert!(lease_keys(&kv, "l2").is_empty());
+        assert_eq!(kv.get("k").unwrap().lease, None);
+        // Deleting a key detaches it.
+        kv.apply(&lease_put("k", "l2"));
+        kv.apply(&del("k"));
+        assert!(lease_keys(&kv, "l2").is_empty());
+    }
+
+    #[test]
+    fn expiry_deletes_keys_in_order_and_expiring_twice_is_a_no_op() {
+        let mut kv = KvState::new();
+        kv.apply(&register("l")); // revision 1
+        kv.apply(&lease_put("b", "l")); // 2
+        kv.apply(&lease_put("a", "l")); // 3
+        kv.apply(&put("other", "x")); // 4
+        let out = kv.apply(&expire("l", 1));
+        let deleted: Vec<(&str, u64, Cause)> = out
+            .events
+            .iter()
+            .map(|e| (e.key.as_str(), e.revision.0, e.cause))
+            .collect();
+        assert_eq!(
+            deleted,
+            [("a", 5, Cause::LeaseExpired), ("b", 6, Cause::LeaseExpired)]
+        );
+        assert_eq!(
+            out.response,
+            Response::LeasesExpired {
+                revision: Revision(7),
+                expired: vec!["l".into()]
+            }
+        );
+        assert_eq!(
+            out.lease_changes,
+            vec![LeaseChange::Removed { name: "l".into() }]
+        );
+        assert!(kv.lease("l").is_none() && kv.get("a").is_none() && kv.get("b").is_none());
+        assert!(kv.get("other").is_some());
+        // Again: nothing happens.
+        let again = kv.apply(&expire("l", 1));
+        assert!(again.events.is_empty() && again.lease_changes.is_empty());
+        assert_eq!(kv.revision(), Revision(7));
+    }
+
+    #[test]
+    fn a_late_expiry_never_removes_a_newer_incarnation() {
+        let mut kv = KvState::new();
+        kv.apply(&register("l")); // 1
+        kv.apply(&expire("l", 1)); // 2
+        kv.apply(&register("l")); // 3: a new incarnation
+        let stale = kv.apply(&expire("l", 1));
+        assert!(stale.lease_changes.is_empty());
+        assert_eq!(kv.lease("l").unwrap().revision, Revision(3));
+    }
+
+    #[test]
+    fn revoke_reports_deleted_keys_and_unknown_leases_are_rejected() {
+        let mut kv = KvState::new();
+        kv.apply(&register("l"));
+        kv.apply(&lease_put("x", "l"));
+        let out = kv.apply(&Command::RevokeLease { name: "l".into() });
+        assert_eq!(
+            out.response,
+            Response::LeaseRevoked {
+                revision: Revision(4),
+                deleted_keys: vec!["x".into()]
+            }
+        );
+        assert_eq!(out.events[0].cause, Cause::LeaseRevoked);
+        let missing = kv.apply(&Command::RevokeLease { name: "l".into() });
+        assert!(matches!(
+            missing.response,
+            Response::Rejected {
+                error: KvError::LeaseNotFound { .. }
+            }
+        ));
+    }
+
+    #[test]
+    fn checkpoints_record_and_clear_without_a_revision() {
+        let mut kv = KvState::new();
+        kv.apply(&register("l"));
+        let cp = |remaining| Command::CheckpointLeases {
+            checkpoints: vec![LeaseCheckpoint {
+                name: "l".into(),
+                revision: Revision(1),
+                remaining_ms: remaining,
+            }],
+        };
+        kv.apply(&cp(Some(400)));
+        assert_eq!(kv.lease("l").unwrap().checkpoint_ms, Some(400));
+        assert_eq!(kv.lease_facts()[0].checkpoint_ms, Some(400));
+        kv.apply(&cp(None));
+        assert_eq!(kv.lease("l").unwrap().checkpoint_ms, None);
+        assert_eq!(kv.revision(), Revision(1));
+        // A checkpoint of another incarnation is ignored.
+        kv.apply(&Command::CheckpointLeases {
+            checkpoints: vec![LeaseCheckpoint {
+                name: "l".into(),
+                revision: Revision(9),
+                remaining_ms: Some(1),
+            }],
+        });
+        assert_eq!(kv.lease("l").unwrap().checkpoint_ms, None);
+    }
+
     fn command_strategy() -> impl Strategy<Value = Command> {
         let key = prop::sample::select(vec!["a", "b", "c", "a/1", "a/2", "é"]);
+        let lease = prop::sample::select(vec!["l1", "l2"]);
         prop_oneof![
-            (key.clone(), "[a-z]{0,4}", prop::option::of(0u64..8)).prop_map(|(k, v, prev)| {
-                Command::Put {
+            (
+                key.clone(),
+                "[a-z]{0,4}",
+                prop::option::of(lease.clone()),
+                prop::option::of(0u64..8)
+            )
+                .prop_map(|(k, v, l, prev)| Command::Put {
                     key: k.to_string(),
                     value: v,
-                    lease: None,
+                    lease: l.map(str::to_string),
                     prev_revision: prev.map(Revision),
-                }
-            }),
+                }),
             (key, prop::option::of(0u64..8)).prop_map(|(k, prev)| Command::Delete {
                 key: k.to_string(),
                 prev_revision: prev.map(Revision),
             }),
+            lease.clone().prop_map(|l| register(l)),
+            lease
+                .clone()
+                .prop_map(|l| Command::RevokeLease { name: l.into() }),
+            (lease, 0u64..20).prop_map(|(l, r)| expire(l, r)),
         ]
+    }
+
+    /// `lease.keys` and `key.lease` describe the same relation.
+    fn attachments_agree(kv: &KvState) -> bool {
+        let by_key = kv
+            .list("", usize::MAX)
+            .into_iter()
+            .filter_map(|(k, v)| v.lease.clone().map(|l| (l, k.to_string())));
+        let by_key: BTreeSet<(String, String)> = by_key.collect();
+        let by_lease: BTreeSet<(String, String)> = kv
+            .leases()
+            .iter()
+            .flat_map(|(n, l)| l.keys.iter().map(move |k| (n.clone(), k.clone())))
+            .collect();
+        by_key == by_lease
     }
 
     proptest! {
@@ -498,6 +914,7 @@ mod tests {
             let mut b = KvState::new();
             for cmd in &log {
                 prop_assert_eq!(a.apply(cmd), b.apply(cmd));
+                prop_assert!(attachments_agree(&a));
             }
             prop_assert_eq!(a.encode(), b.encode());
         }
@@ -510,9 +927,13 @@ mod tests {
             for cmd in &log {
                 let before = kv.revision();
                 let out = kv.apply(cmd);
-                prop_assert_eq!(kv.revision().0 - before.0, out.events.len() as u64);
-                for (i, e) in out.events.iter().enumerate() {
-                    prop_assert_eq!(e.revision.0, before.0 + 1 + i as u64);
+                // Keys advance one revision each; lease lifecycle adds one per lease.
+                let lease_steps = out.lease_changes.len() as u64;
+                prop_assert_eq!(kv.revision().0 - before.0, out.events.len() as u64 + lease_steps);
+                let mut last = before;
+                for e in &out.events {
+                    prop_assert!(e.revision > last);
+                    last = e.revision;
                 }
                 for (_, v) in kv.list("", usize::MAX) {
                     prop_assert!(v.create_revision <= v.mod_revision);

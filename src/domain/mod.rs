@@ -13,9 +13,11 @@
 //! - [`types`]: newtypes shared by every layer (revisions, time).
 //! - [`command`]: the Raft log vocabulary: `Command` in, `Response` and `Event` out.
 //! - [`limits`]: input validation shared by the HTTP edge and the CLI.
-//! - [`kv`]: `KvState`, the replicated key-value state machine.
+//! - [`kv`]: `KvState`, the replicated key-value state machine (keys and leases).
+//! - [`lease`]: `LeaseTracker`, the leader-only lease deadlines.
 
 pub mod command;
 pub mod kv;
+pub mod lease;
 pub mod limits;
 pub mod types;

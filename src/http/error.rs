@@ -75,6 +75,9 @@ impl From<KvError> for ApiError {
             KvError::LeaseNotFound { lease } => {
                 ApiError::not_found("lease_not_found", message).with("lease", lease)
             }
+            KvError::LeaseExists { lease } => {
+                ApiError::new(StatusCode::CONFLICT, "lease_exists", message).with("lease", lease)
+            }
         }
     }
 }

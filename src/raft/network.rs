@@ -51,6 +51,15 @@ fn approx_entry_bytes(entry: &Entry) -> usize {
             key, value, lease, ..
         }) => OVERHEAD + key.len() + value.len() + lease.as_ref().map_or(0, |l| l.len()),
         EntryPayload::Normal(Command::Delete { key, .. }) => OVERHEAD + key.len(),
+        EntryPayload::Normal(
+            Command::RegisterLease { name, .. } | Command::RevokeLease { name },
+        ) => OVERHEAD + name.len(),
+        EntryPayload::Normal(Command::ExpireLeases { leases }) => {
+            OVERHEAD + leases.iter().map(|l| l.name.len() + 16).sum::<usize>()
+        }
+        EntryPayload::Normal(Command::CheckpointLeases { checkpoints }) => {
+            OVERHEAD + checkpoints.iter().map(|c| c.name.len() + 24).sum::<usize>()
+        }
         EntryPayload::Membership(_) => 4 * OVERHEAD,
         EntryPayload::Blank => OVERHEAD,
     }

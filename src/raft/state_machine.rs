@@ -29,12 +29,13 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
 use super::{Entry, LogId, SnapshotMeta, StorageError, StoredMembership, TypeConfig, any_err};
-use crate::domain::command::{Event, Response};
-use crate::domain::kv::{KvSnapshot, KvState, Versioned};
+use crate::domain::command::{Event, LeaseChange, Response};
+use crate::domain::kv::{KvSnapshot, KvState, LeaseRecord, Versioned};
 use crate::domain::types::Revision;
 use crate::storage::{TREE_SNAPSHOT, TREE_STATE};
 
 const KEY_PREFIX: &[u8] = b"k/";
+const LEASE_PREFIX: &[u8] = b"l/";
 const KEY_APPLIED: &[u8] = b"m/applied";
 const KEY_MEMBERSHIP: &[u8] = b"m/membership";
 const KEY_REVISION: &[u8] = b"m/revision";
@@ -46,20 +47,43 @@ const SNAP_DATA: &[u8] = b"data";
 pub struct AppliedMark {
     /// The index of the last applied log entry (0 before any).
     pub log_index: u64,
+    /// The term of that entry: a leader whose term this is has applied everything before its
+    /// own first entry (the lease tracker's promote condition).
+    pub term: u64,
     /// The store revision after it.
     pub revision: Revision,
 }
 
-/// Receives the events of every applied batch, in order (the watch hub).
-pub trait ApplyObserver: Send + Sync + 'static {
-    fn on_applied(&self, mark: AppliedMark, events: Vec<Event>);
+/// What one applied batch changed, in log order.
+#[derive(Clone, Debug, Default)]
+pub struct AppliedBatch {
+    pub mark: AppliedMark,
+    pub events: Vec<Event>,
+    pub lease_changes: Vec<LeaseChange>,
 }
 
-/// An observer that drops events (until a watch hub is wired in).
+/// Receives every applied batch, in order, before the proposers are answered (the lease tracker,
+/// the watch hub). Must be quick and must not block: it runs on the apply path.
+pub trait ApplyObserver: Send + Sync + 'static {
+    fn on_applied(&self, batch: &AppliedBatch);
+}
+
+/// An observer that ignores everything.
 pub struct DiscardEvents;
 
 impl ApplyObserver for DiscardEvents {
-    fn on_applied(&self, _mark: AppliedMark, _events: Vec<Event>) {}
+    fn on_applied(&self, _batch: &AppliedBatch) {}
+}
+
+/// Several observers, called in order.
+pub struct Observers(pub Vec<Arc<dyn ApplyObserver>>);
+
+impl ApplyObserver for Observers {
+    fn on_applied(&self, batch: &AppliedBatch) {
+        for o in &self.0 {
+            o.on_applied(batch);
+        }
+    }
 }
 
 /// A cheap, cloneable read view of the applied state, for the HTTP layer.
@@ -85,6 +109,29 @@ impl StateView {
             .map(|(k, v)| (k.to_string(), v.clone()))
             .collect();
         (kv.revision(), items)
+    }
+
+    /// One lease.
+    pub fn lease(&self, name: &str) -> (Revision, Option<LeaseRecord>) {
+        let kv = self.kv.read().unwrap_or_else(|p| p.into_inner());
+        (kv.revision(), kv.lease(name).cloned())
+    }
+
+    /// Every lease, by name.
+    pub fn leases(&self) -> (Revision, Vec<(String, LeaseRecord)>) {
+        let kv = self.kv.read().unwrap_or_else(|p| p.into_inner());
+        let all = kv
+            .leases()
+            .iter()
+            .map(|(n, l)| (n.clone(), l.clone()))
+            .collect();
+        (kv.revision(), all)
+    }
+
+    /// Run `f` on the applied state while no entry applies (keep `f` short).
+    pub fn with_state<T>(&self, f: impl FnOnce(&KvState) -> T) -> T {
+        let kv = self.kv.read().unwrap_or_else(|p| p.into_inner());
+        f(&kv)
     }
 
     /// The latest applied mark.
@@ -149,6 +196,18 @@ impl StateMachine {
             let value: Versioned = serde_json::from_slice(&v).map_err(|e| corrupt("value", e))?;
             keys.insert(key, value);
         }
+        let mut leases = BTreeMap::new();
+        for item in state.scan_prefix(LEASE_PREFIX) {
+            let (k, v) = item?;
+            let name = String::from_utf8(k[LEASE_PREFIX.len()..].to_vec()).map_err(|e| {
+                crate::storage::StorageError::Corrupt {
+                    what: "lease name".into(),
+                    detail: e.to_string(),
+                }
+            })?;
+            let lease: LeaseRecord = serde_json::from_slice(&v).map_err(|e| corrupt("lease", e))?;
+            leases.insert(name, lease);
+        }
         let read = |k: &[u8]| state.get(k);
         let last_applied: Option<LogId> = match read(KEY_APPLIED)? {
             Some(b) => serde_json::from_slice(&b).map_err(|e| corrupt("applied", e))?,
@@ -162,9 +221,14 @@ impl StateMachine {
             Some(b) => serde_json::from_slice(&b).map_err(|e| corrupt("revision", e))?,
             None => Revision::default(),
         };
-        let kv = KvState::from_snapshot(KvSnapshot { revision, keys });
+        let kv = KvState::from_snapshot(KvSnapshot {
+            revision,
+            keys,
+            leases,
+        });
         let mark = AppliedMark {
             log_index: last_applied.map(|l| l.index).unwrap_or(0),
+            term: last_applied.map(|l| l.leader_id.term).unwrap_or(0),
             revision,
         };
         let (applied_tx, applied_rx) = watch::channel(mark);
@@ -187,13 +251,18 @@ impl StateMachine {
         Ok((sm, view))
     }
 
-    fn publish(&self, revision: Revision, events: Vec<Event>) {
-        let mark = AppliedMark {
-            log_index: self.last_applied.map(|l| l.index).unwrap_or(0),
-            revision,
+    fn publish(&self, revision: Revision, events: Vec<Event>, lease_changes: Vec<LeaseChange>) {
+        let batch = AppliedBatch {
+            mark: AppliedMark {
+                log_index: self.last_applied.map(|l| l.index).unwrap_or(0),
+                term: self.last_applied.map(|l| l.leader_id.term).unwrap_or(0),
+                revision,
+            },
+            events,
+            lease_changes,
         };
-        self.observer.on_applied(mark, events);
-        self.applied_tx.send_replace(mark);
+        self.observer.on_applied(&batch);
+        self.applied_tx.send_replace(batch.mark);
     }
 }
 
@@ -205,11 +274,19 @@ fn json<T: Serialize>(v: &T) -> Result<Vec<u8>, StorageError> {
     serde_json::to_vec(v).map_err(write_err)
 }
 
-fn state_key(key: &str) -> Vec<u8> {
-    let mut k = Vec::with_capacity(KEY_PREFIX.len() + key.len());
-    k.extend_from_slice(KEY_PREFIX);
-    k.extend_from_slice(key.as_bytes());
+fn prefixed(prefix: &[u8], name: &str) -> Vec<u8> {
+    let mut k = Vec::with_capacity(prefix.len() + name.len());
+    k.extend_from_slice(prefix);
+    k.extend_from_slice(name.as_bytes());
     k
+}
+
+fn state_key(key: &str) -> Vec<u8> {
+    prefixed(KEY_PREFIX, key)
+}
+
+fn lease_key(name: &str) -> Vec<u8> {
+    prefixed(LEASE_PREFIX, name)
 }
 
 impl RaftStateMachine<TypeConfig> for StateMachine {
@@ -226,6 +303,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
     {
         let mut responses = Vec::new();
         let mut events = Vec::new();
+        let mut lease_changes = Vec::new();
         let mut batch = sled::Batch::default();
         let revision = {
             let mut kv = self.kv.write().unwrap_or_else(|p| p.into_inner());
@@ -236,6 +314,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                     EntryPayload::Normal(cmd) => {
                         let applied = kv.apply(&cmd);
                         events.extend(applied.events);
+                        lease_changes.extend(applied.lease_changes);
                         applied.response
                     }
                     EntryPayload::Membership(m) => {
@@ -251,6 +330,12 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                     None => batch.remove(state_key(&key)),
                 }
             }
+            for (name, lease) in kv.take_dirty_leases() {
+                match lease {
+                    Some(l) => batch.insert(lease_key(&name), json(l)?),
+                    None => batch.remove(lease_key(&name)),
+                }
+            }
             kv.revision()
         };
         batch.insert(KEY_APPLIED, json(&self.last_applied)?);
@@ -259,7 +344,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         // Not flushed here: the log holds every applied entry durably, and sled recovers a
         // prefix of writes, so a lost tail is re-applied from the log on restart.
         self.state.apply_batch(batch).map_err(write_err)?;
-        self.publish(revision, events);
+        self.publish(revision, events, lease_changes);
         Ok(responses)
     }
 
@@ -301,12 +386,17 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         save_snapshot(&self.snapshots, meta, &snapshot)?;
 
         let mut batch = sled::Batch::default();
-        for item in self.state.scan_prefix(KEY_PREFIX) {
-            let (k, _) = item.map_err(write_err)?;
-            batch.remove(k);
+        for prefix in [KEY_PREFIX, LEASE_PREFIX] {
+            for item in self.state.scan_prefix(prefix) {
+                let (k, _) = item.map_err(write_err)?;
+                batch.remove(k);
+            }
         }
         for (key, value) in &payload.kv.keys {
             batch.insert(state_key(key), json(value)?);
+        }
+        for (name, lease) in &payload.kv.leases {
+            batch.insert(lease_key(name), json(lease)?);
         }
         let revision = payload.kv.revision;
         batch.insert(KEY_APPLIED, json(&meta.last_log_id)?);
@@ -315,10 +405,12 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         self.state.apply_batch(batch).map_err(write_err)?;
         self.db.flush_async().await.map_err(write_err)?;
 
+        // The tracker (if this node leads, which it does not while installing) re-learns every
+        // lease at its next promote; the watch hub learns that history before `revision` is gone.
         *self.kv.write().unwrap_or_else(|p| p.into_inner()) = KvState::from_snapshot(payload.kv);
         self.last_applied = meta.last_log_id;
         self.membership = meta.last_membership.clone();
-        self.publish(revision, Vec::new());
+        self.publish(revision, Vec::new(), Vec::new());
         Ok(())
     }
 
