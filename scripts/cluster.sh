@@ -6,15 +6,17 @@
 #   scripts/cluster.sh kill ID     SIGKILL one node (for failover experiments)
 #   scripts/cluster.sh restart ID  start one stopped node again from its data
 # Data and logs live in .cluster/ (LEASECORE_CLUSTER_DIR to change). Set PROFILE=release for an
-# optimized build (slower to build, faster to run).
+# optimized build (slower to build, faster to run), or LEASECORE_BIN=path to use a given binary.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DIR=${LEASECORE_CLUSTER_DIR:-.cluster}
 PROFILE=${PROFILE:-debug}
 BASE_PORT=${LEASECORE_BASE_PORT:-7001}
-BIN=target/$PROFILE/leasecore
+BIN=${LEASECORE_BIN:-target/$PROFILE/leasecore}
 
 build() {
+  # LEASECORE_BIN names a binary built elsewhere: use it as it is.
+  [ -z "${LEASECORE_BIN:-}" ] || return 0
   if ! command -v cargo >/dev/null; then
     echo "cargo is not installed: see https://rustup.rs" >&2; exit 1
   fi

@@ -12,11 +12,13 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 use leasecore::bench::{self, BenchOptions, Workload};
-use leasecore::client::{Client, ClientError};
+use leasecore::client::{Client, ClientError, LeaseKeeper, LeaseStatus};
 use leasecore::domain::limits::DEFAULT_MAX_VALUE_BYTES;
 use leasecore::domain::types::NodeId;
 use leasecore::node::{Node, NodeConfig, RaftTimings};
+use leasecore::wire::LeaseInfo;
 use serde::Serialize;
+use std::sync::Arc;
 
 #[derive(Parser)]
 #[command(
@@ -37,6 +39,13 @@ enum Command {
     Kv {
         #[command(subcommand)]
         cmd: KvCmd,
+        #[command(flatten)]
+        conn: ConnArgs,
+    },
+    /// Register, refresh, inspect and revoke leases.
+    Lease {
+        #[command(subcommand)]
+        cmd: LeaseCmd,
         #[command(flatten)]
         conn: ConnArgs,
     },
@@ -146,6 +155,40 @@ enum KvCmd {
 }
 
 #[derive(Subcommand)]
+enum LeaseCmd {
+    /// Register a lease.
+    Grant {
+        name: String,
+        /// Time to live, in milliseconds.
+        #[arg(long)]
+        ttl_ms: u64,
+    },
+    /// Refresh a lease once.
+    Refresh { name: String },
+    /// Revoke a lease, deleting its keys.
+    Revoke { name: String },
+    /// Show a lease: TTL, time left on the leader, revision, keys.
+    Get { name: String },
+    /// List leases.
+    List {
+        #[arg(default_value = "")]
+        prefix: String,
+        #[arg(long)]
+        limit: Option<usize>,
+    },
+    /// Keep a lease alive (registering it if --ttl-ms is given and it does not exist) until
+    /// stopped, printing each refresh.
+    Keepalive {
+        name: String,
+        #[arg(long)]
+        ttl_ms: Option<u64>,
+        /// Revoke the lease when stopped (Ctrl-C / SIGTERM).
+        #[arg(long)]
+        revoke_on_exit: bool,
+    },
+}
+
+#[derive(Subcommand)]
 enum ClusterCmd {
     /// Show the leader, terms, indexes and members.
     Status,
@@ -213,6 +256,7 @@ fn main() -> ExitCode {
         match cli.command {
             Command::Serve(args) => serve(args).await,
             Command::Kv { cmd, conn } => report(kv(cmd, &conn).await),
+            Command::Lease { cmd, conn } => report(lease(cmd, &conn).await),
             Command::Cluster { cmd, conn } => report(cluster(cmd, &conn).await),
             Command::Bench(args) => report(run_bench(args).await),
         }
@@ -345,6 +389,152 @@ async fn kv(cmd: KvCmd, conn: &ConnArgs) -> Result<(), ClientError> {
                 eprintln!("{} keys at revision {}{more}", r.items.len(), r.revision);
             }
         }
+    }
+    Ok(())
+}
+
+fn print_lease(l: &LeaseInfo) {
+    let remaining = l
+        .remaining_ms
+        .map(|r| format!("{r} ms left"))
+        .unwrap_or_else(|| "not tracked".into());
+    println!(
+        "{}  ttl {} ms, {remaining}, revision {}, {} key(s){}",
+        l.name,
+        l.ttl_ms,
+        l.revision,
+        l.keys.len(),
+        if l.keys.is_empty() {
+            String::new()
+        } else {
+            format!(": {}", l.keys.join(", "))
+        }
+    );
+}
+
+async fn lease(cmd: LeaseCmd, conn: &ConnArgs) -> Result<(), ClientError> {
+    let client = Arc::new(Client::new(&conn.endpoints)?);
+    match cmd {
+        LeaseCmd::Grant { name, ttl_ms } => {
+            let r = client.grant(&name, ttl_ms).await?;
+            if conn.json {
+                print_json(&r);
+            } else {
+                println!(
+                    "granted {} (ttl {} ms, revision {})",
+                    r.name, r.ttl_ms, r.revision
+                );
+            }
+        }
+        LeaseCmd::Refresh { name } => {
+            let r = client.refresh(&name, None).await?;
+            if conn.json {
+                print_json(&r);
+            } else {
+                println!("refreshed {} ({} ms left)", r.name, r.remaining_ms);
+            }
+        }
+        LeaseCmd::Revoke { name } => {
+            let r = client.revoke(&name).await?;
+            if conn.json {
+                print_json(&r);
+            } else {
+                println!(
+                    "revoked {name} (revision {}, {} key(s) deleted)",
+                    r.revision,
+                    r.deleted_keys.len()
+                );
+            }
+        }
+        LeaseCmd::Get { name } => match client.lease(&name).await? {
+            Some(l) if conn.json => print_json(&l),
+            Some(l) => print_lease(&l),
+            None => {
+                return Err(ClientError::Api {
+                    status: 404,
+                    code: "lease_not_found".into(),
+                    message: format!("lease {name:?} does not exist"),
+                    body: serde_json::Value::Null,
+                });
+            }
+        },
+        LeaseCmd::List { prefix, limit } => {
+            let r = client.leases(&prefix, limit).await?;
+            if conn.json {
+                print_json(&r);
+            } else {
+                for l in &r.leases {
+                    print_lease(l);
+                }
+                eprintln!("{} lease(s) at revision {}", r.leases.len(), r.revision);
+            }
+        }
+        LeaseCmd::Keepalive {
+            name,
+            ttl_ms,
+            revoke_on_exit,
+        } => keepalive(client, &name, ttl_ms, revoke_on_exit, conn.json).await?,
+    }
+    Ok(())
+}
+
+async fn keepalive(
+    client: Arc<Client>,
+    name: &str,
+    ttl_ms: Option<u64>,
+    revoke_on_exit: bool,
+    json: bool,
+) -> Result<(), ClientError> {
+    let ttl_ms = match ttl_ms {
+        Some(t) => t,
+        None => match client.lease(name).await? {
+            Some(l) => l.ttl_ms,
+            None => {
+                return Err(ClientError::Usage(format!(
+                    "lease {name:?} does not exist: give --ttl-ms to register it"
+                )));
+            }
+        },
+    };
+    let keeper = LeaseKeeper::start(client, name, ttl_ms, true).await?;
+    let mut status = keeper.watch();
+    let report = |s: &LeaseStatus| match s {
+        LeaseStatus::Valid {
+            revision,
+            refreshes,
+            ..
+        } if json => println!(
+            "{}",
+            serde_json::json!({"lease": name, "ttl_ms": ttl_ms, "revision": revision, "refreshes": refreshes})
+        ),
+        LeaseStatus::Valid {
+            revision,
+            refreshes,
+            ..
+        } => println!("{name}: alive (ttl {ttl_ms} ms, revision {revision}, refresh #{refreshes})"),
+        LeaseStatus::Lost { reason } => eprintln!("{name}: LOST: {reason}"),
+    };
+    report(&status.borrow_and_update());
+    let stopped = shutdown_signal();
+    tokio::pin!(stopped);
+    loop {
+        tokio::select! {
+            _ = &mut stopped => break,
+            changed = status.changed() => {
+                if changed.is_err() {
+                    break;
+                }
+                let s = status.borrow_and_update().clone();
+                report(&s);
+                if let LeaseStatus::Lost { reason } = s {
+                    return Err(ClientError::Unavailable(reason));
+                }
+            }
+        }
+    }
+    keeper.stop(revoke_on_exit).await?;
+    if revoke_on_exit {
+        eprintln!("{name}: revoked");
     }
     Ok(())
 }

@@ -19,16 +19,31 @@ const BUCKETS: [f64; 14] = [
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
 ];
 
-/// A latency histogram.
-#[derive(Default, Clone)]
-struct Histogram {
+/// A histogram of seconds.
+#[derive(Default, Clone, Debug)]
+pub struct Histogram {
     counts: [u64; BUCKETS.len()],
     count: u64,
     sum_secs: f64,
 }
 
 impl Histogram {
-    fn observe(&mut self, secs: f64) {
+    /// Write this histogram in Prometheus text (without HELP/TYPE lines).
+    pub fn render(&self, out: &mut String, name: &str, labels: &str) {
+        let sep = if labels.is_empty() { "" } else { "," };
+        for (bound, n) in BUCKETS.iter().zip(self.counts.iter()) {
+            let _ = writeln!(out, "{name}_bucket{{{labels}{sep}le=\"{bound}\"}} {n}");
+        }
+        let _ = writeln!(
+            out,
+            "{name}_bucket{{{labels}{sep}le=\"+Inf\"}} {}",
+            self.count
+        );
+        let _ = writeln!(out, "{name}_sum{{{labels}}} {}", self.sum_secs);
+        let _ = writeln!(out, "{name}_count{{{labels}}} {}", self.count);
+    }
+
+    pub fn observe(&mut self, secs: f64) {
         for (i, bound) in BUCKETS.iter().enumerate() {
             if secs <= *bound {
                 self.counts[i] += 1;
@@ -127,13 +142,11 @@ impl Metrics {
             "# HELP {name} HTTP request latency by route.\n# TYPE {name} histogram"
         );
         for ((method, route), h) in &latency {
-            let labels = format!("method=\"{method}\",route=\"{route}\"");
-            for (bound, n) in BUCKETS.iter().zip(h.counts.iter()) {
-                let _ = writeln!(out, "{name}_bucket{{{labels},le=\"{bound}\"}} {n}");
-            }
-            let _ = writeln!(out, "{name}_bucket{{{labels},le=\"+Inf\"}} {}", h.count);
-            let _ = writeln!(out, "{name}_sum{{{labels}}} {}", h.sum_secs);
-            let _ = writeln!(out, "{name}_count{{{labels}}} {}", h.count);
+            h.render(
+                &mut out,
+                name,
+                &format!("method=\"{method}\",route=\"{route}\""),
+            );
         }
         out
     }

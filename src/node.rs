@@ -21,6 +21,7 @@ use thiserror::Error;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::clock::{Clock, SystemClock};
 use crate::domain::limits::Limits;
 use crate::domain::types::NodeId;
 use crate::http::{self, AppState};
@@ -28,9 +29,10 @@ use crate::metrics::Metrics;
 use crate::raft::Raft;
 use crate::raft::consensus::{Consensus, ConsensusError, ConsensusTimeouts};
 use crate::raft::log_store::LogStore;
-use crate::raft::network::{NetworkFactory, PeerClient};
-use crate::raft::state_machine::{DiscardEvents, StateMachine};
+use crate::raft::network::{Faults, NetworkFactory, PeerClient};
+use crate::raft::state_machine::{Observers, StateMachine};
 use crate::runtime::election::ElectionWatchdog;
+use crate::runtime::lease::{DEFAULT_MIN_TTL_MS, LeaseConfig, LeaseHub, LeaseService};
 use crate::storage;
 
 /// Raft timing, in milliseconds.
@@ -75,6 +77,8 @@ pub struct NodeConfig {
     pub limits: Limits,
     /// sled's page cache, in bytes.
     pub cache_bytes: u64,
+    /// The shortest lease TTL (raised to 1.5 x the election timeout if below it).
+    pub min_lease_ttl_ms: u64,
 }
 
 impl NodeConfig {
@@ -91,6 +95,7 @@ impl NodeConfig {
             snapshot_threshold: 10_000,
             limits: Limits::default(),
             cache_bytes: 64 << 20,
+            min_lease_ttl_ms: DEFAULT_MIN_TTL_MS,
         }
     }
 
@@ -144,6 +149,8 @@ pub enum NodeError {
 
 /// A running node.
 pub struct Node {
+    /// Fault injection into this node's peer traffic (tests).
+    faults: Arc<Faults>,
     id: NodeId,
     addr: SocketAddr,
     advertise: String,
@@ -195,9 +202,16 @@ impl Node {
             .map_err(|e| NodeError::Raft(e.to_string()))??;
         let log_store = LogStore::open(&db)?;
         let committed = log_store.committed_index();
-        let (state_machine, view) = StateMachine::open(&db, Arc::new(DiscardEvents))?;
+        let clock: Arc<dyn Clock> = Arc::new(SystemClock::new());
+        let lease_hub = Arc::new(LeaseHub::new(
+            clock.clone(),
+            LeaseConfig::new(cfg.min_lease_ttl_ms, cfg.timings.election_max_ms),
+        ));
+        let observers = Observers(vec![lease_hub.clone()]);
+        let (state_machine, view) = StateMachine::open(&db, Arc::new(observers))?;
 
         let peers = PeerClient::new();
+        let faults = peers.faults();
         let raft = Raft::new(
             cfg.id,
             raft_config,
@@ -207,14 +221,23 @@ impl Node {
         )
         .await
         .map_err(|e| NodeError::Raft(e.to_string()))?;
-        let consensus = Consensus::new(cfg.id, raft, peers, view, committed, cfg.timeouts());
+        let (consensus, ordered_queue) =
+            Consensus::new(cfg.id, raft, peers, view, committed, cfg.timeouts());
 
         let cancel = CancellationToken::new();
         let tasks = TaskTracker::new();
+        tasks.spawn(ordered_queue.run(cancel.clone()));
+        let leases = Arc::new(LeaseService::new(
+            lease_hub,
+            consensus.clone(),
+            tasks.clone(),
+        ));
+        tasks.spawn(leases.clone().run(cancel.clone()));
         let state = AppState {
             consensus: consensus.clone(),
             limits: cfg.limits,
             metrics: Arc::new(Metrics::default()),
+            leases,
         };
         let app = http::router(state);
         tasks.spawn({
@@ -237,6 +260,7 @@ impl Node {
         );
 
         let node = Node {
+            faults,
             id: cfg.id,
             addr,
             advertise: advertise.clone(),
@@ -271,6 +295,11 @@ impl Node {
 
     pub fn consensus(&self) -> &Consensus {
         &self.consensus
+    }
+
+    /// Fault injection into this node's outgoing peer traffic (tests).
+    pub fn faults(&self) -> &Faults {
+        &self.faults
     }
 
     /// A token that fires when the node begins shutting down.

@@ -96,3 +96,47 @@ pub struct ErrorDetail {
     #[serde(flatten)]
     pub details: serde_json::Map<String, serde_json::Value>,
 }
+
+/// Body of `POST /v1/leases`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RegisterLeaseRequest {
+    pub name: String,
+    pub ttl_ms: u64,
+}
+
+/// Answer to a registration: `revision` is the lease's fencing token.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct LeaseGranted {
+    pub name: String,
+    pub ttl_ms: u64,
+    pub revision: Revision,
+}
+
+/// One lease as `GET /v1/leases/{name}` and `GET /v1/leases` show it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeaseInfo {
+    pub name: String,
+    pub ttl_ms: u64,
+    /// Time left on the leader's clock (`null` while no leader tracks it).
+    pub remaining_ms: Option<u64>,
+    /// The registration revision (fencing token).
+    pub revision: Revision,
+    pub keys: Vec<String>,
+}
+
+/// Answer to `GET /v1/leases`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct LeaseList {
+    pub revision: Revision,
+    pub leases: Vec<LeaseInfo>,
+    #[serde(default)]
+    pub more: bool,
+}
+
+/// Answer to `DELETE /v1/leases/{name}`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct LeaseRevoked {
+    pub revision: Revision,
+    pub deleted_keys: Vec<String>,
+}

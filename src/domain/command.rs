@@ -116,6 +116,8 @@ pub enum LeaseChange {
     },
     Removed {
         name: String,
+        /// `LeaseRevoked` or `LeaseExpired`.
+        cause: Cause,
     },
 }
 

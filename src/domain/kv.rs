@@ -285,6 +285,7 @@ impl KvState {
                 events,
                 lease_changes: vec![LeaseChange::Removed {
                     name: name.to_string(),
+                    cause,
                 }],
             },
         ))
@@ -789,7 +790,10 @@ mod tests {
         );
         assert_eq!(
             out.lease_changes,
-            vec![LeaseChange::Removed { name: "l".into() }]
+            vec![LeaseChange::Removed {
+                name: "l".into(),
+                cause: Cause::LeaseExpired
+            }]
         );
         assert!(kv.lease("l").is_none() && kv.get("a").is_none() && kv.get("b").is_none());
         assert!(kv.get("other").is_some());
@@ -881,7 +885,7 @@ mod tests {
                 key: k.to_string(),
                 prev_revision: prev.map(Revision),
             }),
-            lease.clone().prop_map(|l| register(l)),
+            lease.clone().prop_map(register),
             lease
                 .clone()
                 .prop_map(|l| Command::RevokeLease { name: l.into() }),

@@ -49,6 +49,13 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use super::types::{MonoMillis, Revision};
 
+/// The promote condition: a node tracks leases only while it is the leader of `current_term`
+/// and has applied an entry of that term (so every earlier entry is applied too, and it knows
+/// every lease the previous leader knew).
+pub fn should_track(is_leader: bool, current_term: u64, applied_term: u64) -> bool {
+    is_leader && applied_term == current_term
+}
+
 /// Tracker tunables.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TrackerConfig {
@@ -412,6 +419,13 @@ mod tests {
         let mut t = LeaseTracker::new(CFG);
         t.promote(MonoMillis(0), []);
         t
+    }
+
+    #[test]
+    fn tracking_starts_only_after_applying_an_entry_of_the_own_term() {
+        assert!(!should_track(false, 3, 3));
+        assert!(!should_track(true, 3, 2));
+        assert!(should_track(true, 3, 3));
     }
 
     #[test]

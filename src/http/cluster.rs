@@ -112,8 +112,61 @@ pub async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
             v.nodes.len() as f64,
         ),
     ];
-    (
-        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        state.metrics.render(&gauges),
-    )
+    let mut text = state.metrics.render(&gauges);
+    render_lease_metrics(&state, &mut text);
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text)
+}
+
+fn render_lease_metrics(state: &AppState, out: &mut String) {
+    use std::fmt::Write;
+    use std::sync::atomic::Ordering::Relaxed;
+    let hub = state.leases.hub();
+    let m = &hub.metrics;
+    let active = state.consensus.view().with_state(|kv| kv.leases().len());
+    let _ = writeln!(
+        out,
+        "# HELP leasecore_leases_active Leases in the replicated state.\n# TYPE leasecore_leases_active gauge\nleasecore_leases_active {active}"
+    );
+    let _ = writeln!(
+        out,
+        "# HELP leasecore_leases_tracked Leases with a deadline on this node (the leader).\n# TYPE leasecore_leases_tracked gauge\nleasecore_leases_tracked {}",
+        hub.tracked()
+    );
+    for (name, help, v) in [
+        (
+            "leasecore_leases_granted_total",
+            "Lease registrations applied.",
+            &m.granted,
+        ),
+        (
+            "leasecore_leases_refreshed_total",
+            "Refreshes acknowledged by this node as leader.",
+            &m.refreshed,
+        ),
+        (
+            "leasecore_leases_expired_total",
+            "Lease expiries applied.",
+            &m.expired,
+        ),
+        (
+            "leasecore_leases_revoked_total",
+            "Lease revocations applied.",
+            &m.revoked,
+        ),
+    ] {
+        let _ = writeln!(
+            out,
+            "# HELP {name} {help}\n# TYPE {name} counter\n{name} {}",
+            v.load(Relaxed)
+        );
+    }
+    let name = "leasecore_lease_expiry_lateness_seconds";
+    let _ = writeln!(
+        out,
+        "# HELP {name} Applied expiry minus deadline, on the leader.\n# TYPE {name} histogram"
+    );
+    m.lateness
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .render(out, name, "");
 }

@@ -11,6 +11,7 @@ use serde_json::{Map, Value, json};
 use crate::domain::command::KvError;
 use crate::domain::limits::InvalidInput;
 use crate::raft::consensus::ConsensusError;
+use crate::runtime::lease::LeaseError;
 use crate::wire::{ErrorBody, ErrorDetail};
 
 /// An error on its way to a client.
@@ -102,6 +103,19 @@ impl From<ConsensusError> for ApiError {
             ConsensusError::NodeNotFound { id } => {
                 ApiError::not_found("node_not_found", message).with("id", id)
             }
+        }
+    }
+}
+
+impl From<LeaseError> for ApiError {
+    fn from(e: LeaseError) -> Self {
+        match e {
+            LeaseError::NotFound { name } => ApiError::not_found(
+                "lease_not_found",
+                format!("lease {name:?} does not exist (or has expired)"),
+            )
+            .with("lease", name),
+            LeaseError::Consensus(c) => c.into(),
         }
     }
 }

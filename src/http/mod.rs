@@ -12,6 +12,7 @@ pub mod cluster;
 pub mod error;
 pub mod extract;
 pub mod kv;
+pub mod leases;
 pub mod peer;
 
 use std::sync::Arc;
@@ -29,6 +30,7 @@ use crate::domain::limits::Limits;
 use crate::metrics::Metrics;
 use crate::raft::consensus::Consensus;
 use crate::raft::network::routes;
+use crate::runtime::lease::LeaseService;
 use error::ApiError;
 
 /// The largest peer message (a snapshot frame).
@@ -40,6 +42,7 @@ pub struct AppState {
     pub consensus: Consensus,
     pub limits: Limits,
     pub metrics: Arc<Metrics>,
+    pub leases: Arc<LeaseService>,
 }
 
 /// Who a route is for.
@@ -83,6 +86,21 @@ pub fn route_table() -> Vec<RouteSpec> {
         spec("PUT", "/v1/kv/{*key}", Public, put(kv::put)),
         spec("GET", "/v1/kv/{*key}", Public, get(kv::get)),
         spec("DELETE", "/v1/kv/{*key}", Public, delete(kv::delete)),
+        spec("POST", "/v1/leases", Public, post(leases::register)),
+        spec("GET", "/v1/leases", Public, get(leases::list)),
+        spec("GET", "/v1/leases/{name}", Public, get(leases::get)),
+        spec(
+            "DELETE",
+            "/v1/leases/{name}",
+            Public,
+            delete(leases::revoke),
+        ),
+        spec(
+            "POST",
+            "/v1/leases/{name}/refresh",
+            Public,
+            post(leases::refresh),
+        ),
         spec("GET", "/v1/cluster", Public, get(cluster::status)),
         spec("POST", "/v1/cluster/nodes", Public, post(cluster::add_node)),
         spec(
@@ -97,6 +115,18 @@ pub fn route_table() -> Vec<RouteSpec> {
         spec("POST", routes::PROPOSE, Peer, post(peer::propose)),
         spec("POST", routes::READ_INDEX, Peer, post(peer::read_index)),
         spec("POST", routes::ADMIN, Peer, post(peer::admin)),
+        spec(
+            "POST",
+            routes::LEASE_REFRESH,
+            Peer,
+            post(peer::lease_refresh),
+        ),
+        spec(
+            "POST",
+            routes::LEASE_REMAINING,
+            Peer,
+            post(peer::lease_remaining),
+        ),
     ]
 }
 

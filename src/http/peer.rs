@@ -21,6 +21,7 @@ use crate::domain::command::{Command, Response};
 use crate::raft::consensus::{AdminRequest, ConsensusError};
 use crate::raft::network::decode_snapshot_frame;
 use crate::raft::{NodeId, TypeConfig};
+use crate::runtime::lease::{LeaseError, RefreshAck};
 
 pub async fn append(
     State(state): State<AppState>,
@@ -73,4 +74,18 @@ pub async fn admin(
     ApiJson(req): ApiJson<AdminRequest>,
 ) -> Json<Result<(), ConsensusError>> {
     Json(state.consensus.admin_here(req).await)
+}
+
+pub async fn lease_refresh(
+    State(state): State<AppState>,
+    ApiJson(name): ApiJson<String>,
+) -> Json<Result<RefreshAck, LeaseError>> {
+    Json(state.leases.refresh_here(&name).await)
+}
+
+pub async fn lease_remaining(
+    State(state): State<AppState>,
+    ApiJson(names): ApiJson<Vec<String>>,
+) -> Json<Result<Vec<Option<u64>>, LeaseError>> {
+    Json(state.leases.remaining_here(&names).await)
 }

@@ -27,7 +27,9 @@ use openraft::error::{
     ChangeMembershipError, CheckIsLeaderError, ClientWriteError, InitializeError, RaftError,
 };
 use openraft::{BasicNode, ChangeMembers, ServerState};
+use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
+use tokio::sync::{mpsc, oneshot};
 
 use super::network::{PeerClient, routes};
 use super::state_machine::StateView;
@@ -97,6 +99,27 @@ pub struct ClusterView {
     pub nodes: Vec<MemberNode>,
 }
 
+/// Whether a forwarded operation may be delivered twice.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Delivery {
+    /// Idempotent (a read, a refresh): resend after any transport failure.
+    Retryable,
+    /// Not idempotent (a write): resend only when the first send certainly never arrived.
+    AtMostOnce,
+}
+
+/// An error that can travel back from a forwarded operation.
+pub trait Forwardable: From<ConsensusError> + DeserializeOwned {
+    /// The target was not the leader and did nothing: safe to try the next leader.
+    fn is_not_leader(&self) -> bool;
+}
+
+impl Forwardable for ConsensusError {
+    fn is_not_leader(&self) -> bool {
+        matches!(self, ConsensusError::NotLeader)
+    }
+}
+
 /// Timing of consensus calls.
 #[derive(Clone, Copy, Debug)]
 pub struct ConsensusTimeouts {
@@ -125,7 +148,12 @@ struct Inner {
     reads: RoundBatcher<u64, ConsensusError>,
     /// Read rounds for forwarded callers: confirm here, never forward.
     leader_reads: RoundBatcher<u64, ConsensusError>,
+    /// Proposals submitted in order: the log receives them in the order they were enqueued.
+    ordered: mpsc::UnboundedSender<OrderedProposal>,
 }
+
+/// A proposal waiting in the ordered queue, with where its applied result goes.
+type OrderedProposal = (Command, oneshot::Sender<Result<Response, ConsensusError>>);
 
 /// Where the leader is, as far as this node knows.
 enum LeaderRef {
@@ -226,6 +254,7 @@ fn any_read_round(
 
 impl Consensus {
     /// Wrap a started Raft node.
+    /// Wrap a started Raft node. The returned [`OrderedQueue`] must be run (`node` spawns it).
     pub fn new(
         id: NodeId,
         raft: Raft,
@@ -233,7 +262,8 @@ impl Consensus {
         view: StateView,
         committed: Arc<AtomicU64>,
         timeouts: ConsensusTimeouts,
-    ) -> Self {
+    ) -> (Self, OrderedQueue) {
+        let (ordered, queue) = mpsc::unbounded_channel();
         let reads = {
             let (raft, peers) = (raft.clone(), peers.clone());
             RoundBatcher::new(
@@ -248,18 +278,61 @@ impl Consensus {
                 ConsensusError::ShuttingDown,
             )
         };
-        Consensus {
+        let consensus = Consensus {
             inner: Arc::new(Inner {
                 id,
-                raft,
+                raft: raft.clone(),
                 peers,
                 view,
                 committed,
                 timeouts,
                 reads,
                 leader_reads,
+                ordered,
             }),
+        };
+        (consensus, OrderedQueue { raft, queue })
+    }
+
+    /// Enqueue a proposal, synchronously: proposals enqueued one after another (by any caller)
+    /// reach the log in that order. Resolves with the applied result. Only meaningful on the
+    /// leader: elsewhere it fails with `NotLeader`.
+    pub fn submit_ordered(
+        &self,
+        cmd: Command,
+    ) -> impl Future<Output = Result<Response, ConsensusError>> + Send + 'static {
+        let (tx, rx) = oneshot::channel();
+        let sent = self.inner.ordered.send((cmd, tx)).is_ok();
+        let t = self.inner.timeouts.request;
+        async move {
+            if !sent {
+                return Err(ConsensusError::ShuttingDown);
+            }
+            match tokio::time::timeout(t, rx).await {
+                Ok(Ok(result)) => result,
+                Ok(Err(_)) => Err(ConsensusError::ShuttingDown),
+                Err(_) => Err(ConsensusError::Timeout {
+                    ms: t.as_millis() as u64,
+                }),
+            }
         }
+    }
+
+    /// Confirm with a quorum that this node is still the leader, in a round that starts after
+    /// this call (shared with concurrent callers).
+    pub async fn confirm_leadership(&self) -> Result<(), ConsensusError> {
+        if !self.is_leader() {
+            return Err(ConsensusError::NotLeader);
+        }
+        self.inner.leader_reads.confirm().await.map(|_| ())
+    }
+
+    /// The term this node leads in, if it is the leader.
+    pub fn leader_term(&self) -> Option<u64> {
+        let m = self.inner.raft.metrics();
+        let m = m.borrow();
+        (m.state == ServerState::Leader && m.current_leader == Some(self.inner.id))
+            .then_some(m.current_term)
     }
 
     /// The openraft handle (for the peer endpoints and the node's start-up and shutdown).
@@ -313,34 +386,69 @@ impl Consensus {
     }
 
     async fn propose_anywhere(&self, cmd: Command) -> Result<Response, ConsensusError> {
+        // The common case moves the command straight into the log, without a copy.
+        if matches!(leader_ref(&self.inner.raft, self.inner.id), LeaderRef::Me) {
+            return self.propose_here(cmd).await.map_err(no_leader_for_clients);
+        }
+        self.on_leader(routes::PROPOSE, &cmd, Delivery::AtMostOnce, || {
+            self.propose_here(cmd.clone())
+        })
+        .await
+    }
+
+    /// Run an operation on the leader: `here` if this node leads, otherwise forwarded to the
+    /// leader's peer route `path` with `req`. While no leader is known, waits up to
+    /// `leader_wait` for one. An operation that is not idempotent is never sent twice when its
+    /// first delivery is uncertain (see the module docs).
+    pub async fn on_leader<Req, T, E, F, Fut>(
+        &self,
+        path: &str,
+        req: &Req,
+        delivery: Delivery,
+        here: F,
+    ) -> Result<T, E>
+    where
+        Req: Serialize + ?Sized,
+        T: DeserializeOwned,
+        E: Forwardable,
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+    {
         let inner = &self.inner;
         let mut stale = None;
+        let timeout = inner.timeouts.catch_up.max(inner.timeouts.request);
         loop {
             match leader_ref(&inner.raft, inner.id) {
                 LeaderRef::Me => {
-                    return self.propose_here(cmd).await.map_err(no_leader_for_clients);
+                    return here().await.map_err(|e| {
+                        if e.is_not_leader() {
+                            E::from(ConsensusError::NoLeader)
+                        } else {
+                            e
+                        }
+                    });
                 }
                 LeaderRef::Other { id, addr } => {
-                    let answer: Result<Result<Response, ConsensusError>, _> = inner
-                        .peers
-                        .post_json(&addr, routes::PROPOSE, &cmd, inner.timeouts.request)
-                        .await;
+                    let answer: Result<Result<T, E>, _> =
+                        inner.peers.post_json(&addr, path, req, timeout).await;
                     match answer {
-                        // The leader refused before proposing: safe to try the next leader.
-                        Ok(Err(ConsensusError::NotLeader)) => stale = Some(id),
+                        // The leader refused before doing anything: try the next leader.
+                        Ok(Err(e)) if e.is_not_leader() => stale = Some(id),
                         Ok(result) => return result,
-                        Err(e) if e.not_delivered() => stale = Some(id),
+                        Err(e) if e.not_delivered() || delivery == Delivery::Retryable => {
+                            stale = Some(id)
+                        }
                         Err(e) => {
-                            return Err(ConsensusError::OutcomeUnknown {
+                            return Err(E::from(ConsensusError::OutcomeUnknown {
                                 detail: e.to_string(),
-                            });
+                            }));
                         }
                     }
                 }
                 LeaderRef::Unknown => {}
             }
             if !wait_for_new_leader(&inner.raft, stale, inner.timeouts.leader_wait).await {
-                return Err(ConsensusError::NoLeader);
+                return Err(E::from(ConsensusError::NoLeader));
             }
         }
     }
@@ -388,34 +496,10 @@ impl Consensus {
 
     /// Apply a membership request from any node (forwarded to the leader).
     pub async fn admin(&self, req: AdminRequest) -> Result<(), ConsensusError> {
-        let inner = &self.inner;
-        let mut stale = None;
-        loop {
-            match leader_ref(&inner.raft, inner.id) {
-                LeaderRef::Me => return self.admin_here(req).await.map_err(no_leader_for_clients),
-                LeaderRef::Other { id, addr } => {
-                    let timeout = inner.timeouts.catch_up + inner.timeouts.request;
-                    let answer: Result<Result<(), ConsensusError>, _> = inner
-                        .peers
-                        .post_json(&addr, routes::ADMIN, &req, timeout)
-                        .await;
-                    match answer {
-                        Ok(Err(ConsensusError::NotLeader)) => stale = Some(id),
-                        Ok(result) => return result,
-                        Err(e) if e.not_delivered() => stale = Some(id),
-                        Err(e) => {
-                            return Err(ConsensusError::OutcomeUnknown {
-                                detail: e.to_string(),
-                            });
-                        }
-                    }
-                }
-                LeaderRef::Unknown => {}
-            }
-            if !wait_for_new_leader(&inner.raft, stale, inner.timeouts.leader_wait).await {
-                return Err(ConsensusError::NoLeader);
-            }
-        }
+        self.on_leader(routes::ADMIN, &req, Delivery::AtMostOnce, || {
+            self.admin_here(req.clone())
+        })
+        .await
     }
 
     /// Apply a membership request on this node as leader.
@@ -520,6 +604,43 @@ impl Consensus {
             last_log_index: m.last_log_index.unwrap_or(0),
             revision: applied.revision,
             nodes,
+        }
+    }
+}
+
+/// Feeds the ordered proposal queue into openraft, one submission at a time.
+pub struct OrderedQueue {
+    raft: Raft,
+    queue: mpsc::UnboundedReceiver<OrderedProposal>,
+}
+
+impl OrderedQueue {
+    /// Submit queued proposals in order until cancelled. Each submission is handed to openraft
+    /// before the next is taken (that is the ordering); waiting for results runs alongside.
+    pub async fn run(mut self, cancel: tokio_util::sync::CancellationToken) {
+        loop {
+            let (cmd, reply) = tokio::select! {
+                _ = cancel.cancelled() => return,
+                next = self.queue.recv() => match next {
+                    Some(p) => p,
+                    None => return,
+                },
+            };
+            match self.raft.client_write_ff(cmd).await {
+                Ok(applied) => {
+                    tokio::spawn(async move {
+                        let result = match applied.await {
+                            Ok(Ok(written)) => Ok(written.data),
+                            Ok(Err(e)) => Err(from_write_error(RaftError::APIError(e))),
+                            Err(_) => Err(ConsensusError::ShuttingDown),
+                        };
+                        let _ = reply.send(result);
+                    });
+                }
+                Err(_) => {
+                    let _ = reply.send(Err(ConsensusError::ShuttingDown));
+                }
+            }
         }
     }
 }

@@ -19,6 +19,7 @@
 //! Decide. It moves bytes and maps errors.
 
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use openraft::error::{
@@ -88,6 +89,8 @@ pub mod routes {
     pub const PROPOSE: &str = "/raft/propose";
     pub const READ_INDEX: &str = "/raft/read_index";
     pub const ADMIN: &str = "/raft/admin";
+    pub const LEASE_REFRESH: &str = "/raft/lease_refresh";
+    pub const LEASE_REMAINING: &str = "/raft/lease_remaining";
 }
 
 /// A failed peer call.
@@ -111,10 +114,41 @@ impl PeerError {
     }
 }
 
+/// Fault injection for tests: peers this node must not reach (a partition seen from here).
+/// Empty in production; checked before each send.
+#[derive(Default)]
+pub struct Faults {
+    blocked: std::sync::RwLock<std::collections::HashSet<String>>,
+}
+
+impl Faults {
+    /// Drop every message to `addr` from now on.
+    pub fn block(&self, addr: &str) {
+        self.blocked
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(addr.to_string());
+    }
+
+    /// Heal every partition.
+    pub fn heal(&self) {
+        self.blocked
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .clear();
+    }
+
+    fn is_blocked(&self, addr: &str) -> bool {
+        let blocked = self.blocked.read().unwrap_or_else(|p| p.into_inner());
+        !blocked.is_empty() && blocked.contains(addr)
+    }
+}
+
 /// The shared HTTP client for peer traffic.
 #[derive(Clone)]
 pub struct PeerClient {
     http: reqwest::Client,
+    faults: Arc<Faults>,
 }
 
 impl Default for PeerClient {
@@ -131,7 +165,15 @@ impl PeerClient {
             .tcp_nodelay(true)
             .build()
             .expect("a plain HTTP client always builds");
-        PeerClient { http }
+        PeerClient {
+            http,
+            faults: Arc::default(),
+        }
+    }
+
+    /// The fault injector of this client (tests only).
+    pub fn faults(&self) -> Arc<Faults> {
+        self.faults.clone()
     }
 
     /// POST a JSON body and decode a JSON answer.
@@ -164,6 +206,11 @@ impl PeerClient {
             addr: addr.to_string(),
             detail,
         };
+        if self.faults.is_blocked(addr) {
+            // A partition: the message is lost; the sender learns only that it timed out.
+            tokio::time::sleep(timeout.min(Duration::from_millis(50))).await;
+            return Err(transport("partitioned (fault injection)".into()));
+        }
         let resp = self
             .http
             .post(&url)

@@ -8,6 +8,12 @@
 //! - [`batch`]: [`batch::RoundBatcher`], which lets many concurrent callers share one quorum
 //!   round (linearizable reads now, lease refreshes later).
 //! - [`election`]: the election watchdog against openraft 0.9's election stall.
+//! - [`lease`]: the lease tracker's shell: apply-path observer, refresh, the expiry driver.
+//!
+//! The lease shell talks to `raft::consensus::Consensus` directly rather than through a port:
+//! every decision it sequences is made by the pure `domain::lease`, which is where its tests
+//! are; the shell itself is exercised end to end.
 
 pub mod batch;
 pub mod election;
+pub mod lease;

@@ -170,6 +170,28 @@ impl TestCluster {
         self.nodes.insert(id, node);
     }
 
+    /// Cut `id` off from every other node, both ways (clients still reach it).
+    pub fn partition(&self, id: NodeId) {
+        for (other, node) in &self.nodes {
+            if *other == id {
+                for (peer, addr) in &self.addrs {
+                    if *peer != id {
+                        node.faults().block(addr);
+                    }
+                }
+            } else {
+                node.faults().block(&self.addrs[&id]);
+            }
+        }
+    }
+
+    /// Heal every partition.
+    pub fn heal(&self) {
+        for node in self.nodes.values() {
+            node.faults().heal();
+        }
+    }
+
     pub async fn shutdown(mut self) {
         let ids: Vec<NodeId> = self.nodes.keys().copied().collect();
         for id in ids {

@@ -8,6 +8,12 @@
 //!   A write in that state returns its error (`outcome_unknown`) instead of risking a duplicate.
 //!
 //! Errors come back typed: [`ClientError::Api`] carries the server's code and message.
+//!
+//! [`LeaseKeeper`] (in [`keeper`]) keeps a lease alive and tracks its validity on the client's
+//! own monotonic clock.
+
+pub mod keeper;
+pub use keeper::{LeaseKeeper, LeaseStatus};
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -21,8 +27,10 @@ use thiserror::Error;
 
 use crate::domain::types::NodeId;
 use crate::raft::consensus::ClusterView;
+use crate::runtime::lease::RefreshAck;
 use crate::wire::{
-    AddNodeRequest, DeleteResponse, ErrorBody, GetResponse, ListResponse, PutRequest, PutResponse,
+    AddNodeRequest, DeleteResponse, ErrorBody, GetResponse, LeaseGranted, LeaseInfo, LeaseList,
+    LeaseRevoked, ListResponse, PutRequest, PutResponse, RegisterLeaseRequest,
 };
 
 /// Characters escaped in a key path segment. `/` stays literal: keys may contain it.
@@ -99,6 +107,15 @@ impl ClientError {
     }
 }
 
+/// How one call may be retried.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CallOptions {
+    /// Safe to send again after a failure that may have reached the server.
+    pub idempotent: bool,
+    /// A deadline for each attempt, shorter than the client's default.
+    pub timeout: Option<Duration>,
+}
+
 /// A client of a leasecore cluster.
 pub struct Client {
     endpoints: Vec<String>,
@@ -148,14 +165,30 @@ impl Client {
         &self.endpoints
     }
 
-    /// Send one call with failover; decode the success document as `T`.
+    /// Send one call with failover; decode the success document as `T`. GETs are retried
+    /// after any failure, other methods only when they certainly did not arrive.
     pub async fn call<T: DeserializeOwned>(
         &self,
         method: Method,
         path: &str,
         body: Option<&(impl Serialize + ?Sized)>,
     ) -> Result<T, ClientError> {
-        let value = self.call_raw(method, path, body).await?;
+        let opts = CallOptions {
+            idempotent: method == Method::GET,
+            timeout: None,
+        };
+        self.call_with(method, path, body, opts).await
+    }
+
+    /// [`Client::call`] with explicit retry and timeout choices.
+    pub async fn call_with<T: DeserializeOwned>(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<&(impl Serialize + ?Sized)>,
+        opts: CallOptions,
+    ) -> Result<T, ClientError> {
+        let value = self.call_raw(method, path, body, opts).await?;
         serde_json::from_value(value)
             .map_err(|e| ClientError::Unavailable(format!("undecodable answer: {e}")))
     }
@@ -166,12 +199,13 @@ impl Client {
         method: Method,
         path: &str,
         body: Option<&(impl Serialize + ?Sized)>,
+        opts: CallOptions,
     ) -> Result<Value, ClientError> {
         let body = match body {
             Some(b) => Some(serde_json::to_vec(b).map_err(|e| ClientError::Usage(e.to_string()))?),
             None => None,
         };
-        let idempotent = method == Method::GET;
+        let idempotent = opts.idempotent;
         let n = self.endpoints.len();
         let first = self.preferred.load(Ordering::Relaxed);
         let mut last_error = String::new();
@@ -179,6 +213,9 @@ impl Client {
             let index = (first + attempt) % n;
             let url = format!("{}{}", self.endpoints[index], path);
             let mut req = self.http.request(method.clone(), &url);
+            if let Some(t) = opts.timeout {
+                req = req.timeout(t);
+            }
             if let Some(b) = &body {
                 req = req
                     .header(reqwest::header::CONTENT_TYPE, "application/json")
@@ -311,6 +348,61 @@ impl Client {
             None::<&()>,
         )
         .await
+    }
+}
+
+impl Client {
+    /// Register a lease. `revision` in the answer is its fencing token.
+    pub async fn grant(&self, name: &str, ttl_ms: u64) -> Result<LeaseGranted, ClientError> {
+        let body = RegisterLeaseRequest {
+            name: name.to_string(),
+            ttl_ms,
+        };
+        self.call(Method::POST, "/v1/leases", Some(&body)).await
+    }
+
+    /// Refresh a lease (idempotent: retried across endpoints), each attempt bounded by
+    /// `timeout` if given.
+    pub async fn refresh(
+        &self,
+        name: &str,
+        timeout: Option<Duration>,
+    ) -> Result<RefreshAck, ClientError> {
+        let path = format!("/v1/leases/{}/refresh", encode_query(name));
+        let opts = CallOptions {
+            idempotent: true,
+            timeout,
+        };
+        self.call_with(Method::POST, &path, None::<&()>, opts).await
+    }
+
+    /// One lease: `Ok(None)` when it does not exist.
+    pub async fn lease(&self, name: &str) -> Result<Option<LeaseInfo>, ClientError> {
+        let path = format!("/v1/leases/{}", encode_query(name));
+        match self.call(Method::GET, &path, None::<&()>).await {
+            Ok(v) => Ok(Some(v)),
+            Err(e) if e.code() == Some("lease_not_found") => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Leases whose name starts with `prefix`.
+    pub async fn leases(
+        &self,
+        prefix: &str,
+        limit: Option<usize>,
+    ) -> Result<LeaseList, ClientError> {
+        let mut path = format!("/v1/leases?prefix={}", encode_query(prefix));
+        if let Some(l) = limit {
+            path.push_str(&format!("&limit={l}"));
+        }
+        self.call(Method::GET, &path, None::<&()>).await
+    }
+
+    /// Revoke a lease, deleting its keys.
+    pub async fn revoke(&self, name: &str) -> Result<LeaseRevoked, ClientError> {
+        let path = format!("/v1/leases/{}", encode_query(name));
+        self.call(Method::DELETE, &path, None::<&()>).await
     }
 }
 

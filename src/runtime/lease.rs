@@ -1,0 +1,405 @@
+//! The lease shell: the leader's tracker driven by real time and wired to Raft.
+//!
+//! - [`LeaseHub`] owns the [`LeaseTracker`] (one `std` mutex, held for a few lines, never
+//!   across an await). It observes the apply path, so the tracker learns of registrations and
+//!   removals before their proposers are answered.
+//! - [`LeaseService`] is what the HTTP layer calls (refresh, remaining time) and what runs the
+//!   driver loop: it promotes and demotes the tracker as leadership changes, sleeps until the
+//!   next deadline (no fixed polling), and proposes expiries and checkpoints in batches.
+//!
+//! Every rule (deadlines, the promote condition, refusal of expiring leases, the checkpoint
+//! clearing argument) lives in [`crate::domain::lease`]; read it there. This file only
+//! sequences: the places where order matters are commented.
+//!
+//! # Ordering
+//! Expiry and checkpoint proposals, and the checkpoint clears of refreshes, are *enqueued while
+//! the tracker lock is held* into the consensus layer's ordered queue. The log therefore
+//! receives them in the order the tracker decided them, which is what makes a refresh's clear
+//! land after every checkpoint decided before it.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use tokio::sync::{Notify, watch};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::clock::Clock;
+use crate::domain::command::{Cause, Command, LeaseChange, LeaseCheckpoint, LeaseRef, Response};
+use crate::domain::lease::{LeaseTracker, RefreshError, TrackerConfig, should_track};
+use crate::domain::limits::InvalidInput;
+use crate::metrics::Histogram;
+use crate::raft::consensus::{Consensus, ConsensusError, Delivery, Forwardable};
+use crate::raft::network::routes;
+use crate::raft::state_machine::{AppliedBatch, ApplyObserver};
+
+/// The longest lease: 7 days.
+pub const MAX_TTL_MS: u64 = 7 * 24 * 3600 * 1000;
+/// The default shortest lease.
+pub const DEFAULT_MIN_TTL_MS: u64 = 1000;
+/// Leases per `ExpireLeases` or `CheckpointLeases` entry.
+pub const BATCH: usize = 1000;
+/// Long leases are checkpointed this often (those with a longer TTL).
+pub const DEFAULT_CHECKPOINT_INTERVAL_MS: u64 = 60_000;
+
+/// Lease settings of a node.
+#[derive(Clone, Copy, Debug)]
+pub struct LeaseConfig {
+    /// The shortest TTL accepted (never below 1.5 x the election timeout).
+    pub min_ttl_ms: u64,
+    pub max_ttl_ms: u64,
+    pub tracker: TrackerConfig,
+}
+
+impl LeaseConfig {
+    /// Defaults for a cluster whose largest election timeout is `election_max_ms`.
+    pub fn new(min_ttl_ms: u64, election_max_ms: u64) -> Self {
+        LeaseConfig {
+            // A lease shorter than an election would expire during every failover.
+            min_ttl_ms: min_ttl_ms.max(election_max_ms.saturating_mul(3) / 2),
+            max_ttl_ms: MAX_TTL_MS,
+            tracker: TrackerConfig {
+                promote_extension_ms: election_max_ms,
+                retry_ms: election_max_ms.saturating_mul(2),
+                checkpoint_interval_ms: DEFAULT_CHECKPOINT_INTERVAL_MS,
+            },
+        }
+    }
+
+    pub fn check_ttl(&self, ttl_ms: u64) -> Result<(), InvalidInput> {
+        if ttl_ms < self.min_ttl_ms || ttl_ms > self.max_ttl_ms {
+            return Err(InvalidInput::Invalid(format!(
+                "ttl_ms must be between {} and {} (got {ttl_ms})",
+                self.min_ttl_ms, self.max_ttl_ms
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// A refresh acknowledgement.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RefreshAck {
+    pub name: String,
+    pub ttl_ms: u64,
+    pub remaining_ms: u64,
+}
+
+/// Why a lease call failed (also the peer-wire error of forwarded lease calls).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum LeaseError {
+    #[error("lease {name:?} does not exist (or has expired)")]
+    NotFound { name: String },
+    #[error(transparent)]
+    Consensus(#[from] ConsensusError),
+}
+
+impl Forwardable for LeaseError {
+    fn is_not_leader(&self) -> bool {
+        matches!(self, LeaseError::Consensus(ConsensusError::NotLeader))
+    }
+}
+
+/// Lease counters (every node counts what it applies).
+#[derive(Default)]
+pub struct LeaseMetrics {
+    pub granted: AtomicU64,
+    pub refreshed: AtomicU64,
+    pub expired: AtomicU64,
+    pub revoked: AtomicU64,
+    /// Expiry lateness on the leader: applied expiry minus deadline, in seconds.
+    pub lateness: Mutex<Histogram>,
+}
+
+/// The tracker and what feeds it; the apply-path observer.
+pub struct LeaseHub {
+    clock: Arc<dyn Clock>,
+    cfg: LeaseConfig,
+    tracker: Mutex<LeaseTracker>,
+    /// Woken when something may have moved the next wake-up earlier.
+    wake: Notify,
+    pub metrics: LeaseMetrics,
+}
+
+impl LeaseHub {
+    pub fn new(clock: Arc<dyn Clock>, cfg: LeaseConfig) -> Self {
+        LeaseHub {
+            clock,
+            cfg,
+            tracker: Mutex::new(LeaseTracker::new(cfg.tracker)),
+            wake: Notify::new(),
+            metrics: LeaseMetrics::default(),
+        }
+    }
+
+    pub fn config(&self) -> LeaseConfig {
+        self.cfg
+    }
+
+    fn tracker(&self) -> std::sync::MutexGuard<'_, LeaseTracker> {
+        self.tracker.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The number of leases this node tracks (0 on followers).
+    pub fn tracked(&self) -> usize {
+        self.tracker().len()
+    }
+}
+
+impl ApplyObserver for LeaseHub {
+    fn on_applied(&self, batch: &AppliedBatch) {
+        if batch.lease_changes.is_empty() {
+            return;
+        }
+        let now = self.clock.mono();
+        let m = &self.metrics;
+        {
+            let mut t = self.tracker();
+            for change in &batch.lease_changes {
+                match change {
+                    LeaseChange::Registered {
+                        name,
+                        revision,
+                        ttl_ms,
+                    } => {
+                        t.on_registered(name, *revision, *ttl_ms, now);
+                        m.granted.fetch_add(1, Ordering::Relaxed);
+                    }
+                    LeaseChange::Removed { name, cause } => {
+                        t.on_removed(name);
+                        let counter = match cause {
+                            Cause::LeaseExpired => &m.expired,
+                            _ => &m.revoked,
+                        };
+                        counter.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            }
+        }
+        // A registration may bring the next deadline earlier than the driver's sleep.
+        self.wake.notify_one();
+    }
+}
+
+/// Lease calls and the driver loop.
+pub struct LeaseService {
+    hub: Arc<LeaseHub>,
+    consensus: Consensus,
+    tasks: TaskTracker,
+    /// The term this node tracks leases in; 0 when it does not.
+    tracking: watch::Sender<u64>,
+}
+
+impl LeaseService {
+    pub fn new(hub: Arc<LeaseHub>, consensus: Consensus, tasks: TaskTracker) -> Self {
+        LeaseService {
+            hub,
+            consensus,
+            tasks,
+            tracking: watch::channel(0).0,
+        }
+    }
+
+    pub fn hub(&self) -> &LeaseHub {
+        &self.hub
+    }
+
+    /// Refresh a lease from any node (forwarded to the leader).
+    pub async fn refresh(&self, name: &str) -> Result<RefreshAck, LeaseError> {
+        self.consensus
+            .on_leader(routes::LEASE_REFRESH, name, Delivery::Retryable, || {
+                self.refresh_here(name)
+            })
+            .await
+    }
+
+    /// Remaining time of leases from any node (forwarded to the leader): `None` for a lease
+    /// the leader does not track.
+    pub async fn remaining(&self, names: &[String]) -> Result<Vec<Option<u64>>, LeaseError> {
+        self.consensus
+            .on_leader(routes::LEASE_REMAINING, names, Delivery::Retryable, || {
+                self.remaining_here(names)
+            })
+            .await
+    }
+
+    /// Wait (briefly) until this node tracks leases in its current term.
+    async fn until_tracking(&self) -> Result<(), LeaseError> {
+        let term = self
+            .consensus
+            .leader_term()
+            .ok_or(ConsensusError::NotLeader)?;
+        let mut rx = self.tracking.subscribe();
+        let wait = Duration::from_millis(self.hub.cfg.tracker.promote_extension_ms.max(100) * 2);
+        match tokio::time::timeout(wait, rx.wait_for(|t| *t == term)).await {
+            Ok(Ok(_)) => Ok(()),
+            _ => Err(ConsensusError::NotLeader.into()),
+        }
+    }
+
+    /// Refresh on this node as leader.
+    pub async fn refresh_here(&self, name: &str) -> Result<RefreshAck, LeaseError> {
+        self.until_tracking().await?;
+        let now = self.hub.clock.mono();
+        let (refreshed, clear) = {
+            let mut t = self.hub.tracker();
+            let refreshed = t.refresh(name, now).map_err(|e| match e {
+                RefreshError::NotPrimary => LeaseError::from(ConsensusError::NotLeader),
+                RefreshError::NotFound => LeaseError::NotFound {
+                    name: name.to_string(),
+                },
+            })?;
+            // Enqueued under the lock: ordered after every checkpoint decided before it.
+            let clear = refreshed.clear.clone().map(|ticket| {
+                let cmd = Command::CheckpointLeases {
+                    checkpoints: vec![LeaseCheckpoint {
+                        name: ticket.name.clone(),
+                        revision: ticket.revision,
+                        remaining_ms: None,
+                    }],
+                };
+                (ticket, self.consensus.submit_ordered(cmd))
+            });
+            (refreshed, clear)
+        };
+        if let Some((ticket, committed)) = clear {
+            committed.await?;
+            self.hub.tracker().on_cleared(&ticket);
+        }
+        // Acknowledge only once a quorum confirmed this node still leads, in a round that
+        // started after the refresh arrived (shared with concurrent refreshes and reads).
+        self.consensus.confirm_leadership().await?;
+        self.hub.metrics.refreshed.fetch_add(1, Ordering::Relaxed);
+        let remaining = self
+            .hub
+            .tracker()
+            .remaining(name, self.hub.clock.mono())
+            .unwrap_or(0);
+        Ok(RefreshAck {
+            name: name.to_string(),
+            ttl_ms: refreshed.ttl_ms,
+            remaining_ms: remaining,
+        })
+    }
+
+    /// Remaining times on this node as leader.
+    pub async fn remaining_here(&self, names: &[String]) -> Result<Vec<Option<u64>>, LeaseError> {
+        self.until_tracking().await?;
+        let now = self.hub.clock.mono();
+        let t = self.hub.tracker();
+        Ok(names.iter().map(|n| t.remaining(n, now)).collect())
+    }
+
+    /// Promote or demote the tracker to match this node's leadership.
+    fn reconcile(&self) {
+        let leader_term = self.consensus.leader_term();
+        let applied_term = self.consensus.view().applied().term;
+        let term = leader_term.unwrap_or(0);
+        let want = should_track(leader_term.is_some(), term, applied_term);
+        let current = *self.tracking.borrow();
+        if want && current != term {
+            let now = self.hub.clock.mono();
+            let mut t = self.hub.tracker();
+            // Read the leases and promote under the tracker lock: the apply path reports each
+            // change only after it is visible in the state, and waits for this lock to do so,
+            // so no registration or removal falls between the read and the promote.
+            let facts = self.consensus.view().with_state(|kv| kv.lease_facts());
+            let n = facts.len();
+            t.promote(now, facts);
+            drop(t);
+            self.tracking.send_replace(term);
+            tracing::info!(term, leases = n, "tracking leases as leader");
+        } else if !want && current != 0 {
+            self.hub.tracker().demote();
+            self.tracking.send_replace(0);
+            tracing::info!("no longer leader: stopped tracking leases");
+        }
+    }
+
+    /// Propose what is due; returns the time until the next wake-up.
+    fn fire_due(self: &Arc<Self>) -> Option<Duration> {
+        let now = self.hub.clock.mono();
+        let mut t = self.hub.tracker();
+        loop {
+            let expired = t.expired(now, BATCH);
+            if expired.is_empty() {
+                break;
+            }
+            let cmd = Command::ExpireLeases {
+                leases: expired
+                    .iter()
+                    .map(|e| LeaseRef {
+                        name: e.name.clone(),
+                        revision: e.revision,
+                    })
+                    .collect(),
+            };
+            let applied = self.consensus.submit_ordered(cmd);
+            let this = self.clone();
+            self.tasks.spawn(async move {
+                match applied.await {
+                    Ok(Response::LeasesExpired { expired: gone, .. }) => {
+                        let done = this.hub.clock.mono();
+                        let mut h = this.hub.metrics.lateness.lock().unwrap_or_else(|p| p.into_inner());
+                        for e in expired.iter().filter(|e| gone.contains(&e.name)) {
+                            h.observe(e.deadline.until(done) as f64 / 1000.0);
+                        }
+                    }
+                    Ok(other) => tracing::warn!(?other, "unexpected expiry result"),
+                    // The tracker re-arms each lease; a leader retries, a deposed one demotes.
+                    Err(e) => tracing::warn!(error = %e, n = expired.len(), "expiry not applied; will retry"),
+                }
+            });
+        }
+        loop {
+            let due = t.checkpoints_due(now, BATCH);
+            if due.is_empty() {
+                break;
+            }
+            let cmd = Command::CheckpointLeases {
+                checkpoints: due
+                    .into_iter()
+                    .map(|c| LeaseCheckpoint {
+                        name: c.name,
+                        revision: c.revision,
+                        remaining_ms: Some(c.remaining_ms),
+                    })
+                    .collect(),
+            };
+            let applied = self.consensus.submit_ordered(cmd);
+            self.tasks.spawn(async move {
+                if let Err(e) = applied.await {
+                    tracing::warn!(error = %e, "lease checkpoint not applied");
+                }
+            });
+        }
+        t.next_wakeup()
+            .map(|at| Duration::from_millis(now.until(at)))
+    }
+
+    /// The driver loop: runs on every node, tracks only on the caught-up leader.
+    pub async fn run(self: Arc<Self>, cancel: CancellationToken) {
+        // Only leadership changes, not every append.
+        let mut metrics = self.consensus.raft().server_metrics();
+        let mut applied = self.consensus.view().subscribe();
+        loop {
+            self.reconcile();
+            let tracking = *self.tracking.borrow() != 0;
+            let sleep = if tracking { self.fire_due() } else { None };
+            let sleep = sleep.unwrap_or(Duration::from_secs(3600));
+            tokio::select! {
+                _ = cancel.cancelled() => break,
+                changed = metrics.changed() => if changed.is_err() { break },
+                // Until promoted, every applied batch may complete the promote condition.
+                changed = applied.changed(), if !tracking => if changed.is_err() { break },
+                _ = self.hub.wake.notified() => {}
+                _ = tokio::time::sleep(sleep) => {}
+            }
+        }
+        self.hub.tracker().demote();
+        self.tracking.send_replace(0);
+    }
+}

@@ -1,0 +1,229 @@
+//! End-to-end leases on a 3-node cluster over loopback HTTP.
+#![allow(clippy::disallowed_methods)] // tests measure real time against real deadlines
+
+mod common;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::{TestCluster, eventually};
+use leasecore::client::{Client, LeaseKeeper};
+
+/// The shortest TTL with the default timings (1.5 x the 1000 ms election timeout).
+const TTL_MS: u64 = 1500;
+/// The election timeout (the promote extension).
+const ELECTION_MS: u64 = 1000;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_refreshed_lease_lives_and_an_abandoned_one_expires_on_time() {
+    let c = TestCluster::start(3).await;
+    c.leader().await;
+    let client = Arc::new(c.client());
+
+    // One lease kept alive by a keeper (refresh every ttl/3), one abandoned after one refresh.
+    let keeper = LeaseKeeper::start(client.clone(), "alive", TTL_MS, false)
+        .await
+        .unwrap();
+    client
+        .put("alive/k", "v", Some("alive"), None)
+        .await
+        .unwrap();
+    client.grant("dead", TTL_MS).await.unwrap();
+    client.put("dead/k", "v", Some("dead"), None).await.unwrap();
+    let last_send = Instant::now();
+    client.refresh("dead", None).await.unwrap();
+
+    // Watch the abandoned key from a follower's applied state, every 10 ms.
+    let observer = c.client_of(c.leader().await % 3 + 1);
+    let gone_at = eventually(
+        Duration::from_secs(10),
+        "the abandoned key is deleted",
+        || async {
+            let present = observer.get("dead/k", true).await.unwrap().is_some();
+            (!present).then(Instant::now)
+        },
+    )
+    .await;
+    let after = gone_at.duration_since(last_send);
+    assert!(
+        after >= Duration::from_millis(TTL_MS),
+        "deleted {after:?} after the last acknowledged refresh was sent: before its ttl"
+    );
+    assert!(
+        after <= Duration::from_millis(TTL_MS + ELECTION_MS + 500),
+        "deleted only {after:?} after the last refresh"
+    );
+    assert!(client.lease("dead").await.unwrap().is_none());
+
+    // The kept lease and its key live on for 10 x ttl.
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_millis(10 * TTL_MS) {
+        assert!(
+            keeper.is_valid(),
+            "the keeper lost its lease: {:?}",
+            keeper.status()
+        );
+        assert!(client.get("alive/k", false).await.unwrap().is_some());
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let info = client.lease("alive").await.unwrap().unwrap();
+    assert_eq!(info.keys, ["alive/k"]);
+    assert!(info.remaining_ms.unwrap() <= TTL_MS);
+    keeper.stop(true).await.unwrap();
+    assert!(client.get("alive/k", false).await.unwrap().is_none());
+    c.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_duplicate_registrations_have_exactly_one_winner() {
+    let c = TestCluster::start(3).await;
+    c.leader().await;
+    let mut tasks = Vec::new();
+    for i in 0..9u64 {
+        let client = c.client_of(i % 3 + 1);
+        tasks.push(tokio::spawn(async move {
+            client.grant("contested", 5000).await
+        }));
+    }
+    let mut granted = 0;
+    let mut exists = 0;
+    for t in tasks {
+        match t.await.unwrap() {
+            Ok(_) => granted += 1,
+            Err(e) if e.code() == Some("lease_exists") => exists += 1,
+            Err(e) => panic!("unexpected: {e}"),
+        }
+    }
+    assert_eq!((granted, exists), (1, 8));
+    c.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn attach_detach_revoke_and_inspect() {
+    let c = TestCluster::start(3).await;
+    c.leader().await;
+    let client = c.client();
+    // Attaching to a lease that does not exist is refused, and writes nothing.
+    let err = client.put("k", "v", Some("ghost"), None).await.unwrap_err();
+    assert_eq!(err.code(), Some("lease_not_found"));
+    assert!(client.get("k", false).await.unwrap().is_none());
+
+    let granted = client.grant("l", 60_000).await.unwrap();
+    assert!(granted.revision.0 > 0);
+    for k in ["l/b", "l/a", "l/c"] {
+        client.put(k, "v", Some("l"), None).await.unwrap();
+    }
+    // Re-putting without a lease detaches.
+    client.put("l/c", "free", None, None).await.unwrap();
+    let info = c.client_of(2).lease("l").await.unwrap().unwrap();
+    assert_eq!(info.keys, ["l/a", "l/b"]);
+    assert_eq!(info.revision, granted.revision);
+    assert!(info.remaining_ms.is_some_and(|r| r > 50_000));
+    let listed = c.client_of(3).leases("", None).await.unwrap();
+    assert_eq!(listed.leases.len(), 1);
+
+    // A TTL out of bounds is refused.
+    for ttl in [0, 10, 8 * 24 * 3600 * 1000] {
+        let e = client.grant("bad", ttl).await.unwrap_err();
+        assert_eq!(e.code(), Some("invalid_argument"), "ttl {ttl}");
+    }
+
+    let revoked = client.revoke("l").await.unwrap();
+    assert_eq!(revoked.deleted_keys, ["l/a", "l/b"]);
+    assert!(client.get("l/a", false).await.unwrap().is_none());
+    assert!(client.get("l/c", false).await.unwrap().is_some());
+    assert_eq!(
+        client.refresh("l", None).await.unwrap_err().code(),
+        Some("lease_not_found")
+    );
+    assert_eq!(
+        client.revoke("l").await.unwrap_err().code(),
+        Some("lease_not_found")
+    );
+    // Names with a slash travel percent-encoded.
+    client.grant("members/7", 60_000).await.unwrap();
+    client.refresh("members/7", None).await.unwrap();
+    assert!(client.lease("members/7").await.unwrap().is_some());
+    c.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_refreshed_lease_survives_a_leader_kill_and_an_abandoned_one_expires() {
+    // Long enough to ride out a failover (about 2 s) between two refreshes.
+    const TTL: u64 = 5000;
+    let mut c = TestCluster::start(3).await;
+    let leader = c.leader().await;
+    let client = Arc::new(c.client());
+    let keeper = LeaseKeeper::start(client.clone(), "kept", TTL, false)
+        .await
+        .unwrap();
+    client.put("kept/k", "v", Some("kept"), None).await.unwrap();
+    client.grant("orphan", TTL).await.unwrap();
+    client
+        .put("orphan/k", "v", Some("orphan"), None)
+        .await
+        .unwrap();
+
+    c.stop(leader).await;
+    let new_leader = c.leader().await;
+    assert_ne!(new_leader, leader);
+    // The survivors' client: the killed node is gone.
+    let survivors = c.client();
+
+    eventually(
+        Duration::from_secs(20),
+        "the orphan expires on the new leader",
+        || async {
+            survivors
+                .get("orphan/k", false)
+                .await
+                .ok()?
+                .is_none()
+                .then_some(())
+        },
+    )
+    .await;
+    // The kept lease has outlived the orphan; it keeps living for a few more TTLs.
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_millis(2 * TTL) {
+        assert!(survivors.get("kept/k", false).await.unwrap().is_some());
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    assert!(keeper.is_valid(), "{:?}", keeper.status());
+    keeper.stop(false).await.unwrap();
+    c.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_partitioned_old_leader_cannot_acknowledge_a_refresh() {
+    let c = TestCluster::start(3).await;
+    let leader = c.leader().await;
+    c.client().grant("l", 60_000).await.unwrap();
+    // Before the partition the leader acknowledges.
+    let direct = Client::with_timeout(&[c.url(leader)], Duration::from_secs(2)).unwrap();
+    direct.refresh("l", None).await.unwrap();
+
+    c.partition(leader);
+    // The old leader still believes it leads, but cannot confirm it with a quorum.
+    let refused = direct.refresh("l", None).await;
+    assert!(
+        refused.is_err(),
+        "a partitioned leader acknowledged a refresh"
+    );
+
+    // The majority elects a new leader, which serves the lease.
+    let others: Vec<String> = [1u64, 2, 3]
+        .into_iter()
+        .filter(|id| *id != leader)
+        .map(|id| c.url(id))
+        .collect();
+    let majority = Client::new(&others).unwrap();
+    eventually(
+        Duration::from_secs(20),
+        "the majority refreshes the lease",
+        || async { majority.refresh("l", None).await.ok() },
+    )
+    .await;
+    c.heal();
+    c.shutdown().await;
+}
