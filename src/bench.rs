@@ -31,6 +31,10 @@ pub enum Workload {
     Get,
     /// `GET /v1/kv/{key}?consistency=local`.
     GetLocal,
+    /// `POST /v1/leases` with fresh names.
+    LeaseGrant,
+    /// `POST /v1/leases/{name}/refresh` over `keys` pre-registered leases.
+    LeaseRefresh,
 }
 
 impl FromStr for Workload {
@@ -40,7 +44,11 @@ impl FromStr for Workload {
             "put" => Ok(Workload::Put),
             "get" => Ok(Workload::Get),
             "get-local" => Ok(Workload::GetLocal),
-            other => Err(format!("unknown workload {other:?}: put, get or get-local")),
+            "lease-grant" => Ok(Workload::LeaseGrant),
+            "lease-refresh" => Ok(Workload::LeaseRefresh),
+            other => Err(format!(
+                "unknown workload {other:?}: put, get, get-local, lease-grant or lease-refresh"
+            )),
         }
     }
 }
@@ -103,8 +111,10 @@ fn value_for(i: usize, size: usize) -> String {
 
 /// Run one workload and return its figures.
 pub async fn run(opts: &BenchOptions) -> Result<BenchResult, ClientError> {
-    if opts.workload != Workload::Put {
-        preload(opts).await?;
+    match opts.workload {
+        Workload::Get | Workload::GetLocal => preload(opts).await?,
+        Workload::LeaseRefresh => preload_leases(opts).await?,
+        Workload::Put | Workload::LeaseGrant => {}
     }
     let endpoints: Vec<String> = Client::new(&opts.endpoints)?.endpoints().to_vec();
     let deadline = Instant::now() + opts.duration;
@@ -150,6 +160,49 @@ pub async fn run(opts: &BenchOptions) -> Result<BenchResult, ClientError> {
     })
 }
 
+/// A run-unique prefix, so that repeated runs against one cluster do not collide.
+fn run_tag() -> String {
+    format!(
+        "{:x}",
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_micros()
+    )
+}
+
+fn lease_name(tag: &str, i: usize) -> String {
+    format!("bench-{tag}-{i:08}")
+}
+
+/// Register `keys` leases (long-lived) for the refresh workload.
+async fn preload_leases(opts: &BenchOptions) -> Result<(), ClientError> {
+    let client = Arc::new(Client::new(&opts.endpoints)?);
+    let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for _ in 0..32 {
+        let (client, next) = (client.clone(), next.clone());
+        let keys = opts.keys;
+        tasks.push(tokio::spawn(async move {
+            loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                if i >= keys {
+                    return Ok::<(), ClientError>(());
+                }
+                match client.grant(&lease_name("refresh", i), 3_600_000).await {
+                    Ok(_) => {}
+                    Err(e) if e.code() == Some("lease_exists") => {}
+                    Err(e) => return Err(e),
+                }
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.map_err(|e| ClientError::Usage(e.to_string()))??;
+    }
+    Ok(())
+}
+
 /// Write every key once so that reads find them.
 async fn preload(opts: &BenchOptions) -> Result<(), ClientError> {
     let client = Arc::new(Client::new(&opts.endpoints)?);
@@ -192,6 +245,8 @@ async fn worker(
     let mut errors = 0u64;
     // Workers start at different keys so that they do not write the same key in lockstep.
     let mut i = w.wrapping_mul(7919) % opts.keys;
+    let tag = run_tag();
+    let mut granted = 0usize;
     while Instant::now() < deadline {
         let key = key_name(i);
         let url = format!("{endpoint}/v1/kv/{}", encode_path(&key));
@@ -204,6 +259,32 @@ async fn worker(
                         .json::<PutResponse>()
                         .await
                         .is_ok_and(|p| p.revision.0 > 0),
+                    _ => false,
+                }
+            }
+            Workload::LeaseGrant => {
+                granted += 1;
+                let body = serde_json::json!({
+                    "name": lease_name(&format!("{tag}-{w}"), granted),
+                    "ttl_ms": 60_000,
+                });
+                let url = format!("{endpoint}/v1/leases");
+                match http.post(&url).json(&body).send().await {
+                    Ok(r) if r.status() == reqwest::StatusCode::CREATED => r
+                        .json::<crate::wire::LeaseGranted>()
+                        .await
+                        .is_ok_and(|g| g.revision.0 > 0),
+                    _ => false,
+                }
+            }
+            Workload::LeaseRefresh => {
+                let name = crate::client::encode_query(&lease_name("refresh", i));
+                let url = format!("{endpoint}/v1/leases/{name}/refresh");
+                match http.post(&url).send().await {
+                    Ok(r) if r.status().is_success() => r
+                        .json::<crate::runtime::lease::RefreshAck>()
+                        .await
+                        .is_ok_and(|a| a.ttl_ms == 3_600_000),
                     _ => false,
                 }
             }

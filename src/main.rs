@@ -200,7 +200,7 @@ enum ClusterCmd {
 
 #[derive(Args)]
 struct BenchArgs {
-    /// put, get (linearizable) or get-local.
+    /// put, get (linearizable), get-local, lease-grant or lease-refresh.
     workload: Workload,
     #[arg(
         long,
