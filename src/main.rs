@@ -12,7 +12,11 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 use leasecore::bench::{self, BenchOptions, Workload};
-use leasecore::client::{Client, ClientError, LeaseKeeper, LeaseStatus};
+use leasecore::client::agent::{AgentConfig, AgentEvent, run_agent};
+use leasecore::client::{
+    Client, ClientError, LeaseKeeper, LeaseStatus, WatchFilter, WatchItem, Watcher,
+};
+use leasecore::domain::command::{Cause, EventKind};
 use leasecore::domain::limits::DEFAULT_MAX_VALUE_BYTES;
 use leasecore::domain::types::NodeId;
 use leasecore::node::{Node, NodeConfig, RaftTimings};
@@ -46,6 +50,46 @@ enum Command {
     Lease {
         #[command(subcommand)]
         cmd: LeaseCmd,
+        #[command(flatten)]
+        conn: ConnArgs,
+    },
+    /// Print changes to a key or prefix as they happen, resuming by revision across reconnects.
+    Watch {
+        /// Follow every key under this prefix (default: every key).
+        #[arg(long, conflicts_with = "key")]
+        prefix: Option<String>,
+        /// Follow exactly this key.
+        #[arg(long)]
+        key: Option<String>,
+        /// Start at this revision (inclusive); default: changes from now on.
+        #[arg(long)]
+        from_revision: Option<u64>,
+        #[command(flatten)]
+        conn: ConnArgs,
+    },
+    /// Register and list members (nodes that heartbeat).
+    Member {
+        #[command(subcommand)]
+        cmd: MemberCmd,
+        #[command(flatten)]
+        conn: ConnArgs,
+    },
+    /// Run beside a service: register it as a member, heartbeat, deregister on SIGTERM/SIGINT.
+    Agent {
+        /// The member id (unique in the cluster).
+        #[arg(long)]
+        id: String,
+        /// The address others should use to reach the service.
+        #[arg(long)]
+        address: String,
+        #[arg(long, default_value_t = 5000)]
+        ttl_ms: u64,
+        /// Metadata, repeatable: --meta zone=a --meta role=db
+        #[arg(long, value_parser = parse_meta)]
+        meta: Vec<(String, String)>,
+        /// Print every heartbeat, not only changes.
+        #[arg(long)]
+        verbose: bool,
         #[command(flatten)]
         conn: ConnArgs,
     },
@@ -189,6 +233,34 @@ enum LeaseCmd {
 }
 
 #[derive(Subcommand)]
+enum MemberCmd {
+    /// List the live members.
+    List,
+    /// Register a member once (it expires after its TTL unless something heartbeats it).
+    Register {
+        #[arg(long)]
+        id: String,
+        #[arg(long)]
+        address: String,
+        #[arg(long, default_value_t = 5000)]
+        ttl_ms: u64,
+        #[arg(long, value_parser = parse_meta)]
+        meta: Vec<(String, String)>,
+    },
+    /// Heartbeat a member once.
+    Heartbeat { id: String },
+    /// Deregister a member.
+    Leave { id: String },
+}
+
+fn parse_meta(s: &str) -> Result<(String, String), String> {
+    s.split_once('=')
+        .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
+        .filter(|(k, _)| !k.is_empty())
+        .ok_or_else(|| format!("{s:?} is not KEY=VALUE"))
+}
+
+#[derive(Subcommand)]
 enum ClusterCmd {
     /// Show the leader, terms, indexes and members.
     Status,
@@ -258,6 +330,29 @@ fn main() -> ExitCode {
             Command::Kv { cmd, conn } => report(kv(cmd, &conn).await),
             Command::Lease { cmd, conn } => report(lease(cmd, &conn).await),
             Command::Cluster { cmd, conn } => report(cluster(cmd, &conn).await),
+            Command::Watch {
+                prefix,
+                key,
+                from_revision,
+                conn,
+            } => report(watch(prefix, key, from_revision, &conn).await),
+            Command::Member { cmd, conn } => report(member(cmd, &conn).await),
+            Command::Agent {
+                id,
+                address,
+                ttl_ms,
+                meta,
+                verbose,
+                conn,
+            } => {
+                let cfg = AgentConfig {
+                    id,
+                    address,
+                    ttl_ms,
+                    meta: meta.into_iter().collect(),
+                };
+                report(agent(cfg, verbose, &conn).await)
+            }
             Command::Bench(args) => report(run_bench(args).await),
         }
     })
@@ -537,6 +632,140 @@ async fn keepalive(
         eprintln!("{name}: revoked");
     }
     Ok(())
+}
+
+async fn watch(
+    prefix: Option<String>,
+    key: Option<String>,
+    from_revision: Option<u64>,
+    conn: &ConnArgs,
+) -> Result<(), ClientError> {
+    let client = Arc::new(Client::new(&conn.endpoints)?);
+    let filter = match key {
+        Some(k) => WatchFilter::Key(k),
+        None => WatchFilter::Prefix(prefix.unwrap_or_default()),
+    };
+    let mut watcher = Watcher::new(client, filter, from_revision);
+    let stopped = shutdown_signal();
+    tokio::pin!(stopped);
+    loop {
+        let item = tokio::select! {
+            _ = &mut stopped => return Ok(()),
+            item = watcher.next() => item?,
+        };
+        match item {
+            WatchItem::Event(e) if conn.json => println!(
+                "{}",
+                serde_json::to_string(&e).expect("plain data serializes")
+            ),
+            WatchItem::Event(e) => {
+                let cause = match e.cause {
+                    Cause::Client => String::new(),
+                    other => format!(
+                        ", {}",
+                        serde_json::to_string(&other)
+                            .unwrap_or_default()
+                            .trim_matches('"')
+                    ),
+                };
+                match e.kind {
+                    EventKind::Put => println!(
+                        "PUT {} = {} (revision {}{cause})",
+                        e.key,
+                        e.value.unwrap_or_default(),
+                        e.revision
+                    ),
+                    EventKind::Delete => {
+                        println!("DELETE {} (revision {}{cause})", e.key, e.revision)
+                    }
+                }
+            }
+            WatchItem::Resync { revision, items } => {
+                if conn.json {
+                    println!(
+                        "{}",
+                        serde_json::json!({"type": "resync", "revision": revision, "items": items})
+                    );
+                } else {
+                    println!(
+                        "RESYNC at revision {revision}: history compacted, {} key(s) now:",
+                        items.len()
+                    );
+                    for kv in items {
+                        println!("  {} = {}", kv.key, kv.value);
+                    }
+                }
+            }
+        }
+    }
+}
+
+async fn member(cmd: MemberCmd, conn: &ConnArgs) -> Result<(), ClientError> {
+    let client = Client::new(&conn.endpoints)?;
+    match cmd {
+        MemberCmd::List => {
+            let r = client.members().await?;
+            if conn.json {
+                print_json(&r);
+            } else {
+                for m in &r.members {
+                    let meta: Vec<String> =
+                        m.meta.iter().map(|(k, v)| format!("{k}={v}")).collect();
+                    println!("{}  {}  {}", m.id, m.address, meta.join(" "));
+                }
+                eprintln!("{} member(s) at revision {}", r.members.len(), r.revision);
+            }
+        }
+        MemberCmd::Register {
+            id,
+            address,
+            ttl_ms,
+            meta,
+        } => {
+            let r = client
+                .register_member(&id, &address, ttl_ms, meta.into_iter().collect())
+                .await?;
+            if conn.json {
+                print_json(&r);
+            } else {
+                println!("registered {} (revision {})", r.id, r.revision);
+            }
+        }
+        MemberCmd::Heartbeat { id } => {
+            let r = client.heartbeat(&id, None).await?;
+            if conn.json {
+                print_json(&r);
+            } else {
+                println!("{}: {} ms left", r.id, r.remaining_ms);
+            }
+        }
+        MemberCmd::Leave { id } => {
+            let r = client.leave(&id).await?;
+            if conn.json {
+                print_json(&r);
+            } else {
+                println!("{} left (revision {})", r.id, r.revision);
+            }
+        }
+    }
+    Ok(())
+}
+
+async fn agent(cfg: AgentConfig, verbose: bool, conn: &ConnArgs) -> Result<(), ClientError> {
+    let client = Arc::new(Client::new(&conn.endpoints)?);
+    let id = cfg.id.clone();
+    run_agent(client, cfg, shutdown_signal(), |event| match event {
+        AgentEvent::Heartbeat { .. } if !verbose => {}
+        AgentEvent::Registered { revision } => println!("{id}: registered (revision {revision})"),
+        AgentEvent::Adopted => println!("{id}: adopted its existing registration"),
+        AgentEvent::Heartbeat { remaining_ms } => {
+            println!("{id}: heartbeat ({remaining_ms} ms left)")
+        }
+        AgentEvent::HeartbeatFailed { error } => eprintln!("{id}: heartbeat failed: {error}"),
+        AgentEvent::Reregistering => eprintln!("{id}: registration lost; registering again"),
+        AgentEvent::Left => println!("{id}: left"),
+    })
+    .await
 }
 
 async fn cluster(cmd: ClusterCmd, conn: &ConnArgs) -> Result<(), ClientError> {

@@ -22,8 +22,10 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::clock::{Clock, SystemClock};
+use crate::domain::history::HistoryLimits;
 use crate::domain::limits::Limits;
 use crate::domain::types::NodeId;
+use crate::domain::types::Revision;
 use crate::http::{self, AppState};
 use crate::metrics::Metrics;
 use crate::raft::Raft;
@@ -33,6 +35,7 @@ use crate::raft::network::{Faults, NetworkFactory, PeerClient};
 use crate::raft::state_machine::{Observers, StateMachine};
 use crate::runtime::election::ElectionWatchdog;
 use crate::runtime::lease::{DEFAULT_MIN_TTL_MS, LeaseConfig, LeaseHub, LeaseService};
+use crate::runtime::watch::WatchHub;
 use crate::storage;
 
 /// Raft timing, in milliseconds.
@@ -79,6 +82,8 @@ pub struct NodeConfig {
     pub cache_bytes: u64,
     /// The shortest lease TTL (raised to 1.5 x the election timeout if below it).
     pub min_lease_ttl_ms: u64,
+    /// Bounds of the watch history.
+    pub history: HistoryLimits,
 }
 
 impl NodeConfig {
@@ -96,6 +101,7 @@ impl NodeConfig {
             limits: Limits::default(),
             cache_bytes: 64 << 20,
             min_lease_ttl_ms: DEFAULT_MIN_TTL_MS,
+            history: HistoryLimits::default(),
         }
     }
 
@@ -207,7 +213,10 @@ impl Node {
             clock.clone(),
             LeaseConfig::new(cfg.min_lease_ttl_ms, cfg.timings.election_max_ms),
         ));
-        let observers = Observers(vec![lease_hub.clone()]);
+        let cancel = CancellationToken::new();
+        let start_revision = storage_revision(&db)?;
+        let watch_hub = Arc::new(WatchHub::new(cfg.history, start_revision, cancel.clone()));
+        let observers = Observers(vec![lease_hub.clone(), watch_hub.clone()]);
         let (state_machine, view) = StateMachine::open(&db, Arc::new(observers))?;
 
         let peers = PeerClient::new();
@@ -224,7 +233,6 @@ impl Node {
         let (consensus, ordered_queue) =
             Consensus::new(cfg.id, raft, peers, view, committed, cfg.timeouts());
 
-        let cancel = CancellationToken::new();
         let tasks = TaskTracker::new();
         tasks.spawn(ordered_queue.run(cancel.clone()));
         let leases = Arc::new(LeaseService::new(
@@ -238,6 +246,7 @@ impl Node {
             limits: cfg.limits,
             metrics: Arc::new(Metrics::default()),
             leases,
+            watch: watch_hub,
         };
         let app = http::router(state);
         tasks.spawn({
@@ -325,6 +334,11 @@ impl Node {
         }
         tracing::info!(id = self.id, "node stopped");
     }
+}
+
+/// The store revision persisted in `db` (where the watch history starts).
+fn storage_revision(db: &sled::Db) -> Result<Revision, storage::StorageError> {
+    crate::raft::state_machine::persisted_revision(db)
 }
 
 /// The voters to initialize with, or `None` when this node must wait to be added.

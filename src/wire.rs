@@ -140,3 +140,54 @@ pub struct LeaseRevoked {
     pub revision: Revision,
     pub deleted_keys: Vec<String>,
 }
+
+/// Answer to `GET /v1/watch` (long-poll form).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct WatchResponse {
+    /// Every matching event up to this revision is included: resume from `revision + 1`.
+    pub revision: Revision,
+    pub events: Vec<crate::domain::command::Event>,
+}
+
+/// Body of `POST /v1/members`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RegisterMemberRequest {
+    pub id: String,
+    pub address: String,
+    pub ttl_ms: u64,
+    #[serde(default)]
+    pub meta: std::collections::BTreeMap<String, String>,
+}
+
+/// Answer to a member registration.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct MemberRegistered {
+    pub id: String,
+    pub lease: String,
+    pub key: String,
+    /// The revision of the member key (the lease's is one less).
+    pub revision: Revision,
+}
+
+/// Answer to a heartbeat.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Heartbeat {
+    pub id: String,
+    pub ttl_ms: u64,
+    pub remaining_ms: u64,
+}
+
+/// Answer to `DELETE /v1/members/{id}`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct MemberLeft {
+    pub id: String,
+    pub revision: Revision,
+}
+
+/// Answer to `GET /v1/members`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct MemberList {
+    pub revision: Revision,
+    pub members: Vec<crate::domain::members::MemberRecord>,
+}

@@ -12,8 +12,11 @@
 //! [`LeaseKeeper`] (in [`keeper`]) keeps a lease alive and tracks its validity on the client's
 //! own monotonic clock.
 
+pub mod agent;
 pub mod keeper;
+pub mod watcher;
 pub use keeper::{LeaseKeeper, LeaseStatus};
+pub use watcher::{WatchFilter, WatchItem, Watcher};
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -27,10 +30,13 @@ use thiserror::Error;
 
 use crate::domain::types::NodeId;
 use crate::raft::consensus::ClusterView;
+use std::collections::BTreeMap;
+
 use crate::runtime::lease::RefreshAck;
 use crate::wire::{
-    AddNodeRequest, DeleteResponse, ErrorBody, GetResponse, LeaseGranted, LeaseInfo, LeaseList,
-    LeaseRevoked, ListResponse, PutRequest, PutResponse, RegisterLeaseRequest,
+    AddNodeRequest, DeleteResponse, ErrorBody, GetResponse, Heartbeat, LeaseGranted, LeaseInfo,
+    LeaseList, LeaseRevoked, ListResponse, MemberLeft, MemberList, MemberRegistered, PutRequest,
+    PutResponse, RegisterLeaseRequest, RegisterMemberRequest, WatchResponse,
 };
 
 /// Characters escaped in a key path segment. `/` stays literal: keys may contain it.
@@ -403,6 +409,73 @@ impl Client {
     pub async fn revoke(&self, name: &str) -> Result<LeaseRevoked, ClientError> {
         let path = format!("/v1/leases/{}", encode_query(name));
         self.call(Method::DELETE, &path, None::<&()>).await
+    }
+}
+
+impl Client {
+    /// Register a member (lease `members/{id}` and key `members/{id}`, in one entry).
+    pub async fn register_member(
+        &self,
+        id: &str,
+        address: &str,
+        ttl_ms: u64,
+        meta: BTreeMap<String, String>,
+    ) -> Result<MemberRegistered, ClientError> {
+        let body = RegisterMemberRequest {
+            id: id.to_string(),
+            address: address.to_string(),
+            ttl_ms,
+            meta,
+        };
+        self.call(Method::POST, "/v1/members", Some(&body)).await
+    }
+
+    /// Heartbeat a member (idempotent), each attempt bounded by `timeout` if given.
+    pub async fn heartbeat(
+        &self,
+        id: &str,
+        timeout: Option<Duration>,
+    ) -> Result<Heartbeat, ClientError> {
+        let path = format!("/v1/members/{}/heartbeat", encode_query(id));
+        let opts = CallOptions {
+            idempotent: true,
+            timeout,
+        };
+        self.call_with(Method::POST, &path, None::<&()>, opts).await
+    }
+
+    /// Deregister a member now.
+    pub async fn leave(&self, id: &str) -> Result<MemberLeft, ClientError> {
+        let path = format!("/v1/members/{}", encode_query(id));
+        self.call(Method::DELETE, &path, None::<&()>).await
+    }
+
+    /// The live members.
+    pub async fn members(&self) -> Result<MemberList, ClientError> {
+        self.call(Method::GET, "/v1/members", None::<&()>).await
+    }
+
+    /// One long poll of `GET /v1/watch`.
+    pub async fn watch_once(
+        &self,
+        filter: &WatchFilter,
+        from: Option<u64>,
+        timeout_ms: u64,
+    ) -> Result<WatchResponse, ClientError> {
+        let mut path = match filter {
+            WatchFilter::Key(k) => format!("/v1/watch?key={}", encode_query(k)),
+            WatchFilter::Prefix(p) => format!("/v1/watch?prefix={}", encode_query(p)),
+        };
+        path.push_str(&format!("&timeout_ms={timeout_ms}"));
+        if let Some(f) = from {
+            path.push_str(&format!("&from_revision={f}"));
+        }
+        let opts = CallOptions {
+            idempotent: true,
+            // The server holds the poll for `timeout_ms`; allow for that.
+            timeout: Some(Duration::from_millis(timeout_ms) + Duration::from_secs(5)),
+        };
+        self.call_with(Method::GET, &path, None::<&()>, opts).await
     }
 }
 

@@ -9,6 +9,8 @@
 //!   `#[serde(default)]`), never renamed or repurposed, because old entries stay in logs and
 //!   snapshots.
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
 
 use super::types::Revision;
@@ -44,6 +46,15 @@ pub enum Command {
     /// Record (or clear, with `remaining_ms: None`) the remaining time of long leases, so that
     /// a new leader does not restart their full TTL.
     CheckpointLeases { checkpoints: Vec<LeaseCheckpoint> },
+    /// Register member `id`: lease `members/{id}` and key `members/{id}` (value: the member
+    /// record as JSON) attached to it, in one entry.
+    RegisterMember {
+        id: String,
+        address: String,
+        ttl_ms: u64,
+        #[serde(default)]
+        meta: BTreeMap<String, String>,
+    },
 }
 
 /// One incarnation of a lease: its name and registration revision.
@@ -83,6 +94,11 @@ pub enum Response {
         revision: Revision,
         expired: Vec<String>,
     },
+    /// A member registered: its lease at `lease_revision`, its key at `revision`.
+    MemberRegistered {
+        revision: Revision,
+        lease_revision: Revision,
+    },
     /// The command was applied and changed nothing, for this reason.
     Rejected { error: KvError },
 }
@@ -104,6 +120,9 @@ pub enum KvError {
     /// A registration named a lease that already exists.
     #[error("lease {lease:?} already exists")]
     LeaseExists { lease: String },
+    /// A member registration found a live registration of the same id.
+    #[error("member {id:?} is already registered")]
+    MemberExists { id: String },
 }
 
 /// A change to the set of leases, for the leader's tracker.

@@ -29,6 +29,7 @@ use super::command::{
     Cause, Command, Event, EventKind, KvError, LeaseChange, LeaseCheckpoint, LeaseRef, Response,
 };
 use super::lease::LeaseFacts;
+use super::members::{MemberRecord, member_key};
 use super::types::Revision;
 
 /// One key's current value and its history counters.
@@ -176,6 +177,50 @@ impl KvState {
             Command::RevokeLease { name } => self.revoke_lease(name),
             Command::ExpireLeases { leases } => self.expire_leases(leases),
             Command::CheckpointLeases { checkpoints } => self.checkpoint_leases(checkpoints),
+            Command::RegisterMember {
+                id,
+                address,
+                ttl_ms,
+                meta,
+            } => self.register_member(id, address, *ttl_ms, meta),
+        }
+    }
+
+    fn register_member(
+        &mut self,
+        id: &str,
+        address: &str,
+        ttl_ms: u64,
+        meta: &BTreeMap<String, String>,
+    ) -> Applied {
+        let name = member_key(id);
+        if self.leases.contains_key(&name) {
+            return rejected(KvError::MemberExists { id: id.to_string() });
+        }
+        let mut registered = self.register_lease(&name, ttl_ms);
+        let Response::LeaseRegistered {
+            revision: lease_revision,
+        } = registered.response
+        else {
+            return registered;
+        };
+        let record = MemberRecord {
+            id: id.to_string(),
+            address: address.to_string(),
+            meta: meta.clone(),
+        };
+        let put = self.put(&name, &record.encode(), Some(&name), None);
+        let Response::Put { revision } = put.response else {
+            return put;
+        };
+        registered.events.extend(put.events);
+        Applied {
+            response: Response::MemberRegistered {
+                revision,
+                lease_revision,
+            },
+            events: registered.events,
+            lease_changes: registered.lease_changes,
         }
     }
 
@@ -711,6 +756,41 @@ mod tests {
 
     fn lease_keys(kv: &KvState, name: &str) -> Vec<String> {
         kv.lease(name).unwrap().keys.iter().cloned().collect()
+    }
+
+    #[test]
+    fn a_member_is_a_lease_and_an_attached_key_in_one_entry() {
+        let mut kv = KvState::new();
+        let reg = Command::RegisterMember {
+            id: "n1".into(),
+            address: "h:1".into(),
+            ttl_ms: 3000,
+            meta: BTreeMap::new(),
+        };
+        let out = kv.apply(&reg);
+        assert_eq!(
+            out.response,
+            Response::MemberRegistered {
+                revision: Revision(2),
+                lease_revision: Revision(1)
+            }
+        );
+        assert_eq!(out.events.len(), 1);
+        assert_eq!(lease_keys(&kv, "members/n1"), ["members/n1"]);
+        let v = kv.get("members/n1").unwrap();
+        assert_eq!(MemberRecord::decode(&v.value).unwrap().address, "h:1");
+        // A live registration blocks another of the same id.
+        assert_eq!(
+            kv.apply(&reg).response,
+            Response::Rejected {
+                error: KvError::MemberExists { id: "n1".into() }
+            }
+        );
+        // Expiry takes the key with it.
+        let gone = kv.apply(&expire("members/n1", 1));
+        assert_eq!(gone.events[0].key, "members/n1");
+        assert_eq!(gone.events[0].cause, Cause::LeaseExpired);
+        assert!(kv.get("members/n1").is_none());
     }
 
     #[test]

@@ -13,11 +13,15 @@
 //! - [`types`]: newtypes shared by every layer (revisions, time).
 //! - [`command`]: the Raft log vocabulary: `Command` in, `Response` and `Event` out.
 //! - [`limits`]: input validation shared by the HTTP edge and the CLI.
+//! - [`history`]: `EventHistory`, the bounded recent changes that watches read.
 //! - [`kv`]: `KvState`, the replicated key-value state machine (keys and leases).
 //! - [`lease`]: `LeaseTracker`, the leader-only lease deadlines.
+//! - [`members`]: membership as leased keys (`members/{id}`): layout and record.
 
 pub mod command;
+pub mod history;
 pub mod kv;
 pub mod lease;
 pub mod limits;
+pub mod members;
 pub mod types;

@@ -76,6 +76,9 @@ impl From<KvError> for ApiError {
             KvError::LeaseNotFound { lease } => {
                 ApiError::not_found("lease_not_found", message).with("lease", lease)
             }
+            KvError::MemberExists { id } => {
+                ApiError::new(StatusCode::CONFLICT, "member_exists", message).with("id", id)
+            }
             KvError::LeaseExists { lease } => {
                 ApiError::new(StatusCode::CONFLICT, "lease_exists", message).with("lease", lease)
             }

@@ -13,7 +13,9 @@ pub mod error;
 pub mod extract;
 pub mod kv;
 pub mod leases;
+pub mod members;
 pub mod peer;
+pub mod watch;
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -31,6 +33,7 @@ use crate::metrics::Metrics;
 use crate::raft::consensus::Consensus;
 use crate::raft::network::routes;
 use crate::runtime::lease::LeaseService;
+use crate::runtime::watch::WatchHub;
 use error::ApiError;
 
 /// The largest peer message (a snapshot frame).
@@ -43,6 +46,7 @@ pub struct AppState {
     pub limits: Limits,
     pub metrics: Arc<Metrics>,
     pub leases: Arc<LeaseService>,
+    pub watch: Arc<WatchHub>,
 }
 
 /// Who a route is for.
@@ -100,6 +104,16 @@ pub fn route_table() -> Vec<RouteSpec> {
             "/v1/leases/{name}/refresh",
             Public,
             post(leases::refresh),
+        ),
+        spec("GET", "/v1/watch", Public, get(watch::watch)),
+        spec("POST", "/v1/members", Public, post(members::register)),
+        spec("GET", "/v1/members", Public, get(members::list)),
+        spec("DELETE", "/v1/members/{id}", Public, delete(members::leave)),
+        spec(
+            "POST",
+            "/v1/members/{id}/heartbeat",
+            Public,
+            post(members::heartbeat),
         ),
         spec("GET", "/v1/cluster", Public, get(cluster::status)),
         spec("POST", "/v1/cluster/nodes", Public, post(cluster::add_node)),

@@ -58,6 +58,17 @@ fn approx_entry_bytes(entry: &Entry) -> usize {
         EntryPayload::Normal(Command::ExpireLeases { leases }) => {
             OVERHEAD + leases.iter().map(|l| l.name.len() + 16).sum::<usize>()
         }
+        EntryPayload::Normal(Command::RegisterMember {
+            id, address, meta, ..
+        }) => {
+            OVERHEAD
+                + id.len()
+                + address.len()
+                + meta
+                    .iter()
+                    .map(|(k, v)| k.len() + v.len() + 8)
+                    .sum::<usize>()
+        }
         EntryPayload::Normal(Command::CheckpointLeases { checkpoints }) => {
             OVERHEAD + checkpoints.iter().map(|c| c.name.len() + 24).sum::<usize>()
         }

@@ -60,6 +60,9 @@ pub struct AppliedBatch {
     pub mark: AppliedMark,
     pub events: Vec<Event>,
     pub lease_changes: Vec<LeaseChange>,
+    /// A snapshot replaced the whole state: what happened between the previous mark and this
+    /// one is unknown (no events describe it).
+    pub reset: bool,
 }
 
 /// Receives every applied batch, in order, before the proposers are answered (the lease tracker,
@@ -149,6 +152,18 @@ impl StateView {
     /// A receiver of applied marks (for drivers that follow progress).
     pub fn subscribe(&self) -> watch::Receiver<AppliedMark> {
         self.applied.clone()
+    }
+}
+
+/// The store revision persisted in `db`, without loading the state.
+pub fn persisted_revision(db: &sled::Db) -> Result<Revision, crate::storage::StorageError> {
+    let state = db.open_tree(TREE_STATE)?;
+    match state.get(KEY_REVISION)? {
+        Some(b) => serde_json::from_slice(&b).map_err(|e| crate::storage::StorageError::Corrupt {
+            what: "revision".into(),
+            detail: e.to_string(),
+        }),
+        None => Ok(Revision::default()),
     }
 }
 
@@ -251,8 +266,15 @@ impl StateMachine {
         Ok((sm, view))
     }
 
-    fn publish(&self, revision: Revision, events: Vec<Event>, lease_changes: Vec<LeaseChange>) {
+    fn publish(
+        &self,
+        revision: Revision,
+        events: Vec<Event>,
+        lease_changes: Vec<LeaseChange>,
+        reset: bool,
+    ) {
         let batch = AppliedBatch {
+            reset,
             mark: AppliedMark {
                 log_index: self.last_applied.map(|l| l.index).unwrap_or(0),
                 term: self.last_applied.map(|l| l.leader_id.term).unwrap_or(0),
@@ -344,7 +366,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         // Not flushed here: the log holds every applied entry durably, and sled recovers a
         // prefix of writes, so a lost tail is re-applied from the log on restart.
         self.state.apply_batch(batch).map_err(write_err)?;
-        self.publish(revision, events, lease_changes);
+        self.publish(revision, events, lease_changes, false);
         Ok(responses)
     }
 
@@ -410,7 +432,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         *self.kv.write().unwrap_or_else(|p| p.into_inner()) = KvState::from_snapshot(payload.kv);
         self.last_applied = meta.last_log_id;
         self.membership = meta.last_membership.clone();
-        self.publish(revision, Vec::new(), Vec::new());
+        self.publish(revision, Vec::new(), Vec::new(), true);
         Ok(())
     }
 

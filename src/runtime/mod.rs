@@ -9,6 +9,7 @@
 //!   round (linearizable reads now, lease refreshes later).
 //! - [`election`]: the election watchdog against openraft 0.9's election stall.
 //! - [`lease`]: the lease tracker's shell: apply-path observer, refresh, the expiry driver.
+//! - [`watch`]: the watch hub: event history fed by apply, wake-ups by key and prefix.
 //!
 //! The lease shell talks to `raft::consensus::Consensus` directly rather than through a port:
 //! every decision it sequences is made by the pure `domain::lease`, which is where its tests
@@ -17,3 +18,4 @@
 pub mod batch;
 pub mod election;
 pub mod lease;
+pub mod watch;

@@ -1,0 +1,136 @@
+//! `Watcher`: every change to a key or prefix, for ever, in order, without gaps or duplicates.
+//!
+//! It long-polls `GET /v1/watch` from the revision after the last one it delivered, failing
+//! over between endpoints (any node serves watches from its applied history). If the start has
+//! been compacted (410), it re-lists the keys and yields a [`WatchItem::Resync`] with the full
+//! current state and its revision, then follows from there: the consumer replaces its view.
+//!
+//! # Invariant
+//! The resume point only moves forward: a lagging node that reports a lower revision never
+//! makes the watcher replay what it already delivered.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::{Client, ClientError};
+use crate::domain::command::Event;
+use crate::domain::types::Revision;
+use crate::wire::KeyValue;
+
+/// What to follow.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum WatchFilter {
+    Key(String),
+    Prefix(String),
+}
+
+/// What the watcher yields.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum WatchItem {
+    /// One change, in revision order.
+    Event(Event),
+    /// The history was compacted past the resume point: here is the whole current state
+    /// (matching keys) at `revision`; events follow from `revision + 1`.
+    Resync {
+        revision: Revision,
+        items: Vec<KeyValue>,
+    },
+}
+
+/// A never-ending, resumable watch.
+pub struct Watcher {
+    client: Arc<Client>,
+    filter: WatchFilter,
+    /// The first revision not yet delivered (`None`: start after the current revision).
+    next: Option<u64>,
+    buffer: VecDeque<WatchItem>,
+    poll_ms: u64,
+}
+
+impl Watcher {
+    /// Follow `filter` from revision `from` (inclusive), or from now.
+    pub fn new(client: Arc<Client>, filter: WatchFilter, from: Option<u64>) -> Self {
+        Watcher {
+            client,
+            filter,
+            next: from,
+            buffer: VecDeque::new(),
+            poll_ms: 30_000,
+        }
+    }
+
+    /// The long-poll wait per request.
+    pub fn poll_timeout(mut self, ms: u64) -> Self {
+        self.poll_ms = ms.max(1);
+        self
+    }
+
+    /// The first revision the watcher has not delivered yet.
+    pub fn resume_revision(&self) -> Option<u64> {
+        self.next
+    }
+
+    /// The next item. Retries (with backoff) through unavailability; returns an error only
+    /// for a request the cluster refuses (a bad filter).
+    pub async fn next(&mut self) -> Result<WatchItem, ClientError> {
+        let mut backoff = Duration::from_millis(100);
+        loop {
+            if let Some(item) = self.buffer.pop_front() {
+                return Ok(item);
+            }
+            match self
+                .client
+                .watch_once(&self.filter, self.next, self.poll_ms)
+                .await
+            {
+                Ok(batch) => {
+                    backoff = Duration::from_millis(100);
+                    let resume = batch.revision.0 + 1;
+                    for e in batch.events {
+                        // Never deliver what was delivered before (a lagging node).
+                        if self.next.is_none_or(|n| e.revision.0 >= n) {
+                            self.next = Some(e.revision.0 + 1);
+                            self.buffer.push_back(WatchItem::Event(e));
+                        }
+                    }
+                    self.next = Some(self.next.map_or(resume, |n| n.max(resume)));
+                }
+                Err(e) if e.code() == Some("compacted") => {
+                    let (revision, items) = self.relist().await?;
+                    self.next = Some(revision.0 + 1);
+                    return Ok(WatchItem::Resync { revision, items });
+                }
+                Err(
+                    e @ ClientError::Api {
+                        status: 400..=499, ..
+                    },
+                ) => return Err(e),
+                Err(e) => {
+                    tracing::warn!(error = %e, "watch interrupted; retrying");
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(2));
+                }
+            }
+        }
+    }
+
+    async fn relist(&self) -> Result<(Revision, Vec<KeyValue>), ClientError> {
+        match &self.filter {
+            WatchFilter::Prefix(p) => {
+                let list = self.client.list(p, Some(100_000), false).await?;
+                Ok((list.revision, list.items))
+            }
+            WatchFilter::Key(k) => {
+                // A linearizable read of one key; its store revision is the resync point.
+                match self.client.get(k, false).await? {
+                    Some(g) => Ok((g.revision, vec![g.kv])),
+                    None => {
+                        let list = self.client.list(k, Some(1), false).await?;
+                        Ok((list.revision, Vec::new()))
+                    }
+                }
+            }
+        }
+    }
+}
