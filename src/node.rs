@@ -161,6 +161,7 @@ pub struct Node {
     addr: SocketAddr,
     advertise: String,
     consensus: Consensus,
+    watch: Arc<WatchHub>,
     db: sled::Db,
     cancel: CancellationToken,
     tasks: TaskTracker,
@@ -246,7 +247,7 @@ impl Node {
             limits: cfg.limits,
             metrics: Arc::new(Metrics::default()),
             leases,
-            watch: watch_hub,
+            watch: watch_hub.clone(),
         };
         let app = http::router(state);
         tasks.spawn({
@@ -274,6 +275,7 @@ impl Node {
             addr,
             advertise: advertise.clone(),
             consensus,
+            watch: watch_hub,
             db,
             cancel,
             tasks,
@@ -304,6 +306,11 @@ impl Node {
 
     pub fn consensus(&self) -> &Consensus {
         &self.consensus
+    }
+
+    /// The watch hub (history and waiting watches).
+    pub fn watch_hub(&self) -> &WatchHub {
+        &self.watch
     }
 
     /// Fault injection into this node's outgoing peer traffic (tests).

@@ -8,6 +8,7 @@
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use leasecore::client::Client;
@@ -43,6 +44,9 @@ pub fn init_tracing() {
         .try_init();
 }
 
+/// Adjusts every node's configuration (kept for restarts).
+pub type Tweak = Arc<dyn Fn(&mut NodeConfig) + Send + Sync>;
+
 pub struct TestCluster {
     pub tmp: TempDir,
     pub addrs: BTreeMap<NodeId, String>,
@@ -50,6 +54,7 @@ pub struct TestCluster {
     pub initial: BTreeMap<NodeId, String>,
     pub snapshot_threshold: u64,
     pub max_value_bytes: Option<usize>,
+    pub tweak: Option<Tweak>,
 }
 
 impl TestCluster {
@@ -62,11 +67,28 @@ impl TestCluster {
         Self::start_full(n, snapshot_threshold, None).await
     }
 
+    /// Start `n` voters whose configuration `tweak` adjusts.
+    pub async fn start_tweaked(
+        n: u64,
+        tweak: impl Fn(&mut NodeConfig) + Send + Sync + 'static,
+    ) -> TestCluster {
+        Self::start_inner(n, 10_000, None, Some(Arc::new(tweak))).await
+    }
+
     /// Start `n` voters with a snapshot threshold and, optionally, a value size limit.
     pub async fn start_full(
         n: u64,
         snapshot_threshold: u64,
         max_value_bytes: Option<usize>,
+    ) -> TestCluster {
+        Self::start_inner(n, snapshot_threshold, max_value_bytes, None).await
+    }
+
+    async fn start_inner(
+        n: u64,
+        snapshot_threshold: u64,
+        max_value_bytes: Option<usize>,
+        tweak: Option<Tweak>,
     ) -> TestCluster {
         init_tracing();
         let tmp = TempDir::new().unwrap();
@@ -84,6 +106,7 @@ impl TestCluster {
             initial: addrs,
             snapshot_threshold,
             max_value_bytes,
+            tweak,
         };
         for (id, l) in listeners {
             let node = Node::start_on(c.config(id, false), l).await.unwrap();
@@ -111,6 +134,9 @@ impl TestCluster {
         cfg.cache_bytes = 16 << 20;
         if let Some(m) = self.max_value_bytes {
             cfg.limits.max_value_bytes = m;
+        }
+        if let Some(t) = &self.tweak {
+            t(&mut cfg);
         }
         cfg
     }
