@@ -60,9 +60,9 @@ impl Watcher {
         }
     }
 
-    /// The long-poll wait per request.
+    /// The long-poll wait per request (1 ms to the server's 5 minutes).
     pub fn poll_timeout(mut self, ms: u64) -> Self {
-        self.poll_ms = ms.max(1);
+        self.poll_ms = ms.clamp(1, 300_000);
         self
     }
 

@@ -78,15 +78,22 @@ pub async fn watch(
             "limit must be between 1 and {MAX_BATCH}"
         )));
     }
-    // SSE resumes from the id of the last event the client saw.
-    let last_event_id = headers
-        .get("last-event-id")
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.trim().parse::<u64>().ok());
-    let from = match (q.from_revision, last_event_id) {
-        (Some(0), _) => return Err(ApiError::invalid("from_revision starts at 1")),
-        (Some(f), _) => Some(Revision(f)),
-        (None, Some(id)) => Some(Revision(id + 1)),
+    // SSE resumes from the id of the last event the client saw. It wins over `from_revision`:
+    // a browser reconnects with the original URL, and starting over would repeat events.
+    let last_event_id = match headers.get("last-event-id") {
+        None => None,
+        Some(v) => Some(
+            v.to_str()
+                .ok()
+                .and_then(|v| v.trim().parse::<u64>().ok())
+                .filter(|id| *id < u64::MAX)
+                .ok_or_else(|| ApiError::invalid("Last-Event-ID must be a revision"))?,
+        ),
+    };
+    let from = match (last_event_id, q.from_revision) {
+        (Some(id), _) => Some(Revision(id + 1)),
+        (None, Some(0)) => return Err(ApiError::invalid("from_revision starts at 1")),
+        (None, Some(f)) => Some(Revision(f)),
         (None, None) => None,
     };
     let wants_stream = headers
