@@ -272,8 +272,22 @@ enum ClusterCmd {
 
 #[derive(Args)]
 struct BenchArgs {
-    /// put, get (linearizable), get-local, lease-grant or lease-refresh.
-    workload: Workload,
+    /// put, get (linearizable), get-local, lease-grant, lease-refresh; or an experiment:
+    /// watch (wake-up latency at --watchers), expiry (lateness of --leases never refreshed),
+    /// lease-memory (resident bytes per lease with one key, at --leases).
+    workload: String,
+    /// Watchers for `watch`.
+    #[arg(long, default_value_t = 1000)]
+    watchers: usize,
+    /// Puts observed by the watchers in `watch`.
+    #[arg(long, default_value_t = 20)]
+    events: usize,
+    /// Leases for `expiry` and `lease-memory`.
+    #[arg(long, default_value_t = 10_000)]
+    leases: usize,
+    /// TTL of the leases in `expiry`.
+    #[arg(long, default_value_t = 5000)]
+    ttl_ms: u64,
     #[arg(
         long,
         env = "LEASECORE_ENDPOINTS",
@@ -799,9 +813,46 @@ async fn cluster(cmd: ClusterCmd, conn: &ConnArgs) -> Result<(), ClientError> {
     Ok(())
 }
 
+fn print_result<T: Serialize + std::fmt::Debug>(r: &T, json: bool) {
+    if json {
+        println!(
+            "{}",
+            serde_json::to_string(r).expect("plain data serializes")
+        );
+    } else {
+        println!("{r:?}");
+    }
+}
+
 async fn run_bench(args: BenchArgs) -> Result<(), ClientError> {
+    use leasecore::bench::experiments;
+    match args.workload.as_str() {
+        "watch" => {
+            let r = experiments::watch_latency(
+                &args.endpoints,
+                args.watchers,
+                args.events,
+                Duration::from_millis(200),
+            )
+            .await?;
+            print_result(&r, args.json);
+            return Ok(());
+        }
+        "expiry" => {
+            let r = experiments::expiry_lateness(&args.endpoints, args.leases, args.ttl_ms).await?;
+            print_result(&r, args.json);
+            return Ok(());
+        }
+        "lease-memory" => {
+            let r = experiments::lease_memory(&args.endpoints, args.leases).await?;
+            print_result(&r, args.json);
+            return Ok(());
+        }
+        _ => {}
+    }
+    let workload: Workload = args.workload.parse().map_err(ClientError::Usage)?;
     let opts = BenchOptions {
-        workload: args.workload,
+        workload,
         endpoints: args.endpoints,
         connections: args.connections.max(1),
         duration: Duration::from_secs_f64(args.duration.max(0.1)),

@@ -112,6 +112,37 @@ pub async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
             v.nodes.len() as f64,
         ),
     ];
+    let (history_events, history_bytes, compacted, waiting) = state.watch.stats();
+    let gauges: Vec<(&str, &str, f64)> = gauges
+        .into_iter()
+        .chain([
+            (
+                "leasecore_watch_history_events",
+                "Events retained for watches.",
+                history_events as f64,
+            ),
+            (
+                "leasecore_watch_history_bytes",
+                "Bytes retained for watches (estimated).",
+                history_bytes as f64,
+            ),
+            (
+                "leasecore_watch_compact_revision",
+                "Events at or below this revision are no longer retained.",
+                compacted.0 as f64,
+            ),
+            (
+                "leasecore_watch_waiting",
+                "Long polls waiting for a change.",
+                waiting as f64,
+            ),
+            (
+                "leasecore_process_resident_memory_bytes",
+                "Resident memory of this process (Linux).",
+                resident_memory_bytes() as f64,
+            ),
+        ])
+        .collect();
     let mut text = state.metrics.render(&gauges);
     render_lease_metrics(&state, &mut text);
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text)
@@ -169,4 +200,17 @@ fn render_lease_metrics(state: &AppState, out: &mut String) {
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .render(out, name, "");
+}
+
+/// This process's resident set size, from /proc (0 where unavailable).
+pub fn resident_memory_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|kb| kb.parse::<u64>().ok())
+        })
+        .map_or(0, |kb| kb * 1024)
 }

@@ -11,6 +11,8 @@
 // A load generator measures wall-clock latency: the clock reads are the point.
 #![allow(clippy::disallowed_methods)]
 
+pub mod experiments;
+
 use std::fmt;
 use std::str::FromStr;
 use std::sync::Arc;
@@ -137,13 +139,7 @@ pub async fn run(opts: &BenchOptions) -> Result<BenchResult, ClientError> {
     }
     let seconds = started.elapsed().as_secs_f64();
     latencies_us.sort_unstable();
-    let pct = |p: f64| -> f64 {
-        if latencies_us.is_empty() {
-            return 0.0;
-        }
-        let i = ((latencies_us.len() as f64 * p).ceil() as usize).clamp(1, latencies_us.len()) - 1;
-        latencies_us[i] as f64 / 1000.0
-    };
+    let pct = |p: f64| percentile_ms(&latencies_us, p);
     Ok(BenchResult {
         workload: opts.workload,
         connections: opts.connections,
@@ -160,8 +156,17 @@ pub async fn run(opts: &BenchOptions) -> Result<BenchResult, ClientError> {
     })
 }
 
+/// The `p` quantile of sorted microsecond samples, in milliseconds (nearest rank).
+pub fn percentile_ms(sorted_us: &[u32], p: f64) -> f64 {
+    if sorted_us.is_empty() {
+        return 0.0;
+    }
+    let i = ((sorted_us.len() as f64 * p).ceil() as usize).clamp(1, sorted_us.len()) - 1;
+    sorted_us[i] as f64 / 1000.0
+}
+
 /// A run-unique prefix, so that repeated runs against one cluster do not collide.
-fn run_tag() -> String {
+pub fn run_tag() -> String {
     format!(
         "{:x}",
         std::time::SystemTime::now()

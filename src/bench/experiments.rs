@@ -1,0 +1,324 @@
+//! Experiments that are not closed-loop throughput: watch wake-up latency at N watchers, lease
+//! expiry lateness, and memory per lease and per idle watcher.
+//!
+//! Memory is read from the serving node's `/metrics` (`leasecore_process_resident_memory_bytes`),
+//! so these run against a cluster on this machine or anywhere `/metrics` is reachable.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+use super::{percentile_ms, run_tag};
+use crate::client::{Client, ClientError, encode_query};
+use crate::domain::command::EventKind;
+use crate::wire::WatchResponse;
+
+/// Read one gauge from a node's /metrics.
+pub async fn gauge(http: &reqwest::Client, endpoint: &str, name: &str) -> Result<f64, ClientError> {
+    let text = http
+        .get(format!("{endpoint}/metrics"))
+        .send()
+        .await
+        .map_err(|e| ClientError::Unavailable(e.to_string()))?
+        .text()
+        .await
+        .map_err(|e| ClientError::Unavailable(e.to_string()))?;
+    text.lines()
+        .find_map(|l| l.strip_prefix(name).and_then(|rest| rest.strip_prefix(' ')))
+        .and_then(|v| v.trim().parse().ok())
+        .ok_or_else(|| ClientError::Unavailable(format!("no gauge {name} at {endpoint}")))
+}
+
+fn http_client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .tcp_nodelay(true)
+        .pool_max_idle_per_host(usize::MAX)
+        .build()
+        .expect("a plain HTTP client always builds")
+}
+
+/// Wake-up latency at N watchers.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct WatchResult {
+    pub watchers: usize,
+    pub events: usize,
+    pub deliveries: usize,
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+    pub max_ms: f64,
+    /// Resident memory of the serving node per parked watcher.
+    pub bytes_per_idle_watcher: f64,
+}
+
+/// N watchers long-poll one prefix on the first endpoint; a writer puts `events` keys under
+/// it, one every `interval`; each delivery's latency is measured from the put's acknowledgement
+/// (0 when the event arrived before the acknowledgement did).
+pub async fn watch_latency(
+    endpoints: &[String],
+    watchers: usize,
+    events: usize,
+    interval: Duration,
+) -> Result<WatchResult, ClientError> {
+    let client = Client::new(endpoints)?;
+    let endpoint = client.endpoints()[0].clone();
+    let http = http_client();
+    let prefix = format!("bench-watch-{}/", run_tag());
+    let start = client
+        .put(&format!("{prefix}start"), "x", None, None)
+        .await?
+        .revision
+        .0
+        + 1;
+    let rss_before = gauge(&http, &endpoint, "leasecore_process_resident_memory_bytes").await?;
+    let waiting_before = gauge(&http, &endpoint, "leasecore_watch_waiting").await?;
+
+    let received: Arc<Mutex<Vec<(u64, Instant)>>> = Arc::default();
+    let mut tasks = Vec::new();
+    for _ in 0..watchers {
+        let (http, endpoint, prefix, received) = (
+            http.clone(),
+            endpoint.clone(),
+            prefix.clone(),
+            received.clone(),
+        );
+        tasks.push(tokio::spawn(async move {
+            let mut next = start;
+            let mut seen = 0;
+            let mut local = Vec::with_capacity(events);
+            while seen < events {
+                let url = format!(
+                    "{endpoint}/v1/watch?prefix={}&from_revision={next}&timeout_ms=60000",
+                    encode_query(&prefix)
+                );
+                let Ok(resp) = http.get(&url).send().await else {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                };
+                let Ok(batch) = resp.json::<WatchResponse>().await else {
+                    continue;
+                };
+                let now = Instant::now();
+                for e in &batch.events {
+                    local.push((e.revision.0, now));
+                    seen += 1;
+                }
+                next = next.max(batch.revision.0 + 1);
+            }
+            received
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .extend(local);
+        }));
+    }
+    // Wait until every watcher is parked on the node.
+    let parked = Instant::now();
+    loop {
+        let waiting = gauge(&http, &endpoint, "leasecore_watch_waiting").await?;
+        if waiting - waiting_before >= watchers as f64 {
+            break;
+        }
+        if parked.elapsed() > Duration::from_secs(120) {
+            return Err(ClientError::Unavailable(format!(
+                "only {waiting} watchers parked after 120 s"
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let rss_parked = gauge(&http, &endpoint, "leasecore_process_resident_memory_bytes").await?;
+
+    let mut acked: HashMap<u64, Instant> = HashMap::new();
+    for i in 0..events {
+        let r = client
+            .put(&format!("{prefix}k{i}"), "v", None, None)
+            .await?;
+        acked.insert(r.revision.0, Instant::now());
+        tokio::time::sleep(interval).await;
+    }
+    for t in tasks {
+        let _ = tokio::time::timeout(Duration::from_secs(120), t).await;
+    }
+    let received = received.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    let mut lat_us: Vec<u32> = received
+        .iter()
+        .filter_map(|(rev, at)| {
+            let ack = acked.get(rev)?;
+            Some(
+                at.saturating_duration_since(*ack)
+                    .as_micros()
+                    .min(u32::MAX as u128) as u32,
+            )
+        })
+        .collect();
+    lat_us.sort_unstable();
+    Ok(WatchResult {
+        watchers,
+        events,
+        deliveries: lat_us.len(),
+        p50_ms: percentile_ms(&lat_us, 0.50),
+        p99_ms: percentile_ms(&lat_us, 0.99),
+        max_ms: lat_us.last().map_or(0.0, |l| *l as f64 / 1000.0),
+        bytes_per_idle_watcher: (rss_parked - rss_before) / watchers.max(1) as f64,
+    })
+}
+
+/// Expiry lateness of never-refreshed leases.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ExpiryResult {
+    pub leases: usize,
+    pub ttl_ms: u64,
+    pub observed: usize,
+    /// Deletions seen before `grant send time + ttl` (must be 0).
+    pub early: usize,
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+    pub max_ms: f64,
+}
+
+/// Register `leases` leases with one key each, never refresh them, and measure (key deletion
+/// seen by a watcher) - (grant send time + ttl).
+pub async fn expiry_lateness(
+    endpoints: &[String],
+    leases: usize,
+    ttl_ms: u64,
+) -> Result<ExpiryResult, ClientError> {
+    let client = Arc::new(Client::new(endpoints)?);
+    let prefix = format!("bench-exp-{}/", run_tag());
+    let start = client
+        .put(&format!("{prefix}start"), "x", None, None)
+        .await?
+        .revision
+        .0
+        + 1;
+    let deleted: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
+    let watcher = {
+        let (client, prefix, deleted) = (client.clone(), prefix.clone(), deleted.clone());
+        tokio::spawn(async move {
+            let filter = crate::client::WatchFilter::Prefix(prefix);
+            let mut next = start;
+            loop {
+                let n = deleted.lock().unwrap_or_else(|p| p.into_inner()).len();
+                if n >= leases {
+                    return;
+                }
+                let Ok(batch) = client.watch_once(&filter, Some(next), 10_000).await else {
+                    continue;
+                };
+                let now = Instant::now();
+                let mut d = deleted.lock().unwrap_or_else(|p| p.into_inner());
+                for e in &batch.events {
+                    if e.kind == EventKind::Delete {
+                        d.insert(e.key.clone(), now);
+                    }
+                }
+                next = next.max(batch.revision.0 + 1);
+            }
+        })
+    };
+    let nominal: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
+    let counter = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for _ in 0..64 {
+        let (client, prefix, nominal, counter) = (
+            client.clone(),
+            prefix.clone(),
+            nominal.clone(),
+            counter.clone(),
+        );
+        tasks.push(tokio::spawn(async move {
+            loop {
+                let i = counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                if i >= leases {
+                    return Ok::<(), ClientError>(());
+                }
+                let name = format!("{prefix}{i:06}");
+                let sent = Instant::now();
+                client.grant(&name, ttl_ms).await?;
+                client.put(&name, "v", Some(&name), None).await?;
+                nominal
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(name, sent + Duration::from_millis(ttl_ms));
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.map_err(|e| ClientError::Usage(e.to_string()))??;
+    }
+    let _ = tokio::time::timeout(Duration::from_millis(ttl_ms + 60_000), watcher).await;
+    let nominal = nominal.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    let deleted = deleted.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    let mut early = 0;
+    let mut late_us: Vec<u32> = Vec::new();
+    for (key, at) in &deleted {
+        let Some(due) = nominal.get(key) else {
+            continue;
+        };
+        if at < due {
+            early += 1;
+        } else {
+            late_us.push(at.duration_since(*due).as_micros().min(u32::MAX as u128) as u32);
+        }
+    }
+    late_us.sort_unstable();
+    Ok(ExpiryResult {
+        leases,
+        ttl_ms,
+        observed: deleted.len(),
+        early,
+        p50_ms: percentile_ms(&late_us, 0.50),
+        p99_ms: percentile_ms(&late_us, 0.99),
+        max_ms: late_us.last().map_or(0.0, |l| *l as f64 / 1000.0),
+    })
+}
+
+/// Memory per idle lease with one key.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct LeaseMemoryResult {
+    pub leases: usize,
+    pub rss_before: f64,
+    pub rss_after: f64,
+    pub bytes_per_lease: f64,
+}
+
+/// Register `leases` long leases with one key each and read the first endpoint's resident
+/// memory before and after.
+pub async fn lease_memory(
+    endpoints: &[String],
+    leases: usize,
+) -> Result<LeaseMemoryResult, ClientError> {
+    let client = Arc::new(Client::new(endpoints)?);
+    let endpoint = client.endpoints()[0].clone();
+    let http = http_client();
+    let prefix = format!("bench-mem-{}/", run_tag());
+    let rss_before = gauge(&http, &endpoint, "leasecore_process_resident_memory_bytes").await?;
+    let counter = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for _ in 0..64 {
+        let (client, prefix, counter) = (client.clone(), prefix.clone(), counter.clone());
+        tasks.push(tokio::spawn(async move {
+            loop {
+                let i = counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                if i >= leases {
+                    return Ok::<(), ClientError>(());
+                }
+                let name = format!("{prefix}{i:07}");
+                client.grant(&name, 3_600_000).await?;
+                client
+                    .put(&name, "member-value-of-modest-size", Some(&name), None)
+                    .await?;
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.map_err(|e| ClientError::Usage(e.to_string()))??;
+    }
+    let rss_after = gauge(&http, &endpoint, "leasecore_process_resident_memory_bytes").await?;
+    Ok(LeaseMemoryResult {
+        leases,
+        rss_before,
+        rss_after,
+        bytes_per_lease: (rss_after - rss_before) / leases.max(1) as f64,
+    })
+}
