@@ -839,7 +839,13 @@ async fn run_bench(args: BenchArgs) -> Result<(), ClientError> {
             return Ok(());
         }
         "expiry" => {
-            let r = experiments::expiry_lateness(&args.endpoints, args.leases, args.ttl_ms).await?;
+            let r = experiments::expiry_lateness(
+                &args.endpoints,
+                args.leases,
+                args.ttl_ms,
+                args.connections,
+            )
+            .await?;
             print_result(&r, args.json);
             return Ok(());
         }

@@ -218,7 +218,7 @@ impl Node {
         let start_revision = storage_revision(&db)?;
         let watch_hub = Arc::new(WatchHub::new(cfg.history, start_revision, cancel.clone()));
         let observers = Observers(vec![lease_hub.clone(), watch_hub.clone()]);
-        let (state_machine, view) = StateMachine::open(&db, Arc::new(observers))?;
+        let (state_machine, view) = StateMachine::open(&db, &cfg.data_dir, Arc::new(observers))?;
 
         let peers = PeerClient::new();
         let faults = peers.faults();

@@ -20,7 +20,8 @@ impl StoreBuilder<TypeConfig, LogStore, StateMachine, TempDir> for SledBuilder {
         let dir = TempDir::new().map_err(|e| fail(&e))?;
         let db = open_db(dir.path(), 8 << 20).map_err(|e| fail(&e))?;
         let log = LogStore::open(&db).map_err(|e| fail(&e))?;
-        let (sm, _view) = StateMachine::open(&db, Arc::new(DiscardEvents)).map_err(|e| fail(&e))?;
+        let (sm, _view) =
+            StateMachine::open(&db, dir.path(), Arc::new(DiscardEvents)).map_err(|e| fail(&e))?;
         Ok((dir, log, sm))
     }
 }

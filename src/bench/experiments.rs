@@ -168,20 +168,24 @@ pub async fn watch_latency(
 pub struct ExpiryResult {
     pub leases: usize,
     pub ttl_ms: u64,
+    pub grant_connections: usize,
     pub observed: usize,
-    /// Deletions seen before `grant send time + ttl` (must be 0).
+    /// Deletions seen before `grant send time + ttl`, the client's view (must be 0).
     pub early: usize,
+    /// Lateness after `grant reply time + ttl` (etcd's measure; negative counts as 0).
     pub p50_ms: f64,
     pub p99_ms: f64,
     pub max_ms: f64,
 }
 
-/// Register `leases` leases with one key each, never refresh them, and measure (key deletion
-/// seen by a watcher) - (grant send time + ttl).
+/// Register `leases` leases (from `conns` concurrent clients) with one key each, never refresh
+/// them, and measure (key deletion seen by a watcher) - (grant reply time + ttl); a deletion
+/// before (grant send time + ttl) counts as early.
 pub async fn expiry_lateness(
     endpoints: &[String],
     leases: usize,
     ttl_ms: u64,
+    conns: usize,
 ) -> Result<ExpiryResult, ClientError> {
     let client = Arc::new(Client::new(endpoints)?);
     let prefix = format!("bench-exp-{}/", run_tag());
@@ -216,10 +220,11 @@ pub async fn expiry_lateness(
             }
         })
     };
-    let nominal: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
+    // name -> (send + ttl, reply + ttl)
+    let nominal: Arc<Mutex<HashMap<String, (Instant, Instant)>>> = Arc::default();
     let counter = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let mut tasks = Vec::new();
-    for _ in 0..64 {
+    for _ in 0..conns.max(1) {
         let (client, prefix, nominal, counter) = (
             client.clone(),
             prefix.clone(),
@@ -235,11 +240,13 @@ pub async fn expiry_lateness(
                 let name = format!("{prefix}{i:06}");
                 let sent = Instant::now();
                 client.grant(&name, ttl_ms).await?;
-                client.put(&name, "v", Some(&name), None).await?;
+                let replied = Instant::now();
+                let ttl = Duration::from_millis(ttl_ms);
                 nominal
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
-                    .insert(name, sent + Duration::from_millis(ttl_ms));
+                    .insert(name.clone(), (sent + ttl, replied + ttl));
+                client.put(&name, "v", Some(&name), None).await?;
             }
         }));
     }
@@ -252,19 +259,23 @@ pub async fn expiry_lateness(
     let mut early = 0;
     let mut late_us: Vec<u32> = Vec::new();
     for (key, at) in &deleted {
-        let Some(due) = nominal.get(key) else {
+        let Some((earliest, due)) = nominal.get(key) else {
             continue;
         };
-        if at < due {
+        if at < earliest {
             early += 1;
-        } else {
-            late_us.push(at.duration_since(*due).as_micros().min(u32::MAX as u128) as u32);
         }
+        late_us.push(
+            at.saturating_duration_since(*due)
+                .as_micros()
+                .min(u32::MAX as u128) as u32,
+        );
     }
     late_us.sort_unstable();
     Ok(ExpiryResult {
         leases,
         ttl_ms,
+        grant_connections: conns.max(1),
         observed: deleted.len(),
         early,
         p50_ms: percentile_ms(&late_us, 0.50),

@@ -32,15 +32,14 @@ use super::{Entry, LogId, SnapshotMeta, StorageError, StoredMembership, TypeConf
 use crate::domain::command::{Event, LeaseChange, Response};
 use crate::domain::kv::{KvSnapshot, KvState, LeaseRecord, Versioned};
 use crate::domain::types::Revision;
-use crate::storage::{TREE_SNAPSHOT, TREE_STATE};
+use crate::storage::TREE_STATE;
+use crate::storage::snapshot_file::SnapshotFile;
 
 const KEY_PREFIX: &[u8] = b"k/";
 const LEASE_PREFIX: &[u8] = b"l/";
 const KEY_APPLIED: &[u8] = b"m/applied";
 const KEY_MEMBERSHIP: &[u8] = b"m/membership";
 const KEY_REVISION: &[u8] = b"m/revision";
-const SNAP_META: &[u8] = b"meta";
-const SNAP_DATA: &[u8] = b"data";
 
 /// How far the state machine has applied: published after every applied batch.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -177,7 +176,7 @@ struct SnapshotPayload {
 pub struct StateMachine {
     db: sled::Db,
     state: sled::Tree,
-    snapshots: sled::Tree,
+    snapshots: SnapshotFile,
     kv: Arc<RwLock<KvState>>,
     last_applied: Option<LogId>,
     membership: StoredMembership,
@@ -188,13 +187,14 @@ pub struct StateMachine {
 }
 
 impl StateMachine {
-    /// Load the persisted state from `db`.
+    /// Load the persisted state from `db`; snapshots live in `dir`.
     pub fn open(
         db: &sled::Db,
+        dir: &std::path::Path,
         observer: Arc<dyn ApplyObserver>,
     ) -> Result<(Self, StateView), crate::storage::StorageError> {
         let state = db.open_tree(TREE_STATE)?;
-        let snapshots = db.open_tree(TREE_SNAPSHOT)?;
+        let snapshots = SnapshotFile::new(dir);
         let corrupt = |what: &str, e: serde_json::Error| crate::storage::StorageError::Corrupt {
             what: what.to_string(),
             detail: e.to_string(),
@@ -371,17 +371,13 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
     }
 
     async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
-        // Serialize now, while apply cannot run: the snapshot is exactly the state at
-        // `last_applied` (pitfall P5).
-        let payload = {
-            let kv = self.kv.read().unwrap_or_else(|p| p.into_inner());
-            serde_json::to_vec(&SnapshotPayload { kv: kv.snapshot() })
-        };
+        // Copy now, while apply cannot run: the snapshot is exactly the state at
+        // `last_applied` (pitfall P5). Encoding and writing happen later, off the apply path.
+        let kv = self.kv.read().unwrap_or_else(|p| p.into_inner()).snapshot();
         self.snapshot_seq += 1;
         SnapshotBuilder {
-            db: self.db.clone(),
             snapshots: self.snapshots.clone(),
-            payload: payload.map_err(|e| e.to_string()),
+            payload: Some(SnapshotPayload { kv }),
             last_applied: self.last_applied,
             membership: self.membership.clone(),
             seq: self.snapshot_seq,
@@ -405,7 +401,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         })?;
         // Keep the snapshot first: if we crash after the state batch, the snapshot that the
         // state came from is still there to serve to others.
-        save_snapshot(&self.snapshots, meta, &snapshot)?;
+        save_snapshot(&self.snapshots, meta, &snapshot).await?;
 
         let mut batch = sled::Batch::default();
         for prefix in [KEY_PREFIX, LEASE_PREFIX] {
@@ -443,39 +439,48 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                 openraft::AnyError::error(e.to_string()),
             ))
         };
-        let meta = self.snapshots.get(SNAP_META).map_err(|e| read_err(&e))?;
-        let data = self.snapshots.get(SNAP_DATA).map_err(|e| read_err(&e))?;
-        match (meta, data) {
-            (Some(meta), Some(data)) => {
+        let file = self.snapshots.clone();
+        let stored = tokio::task::spawn_blocking(move || file.read())
+            .await
+            .map_err(|e| read_err(&e))?
+            .map_err(|e| read_err(&e))?;
+        match stored {
+            Some((meta, data)) => {
                 let meta: SnapshotMeta = serde_json::from_slice(&meta).map_err(|e| read_err(&e))?;
                 Ok(Some(Snapshot {
                     meta,
-                    snapshot: Box::new(data.to_vec()),
+                    snapshot: Box::new(data),
                 }))
             }
-            _ => Ok(None),
+            None => Ok(None),
         }
     }
 }
 
-fn save_snapshot(tree: &sled::Tree, meta: &SnapshotMeta, data: &[u8]) -> Result<(), StorageError> {
+/// Write a snapshot durably (a blocking file write, off the async workers).
+async fn save_snapshot(
+    file: &SnapshotFile,
+    meta: &SnapshotMeta,
+    data: &[u8],
+) -> Result<(), StorageError> {
     let err = |e: &dyn std::fmt::Display| {
         StorageError::from(StorageIOError::write_snapshot(
             Some(meta.signature()),
             openraft::AnyError::error(e.to_string()),
         ))
     };
-    let mut batch = sled::Batch::default();
-    batch.insert(SNAP_META, serde_json::to_vec(meta).map_err(|e| err(&e))?);
-    batch.insert(SNAP_DATA, data);
-    tree.apply_batch(batch).map_err(|e| err(&e))
+    let meta_bytes = serde_json::to_vec(meta).map_err(|e| err(&e))?;
+    let (file, data) = (file.clone(), data.to_vec());
+    tokio::task::spawn_blocking(move || file.write(&meta_bytes, &data))
+        .await
+        .map_err(|e| err(&e))?
+        .map_err(|e| err(&e))
 }
 
-/// Builds a snapshot from a state serialized when the builder was made.
+/// Builds a snapshot from a copy of the state taken when the builder was made.
 pub struct SnapshotBuilder {
-    db: sled::Db,
-    snapshots: sled::Tree,
-    payload: Result<Vec<u8>, String>,
+    snapshots: SnapshotFile,
+    payload: Option<SnapshotPayload>,
     last_applied: Option<LogId>,
     membership: StoredMembership,
     seq: u64,
@@ -483,12 +488,14 @@ pub struct SnapshotBuilder {
 
 impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
     async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError> {
-        let data = std::mem::replace(&mut self.payload, Ok(Vec::new())).map_err(|e| {
-            StorageError::from(StorageIOError::write_snapshot(
-                None,
-                openraft::AnyError::error(e),
-            ))
-        })?;
+        let payload = self.payload.take().unwrap_or(SnapshotPayload {
+            kv: KvSnapshot::default(),
+        });
+        // Encoding a large state takes a while: do it off the async workers.
+        let data = tokio::task::spawn_blocking(move || serde_json::to_vec(&payload))
+            .await
+            .map_err(write_err)?
+            .map_err(write_err)?;
         let snapshot_id = match self.last_applied {
             Some(l) => format!("{}-{}-{}", l.leader_id.term, l.index, self.seq),
             None => format!("0-0-{}", self.seq),
@@ -498,9 +505,8 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
             last_membership: self.membership.clone(),
             snapshot_id,
         };
-        save_snapshot(&self.snapshots, &meta, &data)?;
         // Durable before openraft may purge the log entries it covers.
-        self.db.flush_async().await.map_err(write_err)?;
+        save_snapshot(&self.snapshots, &meta, &data).await?;
         Ok(Snapshot {
             meta,
             snapshot: Box::new(data),

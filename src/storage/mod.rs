@@ -7,6 +7,7 @@
 //! - Each logical unit of change is one `sled::Batch` on one tree, which sled applies atomically
 //!   and recovers as a prefix after a crash: the log store keeps entries, vote, committed id and
 //!   purge mark in one tree; the state machine keeps keys and its applied marks in another.
+//! - The latest snapshot is a file of its own ([`snapshot_file`]), off the log's flush path.
 //!
 //! # What it must not do
 //! It does not interpret commands or decide anything; it stores bytes under ordered keys.
@@ -20,8 +21,7 @@ use thiserror::Error;
 pub const TREE_RAFT: &str = "raft";
 /// Tree holding the applied key-value state and the state machine's marks.
 pub const TREE_STATE: &str = "state";
-/// Tree holding the latest snapshot (its meta and its data).
-pub const TREE_SNAPSHOT: &str = "snapshot";
+pub mod snapshot_file;
 
 /// A storage failure: the node cannot go on safely and stops.
 #[derive(Debug, Error)]
