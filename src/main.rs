@@ -435,6 +435,16 @@ async fn shutdown_signal() {
     }
 }
 
+/// A 404 the client turned into `None`, back as an error for the command line.
+fn not_found(code: &str, message: String) -> ClientError {
+    ClientError::Api {
+        status: 404,
+        code: code.into(),
+        message,
+        body: serde_json::Value::Null,
+    }
+}
+
 fn print_json<T: Serialize>(v: &T) {
     println!(
         "{}",
@@ -464,12 +474,10 @@ async fn kv(cmd: KvCmd, conn: &ConnArgs) -> Result<(), ClientError> {
             Some(r) if conn.json => print_json(&r),
             Some(r) => println!("{}", r.kv.value),
             None => {
-                return Err(ClientError::Api {
-                    status: 404,
-                    code: "key_not_found".into(),
-                    message: format!("key {key:?} does not exist"),
-                    body: serde_json::Value::Null,
-                });
+                return Err(not_found(
+                    "key_not_found",
+                    format!("key {key:?} does not exist"),
+                ));
             }
         },
         KvCmd::Del { key, prev_revision } => {
@@ -559,12 +567,10 @@ async fn lease(cmd: LeaseCmd, conn: &ConnArgs) -> Result<(), ClientError> {
             Some(l) if conn.json => print_json(&l),
             Some(l) => print_lease(&l),
             None => {
-                return Err(ClientError::Api {
-                    status: 404,
-                    code: "lease_not_found".into(),
-                    message: format!("lease {name:?} does not exist"),
-                    body: serde_json::Value::Null,
-                });
+                return Err(not_found(
+                    "lease_not_found",
+                    format!("lease {name:?} does not exist"),
+                ));
             }
         },
         LeaseCmd::List { prefix, limit } => {

@@ -231,11 +231,11 @@ impl Node {
         )
         .await
         .map_err(|e| NodeError::Raft(e.to_string()))?;
-        let (consensus, ordered_queue) =
+        let (consensus, proposal_queue) =
             Consensus::new(cfg.id, raft, peers, view, committed, cfg.timeouts());
 
         let tasks = TaskTracker::new();
-        tasks.spawn(ordered_queue.run(cancel.clone()));
+        tasks.spawn(proposal_queue.run(cancel.clone()));
         let leases = Arc::new(LeaseService::new(
             lease_hub,
             consensus.clone(),

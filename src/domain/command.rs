@@ -46,6 +46,9 @@ pub enum Command {
     /// Record (or clear, with `remaining_ms: None`) the remaining time of long leases, so that
     /// a new leader does not restart their full TTL.
     CheckpointLeases { checkpoints: Vec<LeaseCheckpoint> },
+    /// Several commands in one log entry (group commit), applied in order as if they were
+    /// consecutive entries. A batch inside a batch is applied the same way.
+    Batch { commands: Vec<Command> },
     /// Register member `id`: lease `members/{id}` and key `members/{id}` (value: the member
     /// record as JSON) attached to it, in one entry.
     RegisterMember {
@@ -55,6 +58,42 @@ pub enum Command {
         #[serde(default)]
         meta: BTreeMap<String, String>,
     },
+}
+
+impl Command {
+    /// A cheap estimate of the encoded size, for batching and transport budgets.
+    pub fn approx_bytes(&self) -> usize {
+        const OVERHEAD: usize = 48;
+        match self {
+            Command::Put {
+                key, value, lease, ..
+            } => OVERHEAD + key.len() + value.len() + lease.as_ref().map_or(0, String::len),
+            Command::Delete { key, .. } => OVERHEAD + key.len(),
+            Command::RegisterLease { name, .. } | Command::RevokeLease { name } => {
+                OVERHEAD + name.len()
+            }
+            Command::ExpireLeases { leases } => {
+                OVERHEAD + leases.iter().map(|l| l.name.len() + 16).sum::<usize>()
+            }
+            Command::CheckpointLeases { checkpoints } => {
+                OVERHEAD + checkpoints.iter().map(|c| c.name.len() + 24).sum::<usize>()
+            }
+            Command::Batch { commands } => {
+                OVERHEAD + commands.iter().map(Command::approx_bytes).sum::<usize>()
+            }
+            Command::RegisterMember {
+                id, address, meta, ..
+            } => {
+                OVERHEAD
+                    + id.len()
+                    + address.len()
+                    + meta
+                        .iter()
+                        .map(|(k, v)| k.len() + v.len() + 8)
+                        .sum::<usize>()
+            }
+        }
+    }
 }
 
 /// One incarnation of a lease: its name and registration revision.
@@ -94,6 +133,8 @@ pub enum Response {
         revision: Revision,
         expired: Vec<String>,
     },
+    /// The responses of a batch, in order.
+    Batch { responses: Vec<Response> },
     /// A member registered: its lease at `lease_revision`, its key at `revision`.
     MemberRegistered {
         revision: Revision,

@@ -183,6 +183,22 @@ impl KvState {
                 ttl_ms,
                 meta,
             } => self.register_member(id, address, *ttl_ms, meta),
+            Command::Batch { commands } => {
+                let mut out = Applied {
+                    response: Response::Empty,
+                    events: vec![],
+                    lease_changes: vec![],
+                };
+                let mut responses = Vec::with_capacity(commands.len());
+                for c in commands {
+                    let one = self.apply(c);
+                    out.events.extend(one.events);
+                    out.lease_changes.extend(one.lease_changes);
+                    responses.push(one.response);
+                }
+                out.response = Response::Batch { responses };
+                out
+            }
         }
     }
 
@@ -791,6 +807,26 @@ mod tests {
         assert_eq!(gone.events[0].key, "members/n1");
         assert_eq!(gone.events[0].cause, Cause::LeaseExpired);
         assert!(kv.get("members/n1").is_none());
+    }
+
+    #[test]
+    fn a_batch_applies_like_consecutive_entries() {
+        let cmds = vec![
+            put("a", "1"),
+            cas_put("a", "2", 0),
+            register("l"),
+            lease_put("b", "l"),
+        ];
+        let mut one_by_one = KvState::new();
+        let singles: Vec<Response> = cmds.iter().map(|c| one_by_one.apply(c).response).collect();
+        let mut batched = KvState::new();
+        let out = batched.apply(&Command::Batch {
+            commands: cmds.clone(),
+        });
+        assert_eq!(out.response, Response::Batch { responses: singles });
+        assert_eq!(batched.encode(), one_by_one.encode());
+        assert_eq!(out.events.len(), 2);
+        assert_eq!(out.lease_changes.len(), 1);
     }
 
     #[test]

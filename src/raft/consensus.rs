@@ -148,12 +148,12 @@ struct Inner {
     reads: RoundBatcher<u64, ConsensusError>,
     /// Read rounds for forwarded callers: confirm here, never forward.
     leader_reads: RoundBatcher<u64, ConsensusError>,
-    /// Proposals submitted in order: the log receives them in the order they were enqueued.
-    ordered: mpsc::UnboundedSender<OrderedProposal>,
+    /// Proposals, in order: the log receives them in the order they were enqueued.
+    proposals: mpsc::UnboundedSender<Proposal>,
 }
 
-/// A proposal waiting in the ordered queue, with where its applied result goes.
-type OrderedProposal = (Command, oneshot::Sender<Result<Response, ConsensusError>>);
+/// A proposal waiting in the queue, with where its applied result goes.
+type Proposal = (Command, oneshot::Sender<Result<Response, ConsensusError>>);
 
 /// Where the leader is, as far as this node knows.
 enum LeaderRef {
@@ -253,8 +253,7 @@ fn any_read_round(
 }
 
 impl Consensus {
-    /// Wrap a started Raft node.
-    /// Wrap a started Raft node. The returned [`OrderedQueue`] must be run (`node` spawns it).
+    /// Wrap a started Raft node. The returned [`ProposalQueue`] must be run (`node` spawns it).
     pub fn new(
         id: NodeId,
         raft: Raft,
@@ -262,8 +261,8 @@ impl Consensus {
         view: StateView,
         committed: Arc<AtomicU64>,
         timeouts: ConsensusTimeouts,
-    ) -> (Self, OrderedQueue) {
-        let (ordered, queue) = mpsc::unbounded_channel();
+    ) -> (Self, ProposalQueue) {
+        let (proposals, queue) = mpsc::unbounded_channel();
         let reads = {
             let (raft, peers) = (raft.clone(), peers.clone());
             RoundBatcher::new(
@@ -288,21 +287,21 @@ impl Consensus {
                 timeouts,
                 reads,
                 leader_reads,
-                ordered,
+                proposals,
             }),
         };
-        (consensus, OrderedQueue { raft, queue })
+        (consensus, ProposalQueue { raft, queue })
     }
 
     /// Enqueue a proposal, synchronously: proposals enqueued one after another (by any caller)
     /// reach the log in that order. Resolves with the applied result. Only meaningful on the
     /// leader: elsewhere it fails with `NotLeader`.
-    pub fn submit_ordered(
+    pub fn submit(
         &self,
         cmd: Command,
     ) -> impl Future<Output = Result<Response, ConsensusError>> + Send + 'static {
         let (tx, rx) = oneshot::channel();
-        let sent = self.inner.ordered.send((cmd, tx)).is_ok();
+        let sent = self.inner.proposals.send((cmd, tx)).is_ok();
         let t = self.inner.timeouts.request;
         async move {
             if !sent {
@@ -456,13 +455,10 @@ impl Consensus {
     /// Propose on this node only (the target of forwarded proposals): `NotLeader` if it is not
     /// the leader, so that a forwarded request is never forwarded again.
     pub async fn propose_here(&self, cmd: Command) -> Result<Response, ConsensusError> {
-        let written = self
-            .inner
-            .raft
-            .client_write(cmd)
-            .await
-            .map_err(from_write_error)?;
-        Ok(written.data)
+        if !self.is_leader() {
+            return Err(ConsensusError::NotLeader);
+        }
+        self.submit(cmd).await
     }
 
     /// Make the next local read linearizable: confirm leadership with a quorum (shared with
@@ -608,23 +604,59 @@ impl Consensus {
     }
 }
 
-/// Feeds the ordered proposal queue into openraft, one submission at a time.
-pub struct OrderedQueue {
+/// Batches in flight at once: while they commit, new proposals gather into the next batch.
+const BATCHES_IN_FLIGHT: usize = 4;
+/// The most commands, and the most bytes (estimated), in one batch.
+const MAX_BATCH_COMMANDS: usize = 1024;
+const MAX_BATCH_BYTES: usize = 1 << 20;
+
+/// Feeds proposals into openraft in order, many per log entry (group commit).
+///
+/// openraft 0.9 appends and flushes each submitted entry on its own before taking the next,
+/// so one entry per command costs one fsync per command. This queue instead lets proposals
+/// that arrive while up to [`BATCHES_IN_FLIGHT`] batches are committing gather into one
+/// `Command::Batch`: one entry, one fsync, applied as consecutive commands. Order is kept:
+/// batches are formed and submitted in arrival order.
+pub struct ProposalQueue {
     raft: Raft,
-    queue: mpsc::UnboundedReceiver<OrderedProposal>,
+    queue: mpsc::UnboundedReceiver<Proposal>,
 }
 
-impl OrderedQueue {
-    /// Submit queued proposals in order until cancelled. Each submission is handed to openraft
-    /// before the next is taken (that is the ordering); waiting for results runs alongside.
+impl ProposalQueue {
+    /// Run until cancelled.
     pub async fn run(mut self, cancel: tokio_util::sync::CancellationToken) {
+        let in_flight = Arc::new(tokio::sync::Semaphore::new(BATCHES_IN_FLIGHT));
         loop {
-            let (cmd, reply) = tokio::select! {
+            let permit = tokio::select! {
+                _ = cancel.cancelled() => return,
+                p = in_flight.clone().acquire_owned() => match p {
+                    Ok(p) => p,
+                    Err(_) => return,
+                },
+            };
+            let first = tokio::select! {
                 _ = cancel.cancelled() => return,
                 next = self.queue.recv() => match next {
                     Some(p) => p,
                     None => return,
                 },
+            };
+            let mut bytes = first.0.approx_bytes();
+            let mut batch = vec![first];
+            while batch.len() < MAX_BATCH_COMMANDS && bytes < MAX_BATCH_BYTES {
+                match self.queue.try_recv() {
+                    Ok(p) => {
+                        bytes += p.0.approx_bytes();
+                        batch.push(p);
+                    }
+                    Err(_) => break,
+                }
+            }
+            let (commands, replies): (Vec<Command>, Vec<_>) = batch.into_iter().unzip();
+            let single = commands.len() == 1;
+            let cmd = match single {
+                true => commands.into_iter().next().expect("one command"),
+                false => Command::Batch { commands },
             };
             match self.raft.client_write_ff(cmd).await {
                 Ok(applied) => {
@@ -634,12 +666,36 @@ impl OrderedQueue {
                             Ok(Err(e)) => Err(from_write_error(RaftError::APIError(e))),
                             Err(_) => Err(ConsensusError::ShuttingDown),
                         };
-                        let _ = reply.send(result);
+                        distribute(result, single, replies);
+                        drop(permit);
                     });
                 }
-                Err(_) => {
-                    let _ = reply.send(Err(ConsensusError::ShuttingDown));
-                }
+                Err(_) => distribute(Err(ConsensusError::ShuttingDown), single, replies),
+            }
+        }
+    }
+}
+
+/// Hand each proposer its own response.
+fn distribute(
+    result: Result<Response, ConsensusError>,
+    single: bool,
+    replies: Vec<oneshot::Sender<Result<Response, ConsensusError>>>,
+) {
+    match result {
+        Ok(Response::Batch { responses }) if !single => {
+            for (reply, r) in replies.into_iter().zip(responses) {
+                let _ = reply.send(Ok(r));
+            }
+        }
+        Ok(r) => {
+            if let Some(reply) = replies.into_iter().next() {
+                let _ = reply.send(Ok(r));
+            }
+        }
+        Err(e) => {
+            for reply in replies {
+                let _ = reply.send(Err(e.clone()));
             }
         }
     }

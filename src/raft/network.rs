@@ -35,7 +35,6 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use super::{Entry, NodeId, SnapshotMeta, TypeConfig};
-use crate::domain::command::Command;
 
 /// The largest AppendEntries payload sent in one request (estimated), unless a single entry is
 /// larger on its own.
@@ -46,33 +45,10 @@ pub const MSGPACK: &str = "application/msgpack";
 
 /// A cheap estimate of an entry's encoded size.
 fn approx_entry_bytes(entry: &Entry) -> usize {
-    const OVERHEAD: usize = 96;
+    const OVERHEAD: usize = 48;
     match &entry.payload {
-        EntryPayload::Normal(Command::Put {
-            key, value, lease, ..
-        }) => OVERHEAD + key.len() + value.len() + lease.as_ref().map_or(0, |l| l.len()),
-        EntryPayload::Normal(Command::Delete { key, .. }) => OVERHEAD + key.len(),
-        EntryPayload::Normal(
-            Command::RegisterLease { name, .. } | Command::RevokeLease { name },
-        ) => OVERHEAD + name.len(),
-        EntryPayload::Normal(Command::ExpireLeases { leases }) => {
-            OVERHEAD + leases.iter().map(|l| l.name.len() + 16).sum::<usize>()
-        }
-        EntryPayload::Normal(Command::RegisterMember {
-            id, address, meta, ..
-        }) => {
-            OVERHEAD
-                + id.len()
-                + address.len()
-                + meta
-                    .iter()
-                    .map(|(k, v)| k.len() + v.len() + 8)
-                    .sum::<usize>()
-        }
-        EntryPayload::Normal(Command::CheckpointLeases { checkpoints }) => {
-            OVERHEAD + checkpoints.iter().map(|c| c.name.len() + 24).sum::<usize>()
-        }
-        EntryPayload::Membership(_) => 4 * OVERHEAD,
+        EntryPayload::Normal(cmd) => OVERHEAD + cmd.approx_bytes(),
+        EntryPayload::Membership(_) => 8 * OVERHEAD,
         EntryPayload::Blank => OVERHEAD,
     }
 }

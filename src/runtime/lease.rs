@@ -13,7 +13,7 @@
 //!
 //! # Ordering
 //! Expiry and checkpoint proposals, and the checkpoint clears of refreshes, are *enqueued while
-//! the tracker lock is held* into the consensus layer's ordered queue. The log therefore
+//! the tracker lock is held* into the consensus layer's proposal queue, which keeps their order. The log therefore
 //! receives them in the order the tracker decided them, which is what makes a refresh's clear
 //! land after every checkpoint decided before it.
 
@@ -261,7 +261,7 @@ impl LeaseService {
                         remaining_ms: None,
                     }],
                 };
-                (ticket, self.consensus.submit_ordered(cmd))
+                (ticket, self.consensus.submit(cmd))
             });
             (refreshed, clear)
         };
@@ -337,7 +337,7 @@ impl LeaseService {
                     })
                     .collect(),
             };
-            let applied = self.consensus.submit_ordered(cmd);
+            let applied = self.consensus.submit(cmd);
             let this = self.clone();
             self.tasks.spawn(async move {
                 match applied.await {
@@ -369,7 +369,7 @@ impl LeaseService {
                     })
                     .collect(),
             };
-            let applied = self.consensus.submit_ordered(cmd);
+            let applied = self.consensus.submit(cmd);
             self.tasks.spawn(async move {
                 if let Err(e) = applied.await {
                     tracing::warn!(error = %e, "lease checkpoint not applied");
