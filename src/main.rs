@@ -445,6 +445,15 @@ fn not_found(code: &str, message: String) -> ClientError {
     }
 }
 
+/// Print the server's document with `--json`, else the person-readable line(s).
+fn show<T: Serialize>(json: bool, doc: &T, for_people: impl FnOnce(&T)) {
+    if json {
+        print_json(doc);
+    } else {
+        for_people(doc);
+    }
+}
+
 fn print_json<T: Serialize>(v: &T) {
     println!(
         "{}",
@@ -464,11 +473,9 @@ async fn kv(cmd: KvCmd, conn: &ConnArgs) -> Result<(), ClientError> {
             let r = client
                 .put(&key, &value, lease.as_deref(), prev_revision)
                 .await?;
-            if conn.json {
-                print_json(&r);
-            } else {
+            show(conn.json, &r, |r| {
                 println!("OK (revision {})", r.revision);
-            }
+            });
         }
         KvCmd::Get { key, local } => match client.get(&key, local).await? {
             Some(r) if conn.json => print_json(&r),
@@ -496,15 +503,13 @@ async fn kv(cmd: KvCmd, conn: &ConnArgs) -> Result<(), ClientError> {
             local,
         } => {
             let r = client.list(&prefix, limit, local).await?;
-            if conn.json {
-                print_json(&r);
-            } else {
+            show(conn.json, &r, |r| {
                 for item in &r.items {
                     println!("{} = {}", item.key, item.value);
                 }
                 let more = if r.more { " (more: raise --limit)" } else { "" };
                 eprintln!("{} keys at revision {}{more}", r.items.len(), r.revision);
-            }
+            });
         }
     }
     Ok(())
@@ -534,34 +539,28 @@ async fn lease(cmd: LeaseCmd, conn: &ConnArgs) -> Result<(), ClientError> {
     match cmd {
         LeaseCmd::Grant { name, ttl_ms } => {
             let r = client.grant(&name, ttl_ms).await?;
-            if conn.json {
-                print_json(&r);
-            } else {
+            show(conn.json, &r, |r| {
                 println!(
                     "granted {} (ttl {} ms, revision {})",
                     r.name, r.ttl_ms, r.revision
                 );
-            }
+            });
         }
         LeaseCmd::Refresh { name } => {
             let r = client.refresh(&name, None).await?;
-            if conn.json {
-                print_json(&r);
-            } else {
+            show(conn.json, &r, |r| {
                 println!("refreshed {} ({} ms left)", r.name, r.remaining_ms);
-            }
+            });
         }
         LeaseCmd::Revoke { name } => {
             let r = client.revoke(&name).await?;
-            if conn.json {
-                print_json(&r);
-            } else {
+            show(conn.json, &r, |r| {
                 println!(
                     "revoked {name} (revision {}, {} key(s) deleted)",
                     r.revision,
                     r.deleted_keys.len()
                 );
-            }
+            });
         }
         LeaseCmd::Get { name } => match client.lease(&name).await? {
             Some(l) if conn.json => print_json(&l),
@@ -575,14 +574,12 @@ async fn lease(cmd: LeaseCmd, conn: &ConnArgs) -> Result<(), ClientError> {
         },
         LeaseCmd::List { prefix, limit } => {
             let r = client.leases(&prefix, limit).await?;
-            if conn.json {
-                print_json(&r);
-            } else {
+            show(conn.json, &r, |r| {
                 for l in &r.leases {
                     print_lease(l);
                 }
                 eprintln!("{} lease(s) at revision {}", r.leases.len(), r.revision);
-            }
+            });
         }
         LeaseCmd::Keepalive {
             name,
@@ -725,16 +722,14 @@ async fn member(cmd: MemberCmd, conn: &ConnArgs) -> Result<(), ClientError> {
     match cmd {
         MemberCmd::List => {
             let r = client.members().await?;
-            if conn.json {
-                print_json(&r);
-            } else {
+            show(conn.json, &r, |r| {
                 for m in &r.members {
                     let meta: Vec<String> =
                         m.meta.iter().map(|(k, v)| format!("{k}={v}")).collect();
                     println!("{}  {}  {}", m.id, m.address, meta.join(" "));
                 }
                 eprintln!("{} member(s) at revision {}", r.members.len(), r.revision);
-            }
+            });
         }
         MemberCmd::Register {
             id,
@@ -745,27 +740,21 @@ async fn member(cmd: MemberCmd, conn: &ConnArgs) -> Result<(), ClientError> {
             let r = client
                 .register_member(&id, &address, ttl_ms, meta.into_iter().collect())
                 .await?;
-            if conn.json {
-                print_json(&r);
-            } else {
+            show(conn.json, &r, |r| {
                 println!("registered {} (revision {})", r.id, r.revision);
-            }
+            });
         }
         MemberCmd::Heartbeat { id } => {
             let r = client.heartbeat(&id, None).await?;
-            if conn.json {
-                print_json(&r);
-            } else {
+            show(conn.json, &r, |r| {
                 println!("{}: {} ms left", r.id, r.remaining_ms);
-            }
+            });
         }
         MemberCmd::Leave { id } => {
             let r = client.leave(&id).await?;
-            if conn.json {
-                print_json(&r);
-            } else {
+            show(conn.json, &r, |r| {
                 println!("{} left (revision {})", r.id, r.revision);
-            }
+            });
         }
     }
     Ok(())

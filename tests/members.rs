@@ -70,23 +70,23 @@ async fn next_delete(w: &mut Watcher, key: &str) -> Event {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_killed_agent_disappears_after_its_ttl_and_watchers_see_it_expire() {
+/// A cluster and a watcher of `members/` from now on.
+async fn cluster_with_member_watch() -> (TestCluster, Watcher) {
     let c = TestCluster::start(3).await;
     c.leader().await;
-    let start = c
-        .client()
-        .put("m/start", "x", None, None)
-        .await
-        .unwrap()
-        .revision
-        .0;
-    let mut watcher = Watcher::new(
+    let start = c.client().put("m/start", "x", None, None).await.unwrap();
+    let watcher = Watcher::new(
         Arc::new(c.client()),
         WatchFilter::Prefix("members/".into()),
-        Some(start),
+        Some(start.revision.0),
     )
     .poll_timeout(1_000);
+    (c, watcher)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_killed_agent_disappears_after_its_ttl_and_watchers_see_it_expire() {
+    let (c, mut watcher) = cluster_with_member_watch().await;
     let mut agent = spawn_agent(&c, "crashy", 2000);
     until_member(&c, "crashy", true).await;
     let m = c.client().members().await.unwrap();
@@ -105,21 +105,7 @@ async fn a_killed_agent_disappears_after_its_ttl_and_watchers_see_it_expire() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_terminated_agent_leaves_at_once() {
-    let c = TestCluster::start(3).await;
-    c.leader().await;
-    let start = c
-        .client()
-        .put("m/start", "x", None, None)
-        .await
-        .unwrap()
-        .revision
-        .0;
-    let mut watcher = Watcher::new(
-        Arc::new(c.client()),
-        WatchFilter::Prefix("members/".into()),
-        Some(start),
-    )
-    .poll_timeout(1_000);
+    let (c, mut watcher) = cluster_with_member_watch().await;
     // A long TTL: only a deregistration can remove it within the test.
     let agent = spawn_agent(&c, "polite", 60_000);
     until_member(&c, "polite", true).await;
