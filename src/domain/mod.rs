@@ -19,6 +19,7 @@
 //! - [`members`]: membership as leased keys (`members/{id}`): layout and record.
 
 pub mod command;
+pub mod flease;
 pub mod history;
 pub mod kv;
 pub mod lease;
