@@ -50,6 +50,10 @@
 //!   themselves at most their round start in microseconds plus the number of grants since, and a
 //!   round takes far longer than a microsecond per grant.)
 //!
+//! An owner that acquires while its own lease is still in the register (its release was lost,
+//! or its node restarted) renews it and keeps the epoch: nobody else held the resource in
+//! between, so to the protected resource this is one continuing tenure.
+//!
 //! The simulator in `tests/flease_sim.rs` checks both properties after every step, and shows that
 //! its checker catches an overlap when the skew bound is violated.
 //!
