@@ -22,6 +22,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::clock::{Clock, SystemClock};
+use crate::domain::flease::FleaseConfig;
 use crate::domain::history::HistoryLimits;
 use crate::domain::limits::Limits;
 use crate::domain::types::NodeId;
@@ -34,6 +35,7 @@ use crate::raft::log_store::LogStore;
 use crate::raft::network::{Faults, NetworkFactory, PeerClient};
 use crate::raft::state_machine::{Observers, StateMachine};
 use crate::runtime::election::ElectionWatchdog;
+use crate::runtime::flease::FleaseService;
 use crate::runtime::lease::{DEFAULT_MIN_TTL_MS, LeaseConfig, LeaseHub, LeaseService};
 use crate::runtime::watch::WatchHub;
 use crate::storage;
@@ -84,6 +86,8 @@ pub struct NodeConfig {
     pub min_lease_ttl_ms: u64,
     /// Bounds of the watch history.
     pub history: HistoryLimits,
+    /// Flease timing (validated at start).
+    pub flease: FleaseConfig,
 }
 
 impl NodeConfig {
@@ -102,6 +106,7 @@ impl NodeConfig {
             cache_bytes: 64 << 20,
             min_lease_ttl_ms: DEFAULT_MIN_TTL_MS,
             history: HistoryLimits::default(),
+            flease: FleaseConfig::default(),
         }
     }
 
@@ -162,6 +167,7 @@ pub struct Node {
     advertise: String,
     consensus: Consensus,
     watch: Arc<WatchHub>,
+    flease: Arc<FleaseService>,
     db: sled::Db,
     cancel: CancellationToken,
     tasks: TaskTracker,
@@ -199,6 +205,9 @@ impl Node {
             (None, None) => addr.to_string(),
         };
         let raft_config = Arc::new(cfg.raft_config()?);
+        cfg.flease
+            .validate()
+            .map_err(|e| NodeError::Config(e.to_string()))?;
 
         std::fs::create_dir_all(&cfg.data_dir)
             .map_err(|e| NodeError::Config(format!("creating {}: {e}", cfg.data_dir.display())))?;
@@ -222,6 +231,7 @@ impl Node {
 
         let peers = PeerClient::new();
         let faults = peers.faults();
+        let flease_peers = peers.clone();
         let raft = Raft::new(
             cfg.id,
             raft_config,
@@ -242,12 +252,21 @@ impl Node {
             tasks.clone(),
         ));
         tasks.spawn(leases.clone().run(cancel.clone()));
+        let flease = Arc::new(FleaseService::new(
+            cfg.id,
+            cfg.flease,
+            clock.clone(),
+            consensus.clone(),
+            flease_peers,
+        ));
+        tasks.spawn(flease.clone().run_maintenance(cancel.clone()));
         let state = AppState {
             consensus: consensus.clone(),
             limits: cfg.limits,
             metrics: Arc::new(Metrics::default()),
             leases,
             watch: watch_hub.clone(),
+            flease: flease.clone(),
         };
         let app = http::router(state);
         tasks.spawn({
@@ -276,6 +295,7 @@ impl Node {
             advertise: advertise.clone(),
             consensus,
             watch: watch_hub,
+            flease,
             db,
             cancel,
             tasks,
@@ -306,6 +326,11 @@ impl Node {
 
     pub fn consensus(&self) -> &Consensus {
         &self.consensus
+    }
+
+    /// Flease on this node.
+    pub fn flease(&self) -> &FleaseService {
+        &self.flease
     }
 
     /// The watch hub (history and waiting watches).

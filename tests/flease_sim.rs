@@ -227,7 +227,7 @@ impl Sim {
                 let renew_at = end.saturating_sub(CFG.renew_lead_ms - CFG.eps_ms);
                 self.nodes[i].next_try.insert(key, renew_at);
             }
-            RoundEvent::Busy { .. } => {
+            RoundEvent::Busy { .. } | RoundEvent::Released { .. } | RoundEvent::NotHeld => {
                 self.nodes[i].rounds.remove(&key);
                 let later = self.now + self.rng.random_range(100..1500);
                 self.nodes[i].next_try.insert(key, later);

@@ -32,6 +32,7 @@ use crate::domain::types::NodeId;
 use crate::raft::consensus::ClusterView;
 use std::collections::BTreeMap;
 
+use crate::runtime::flease::LeaseView;
 use crate::runtime::lease::RefreshAck;
 use crate::wire::{
     AddNodeRequest, DeleteResponse, ErrorBody, GetResponse, Heartbeat, LeaseGranted, LeaseInfo,
@@ -476,6 +477,44 @@ impl Client {
             timeout: Some(Duration::from_millis(timeout_ms) + Duration::from_secs(5)),
         };
         self.call_with(Method::GET, &path, None::<&()>, opts).await
+    }
+}
+
+impl Client {
+    /// Acquire (or renew) a Flease lease on `resource` for `owner`.
+    pub async fn flease_acquire(
+        &self,
+        resource: &str,
+        owner: &str,
+    ) -> Result<LeaseView, ClientError> {
+        let path = format!("/v1/flease/{}/acquire", encode_query(resource));
+        let body = serde_json::json!({ "owner": owner });
+        // Idempotent for one owner: acquiring again renews.
+        let opts = CallOptions {
+            idempotent: true,
+            timeout: None,
+        };
+        self.call_with(Method::POST, &path, Some(&body), opts).await
+    }
+
+    /// Release `owner`'s Flease lease on `resource`: true if it held it.
+    pub async fn flease_release(&self, resource: &str, owner: &str) -> Result<bool, ClientError> {
+        let path = format!("/v1/flease/{}/release", encode_query(resource));
+        let body = serde_json::json!({ "owner": owner });
+        let opts = CallOptions {
+            idempotent: true,
+            timeout: None,
+        };
+        let v: Value = self
+            .call_with(Method::POST, &path, Some(&body), opts)
+            .await?;
+        Ok(v["released"].as_bool().unwrap_or(false))
+    }
+
+    /// What the answering node knows of `resource`.
+    pub async fn flease_get(&self, resource: &str) -> Result<LeaseView, ClientError> {
+        let path = format!("/v1/flease/{}", encode_query(resource));
+        self.call(Method::GET, &path, None::<&()>).await
     }
 }
 

@@ -11,6 +11,7 @@
 pub mod cluster;
 pub mod error;
 pub mod extract;
+pub mod flease;
 pub mod kv;
 pub mod leases;
 pub mod members;
@@ -32,6 +33,7 @@ use crate::domain::limits::Limits;
 use crate::metrics::Metrics;
 use crate::raft::consensus::Consensus;
 use crate::raft::network::routes;
+use crate::runtime::flease::{FleaseService, MSG_ROUTE};
 use crate::runtime::lease::LeaseService;
 use crate::runtime::watch::WatchHub;
 use error::ApiError;
@@ -47,6 +49,7 @@ pub struct AppState {
     pub metrics: Arc<Metrics>,
     pub leases: Arc<LeaseService>,
     pub watch: Arc<WatchHub>,
+    pub flease: Arc<FleaseService>,
 }
 
 /// Who a route is for.
@@ -115,6 +118,19 @@ pub fn route_table() -> Vec<RouteSpec> {
             Public,
             post(members::heartbeat),
         ),
+        spec(
+            "POST",
+            "/v1/flease/{resource}/acquire",
+            Public,
+            post(flease::acquire),
+        ),
+        spec(
+            "POST",
+            "/v1/flease/{resource}/release",
+            Public,
+            post(flease::release),
+        ),
+        spec("GET", "/v1/flease/{resource}", Public, get(flease::get)),
         spec("GET", "/v1/cluster", Public, get(cluster::status)),
         spec("POST", "/v1/cluster/nodes", Public, post(cluster::add_node)),
         spec(
@@ -129,6 +145,7 @@ pub fn route_table() -> Vec<RouteSpec> {
         spec("POST", routes::PROPOSE, Peer, post(peer::propose)),
         spec("POST", routes::READ_INDEX, Peer, post(peer::read_index)),
         spec("POST", routes::ADMIN, Peer, post(peer::admin)),
+        spec("POST", MSG_ROUTE, Peer, post(flease::peer_messages)),
         spec(
             "POST",
             routes::LEASE_REFRESH,

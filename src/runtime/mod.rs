@@ -10,6 +10,7 @@
 //! - [`election`]: the election watchdog against openraft 0.9's election stall.
 //! - [`lease`]: the lease tracker's shell: apply-path observer, refresh, the expiry driver.
 //! - [`watch`]: the watch hub: event history fed by apply, wake-ups by key and prefix.
+//! - [`flease`]: Flease rounds over the peer port, the local acceptor, membership re-arming.
 //!
 //! The lease shell talks to `raft::consensus::Consensus` directly rather than through a port:
 //! every decision it sequences is made by the pure `domain::lease`, which is where its tests
@@ -17,5 +18,6 @@
 
 pub mod batch;
 pub mod election;
+pub mod flease;
 pub mod lease;
 pub mod watch;

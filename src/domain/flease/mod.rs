@@ -129,6 +129,26 @@ impl Default for FleaseConfig {
     }
 }
 
+impl FleaseConfig {
+    /// A consistent configuration from the three numbers that matter: the lease time, the
+    /// clock-skew bound and the round timeout (the rest follow the brief's section 7.2).
+    pub fn derived(t_max_ms: u64, eps_ms: u64, round_timeout_ms: u64) -> Self {
+        let age = (eps_ms + 2 * round_timeout_ms).max(2 * eps_ms);
+        let restart = t_max_ms + 2 * eps_ms + age;
+        FleaseConfig {
+            eps_ms,
+            t_max_ms,
+            round_timeout_ms,
+            msg_max_age_ms: age,
+            renew_lead_ms: t_max_ms / 2,
+            renew_min_remaining_ms: 2 * round_timeout_ms + eps_ms,
+            restart_wait_ms: restart,
+            cell_gc_idle_ms: (2 * t_max_ms).max(restart),
+            ballot_era_ms: 2 * eps_ms,
+        }
+    }
+}
+
 /// A configuration Flease cannot be safe or live with.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("invalid flease configuration: {0}")]
@@ -454,6 +474,18 @@ mod tests {
         ] {
             assert!(bad.validate().is_err(), "{bad:?} accepted");
         }
+    }
+
+    #[test]
+    fn derived_configs_are_valid() {
+        for (t, e, r) in [(10_000, 500, 500), (2000, 50, 100), (60_000, 1000, 500)] {
+            assert_eq!(
+                FleaseConfig::derived(t, e, r).validate(),
+                Ok(()),
+                "{t} {e} {r}"
+            );
+        }
+        assert!(FleaseConfig::derived(1000, 500, 100).validate().is_err());
     }
 
     #[test]

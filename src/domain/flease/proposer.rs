@@ -21,6 +21,8 @@ use crate::domain::types::{MonoMillis, NodeId, WallMillis};
 pub enum Intent {
     /// Take the lease, or renew it if this owner holds it.
     Acquire,
+    /// Give it up: mark this owner's lease released (the owner has stopped already).
+    Release,
 }
 
 /// A committed lease of this round's owner.
@@ -70,6 +72,10 @@ pub enum RoundEvent {
         expires: WallMillis,
         epoch: Epoch,
     },
+    /// This owner's lease was released (committed): anyone may acquire now.
+    Released { epoch: Epoch },
+    /// A release found no lease of this owner: nothing to do.
+    NotHeld,
     /// Retry with a ballot above `seen`, not before `not_before` (wall clock for doubt windows,
     /// else immediately after a backoff the shell chooses).
     Retry {
@@ -97,6 +103,7 @@ pub struct Round {
     me: NodeId,
     resource: ResourceId,
     owner: String,
+    intent: Intent,
     members: Vec<NodeId>,
     cfg: FleaseConfig,
     k: Ballot,
@@ -108,9 +115,24 @@ pub struct Round {
 }
 
 impl Round {
-    /// Start a round with ballot `k`: the `Read`s to send to every member (self included: the
-    /// shell routes those to the local acceptor like any message).
+    /// Start an acquire round with ballot `k`: the `Read`s to send to every member (self
+    /// included: the shell routes those to the local acceptor like any message).
     pub fn start(
+        me: NodeId,
+        resource: &str,
+        owner: &str,
+        members: &[NodeId],
+        k: Ballot,
+        cfg: FleaseConfig,
+        now: Now,
+    ) -> (Round, Vec<Envelope>) {
+        Self::start_for(Intent::Acquire, me, resource, owner, members, k, cfg, now)
+    }
+
+    /// Start a round for `intent`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn start_for(
+        intent: Intent,
         me: NodeId,
         resource: &str,
         owner: &str,
@@ -123,6 +145,7 @@ impl Round {
             me,
             resource: resource.to_string(),
             owner: owner.to_string(),
+            intent,
             members: members.to_vec(),
             cfg,
             k,
@@ -252,6 +275,19 @@ impl Round {
             }
         }
         let found = highest.map(|(_, v)| v).unwrap_or_default();
+        if self.intent == Intent::Release {
+            // Only this owner's own lease, valid or not yet free for others, is released.
+            let value = match &found {
+                Slot::Lease { owner, epoch, .. } if *owner == self.owner => {
+                    Slot::Released { epoch: *epoch }
+                }
+                _ => {
+                    self.phase = Phase::Done;
+                    return RoundEvent::NotHeld;
+                }
+            };
+            return self.write(value, now);
+        }
         let expires = WallMillis(self.t0.0.saturating_add(self.cfg.t_max_ms));
         let value = match judge(&found, now.wall, self.cfg.eps_ms) {
             Judgement::Free => Slot::Lease {
@@ -283,6 +319,11 @@ impl Round {
                 return self.retry(RetryWhy::InDoubt, self.k, Some(until));
             }
         };
+        self.write(value, now)
+    }
+
+    /// Enter the write phase with `value`.
+    fn write(&mut self, value: Slot, now: Now) -> RoundEvent {
         self.deadline = now.mono.plus(self.cfg.round_timeout_ms);
         let msgs = self.broadcast(
             Msg::Write {
@@ -334,8 +375,9 @@ impl Round {
                 expires,
                 epoch,
             },
-            // A release or an empty slot is never written by an acquire round.
-            _ => RoundEvent::Retry {
+            Slot::Released { epoch } => RoundEvent::Released { epoch },
+            // An empty slot is never written.
+            Slot::Empty => RoundEvent::Retry {
                 why: RetryWhy::Nack,
                 seen: self.k,
                 not_before: None,
@@ -527,6 +569,30 @@ mod tests {
                 ..
             }
         ));
+    }
+
+    #[test]
+    fn release_frees_the_owners_lease_for_the_next_owner_at_once() {
+        let mut acc = acceptors();
+        let RoundEvent::Granted(g) = acquire(&mut acc, 1, "alice", k(1, 1), 3000) else {
+            panic!("not granted")
+        };
+        let release = |acc: &mut [Acceptor], owner: &str, b: Ballot| {
+            let (mut r, msgs) =
+                Round::start_for(Intent::Release, 2, "r", owner, &[1, 2, 3], b, CFG, at(3100));
+            run(&mut r, acc, msgs, 3100)
+        };
+        // Someone else cannot release alice's lease.
+        assert_eq!(release(&mut acc, "bob", k(2, 2)), RoundEvent::NotHeld);
+        assert_eq!(
+            release(&mut acc, "alice", k(2, 3)),
+            RoundEvent::Released { epoch: g.epoch }
+        );
+        // Bob acquires long before alice's lease would have expired, with a higher epoch.
+        let RoundEvent::Granted(b) = acquire(&mut acc, 3, "bob", k(3, 4), 3200) else {
+            panic!("not granted after release")
+        };
+        assert!(b.epoch > g.epoch);
     }
 
     #[test]

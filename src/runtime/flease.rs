@@ -1,0 +1,406 @@
+//! The Flease shell: runs rounds for owners over the peer HTTP port, feeds peers' messages to
+//! the local acceptor, and keeps the acceptor's restart wait in step with the membership.
+//!
+//! - No task per resource: a round runs inside the request that asked for it; idle resources
+//!   cost one acceptor cell (collected when idle and free).
+//! - Messages to a peer are batched: concurrent rounds' messages to one destination travel in
+//!   one `POST /flease/msg` (a per-destination outbox), and the answers come back in its reply.
+//!   Messages to this node go to the local acceptor as messages, never as direct calls, so the
+//!   restart wait applies to it too.
+//! - The acceptor set is the current Raft voter set; when it changes, the acceptor forgets its
+//!   cells and stays silent for the restart wait again (the cost: Flease is unavailable for
+//!   about `restart_wait` after every membership change).
+//!
+//! Every rule is in [`crate::domain::flease`]; this file sequences I/O and retries.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::StreamExt;
+use futures::stream::FuturesUnordered;
+use rand::Rng;
+use serde::{Deserialize, Serialize};
+use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
+
+use crate::clock::Clock;
+use crate::domain::flease::proposer::RoundEvent;
+use crate::domain::flease::{
+    Acceptor, Ballot, BallotGen, Envelope, FleaseConfig, Intent, Judgement, Now, Round, judge,
+};
+use crate::domain::types::{NodeId, WallMillis};
+use crate::raft::consensus::Consensus;
+use crate::raft::network::PeerClient;
+
+/// The peer route for batched Flease messages.
+pub const MSG_ROUTE: &str = "/flease/msg";
+/// Rounds per request before giving up.
+const MAX_ATTEMPTS: usize = 8;
+/// Messages per peer request at most.
+const MAX_BATCH: usize = 512;
+
+/// The answer to an acquire (and to a read of a resource).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeaseView {
+    pub resource: String,
+    /// Whether the asking owner holds it (acquire only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub granted: Option<bool>,
+    /// The current holder, if any.
+    pub holder: Option<String>,
+    /// How long the holder may still act, from the time of this answer (already reduced by
+    /// the clock-skew bound).
+    pub valid_ms: u64,
+    pub epoch: u64,
+}
+
+/// Why a round could not complete.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum FleaseError {
+    #[error(
+        "no quorum of acceptors answered (a node restarted or the membership changed recently, or a majority is unreachable)"
+    )]
+    NoQuorum,
+}
+
+/// Counters.
+#[derive(Default)]
+pub struct FleaseMetrics {
+    pub rounds: AtomicU64,
+    pub granted: AtomicU64,
+    pub busy: AtomicU64,
+    pub released: AtomicU64,
+    pub retries: AtomicU64,
+}
+
+type Outgoing = (Envelope, oneshot::Sender<Option<Envelope>>);
+
+/// Flease on this node.
+pub struct FleaseService {
+    me: NodeId,
+    cfg: FleaseConfig,
+    clock: Arc<dyn Clock>,
+    acceptor: Mutex<Acceptor>,
+    ballots: Mutex<(BallotGen, Ballot)>,
+    consensus: Consensus,
+    peers: PeerClient,
+    outboxes: Mutex<HashMap<NodeId, mpsc::UnboundedSender<Outgoing>>>,
+    /// The voter set the acceptor serves.
+    view: Mutex<BTreeSet<NodeId>>,
+    pub metrics: FleaseMetrics,
+}
+
+impl FleaseService {
+    pub fn new(
+        me: NodeId,
+        cfg: FleaseConfig,
+        clock: Arc<dyn Clock>,
+        consensus: Consensus,
+        peers: PeerClient,
+    ) -> Self {
+        let now = Now {
+            wall: clock.wall(),
+            mono: clock.mono(),
+        };
+        FleaseService {
+            me,
+            cfg,
+            acceptor: Mutex::new(Acceptor::new(me, cfg, now)),
+            // The boot id: this start's wall clock (it grows across restarts).
+            ballots: Mutex::new((
+                BallotGen::new(me, now.wall.0, cfg.ballot_era_ms),
+                Ballot::default(),
+            )),
+            clock,
+            consensus,
+            peers,
+            outboxes: Mutex::new(HashMap::new()),
+            view: Mutex::new(BTreeSet::new()),
+            metrics: FleaseMetrics::default(),
+        }
+    }
+
+    pub fn config(&self) -> FleaseConfig {
+        self.cfg
+    }
+
+    fn now(&self) -> Now {
+        Now {
+            wall: self.clock.wall(),
+            mono: self.clock.mono(),
+        }
+    }
+
+    fn acceptor(&self) -> std::sync::MutexGuard<'_, Acceptor> {
+        self.acceptor.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// (cells, nacks, skew suspicions, recovering)
+    pub fn stats(&self) -> (usize, u64, u64, bool) {
+        let now = self.now();
+        let a = self.acceptor();
+        let s = a.stats();
+        (a.len(), s.nacks, s.skew_suspicions, a.is_recovering(now))
+    }
+
+    /// The voters and their addresses.
+    fn members(&self) -> BTreeMap<NodeId, String> {
+        let view = self.consensus.cluster_view();
+        view.nodes
+            .into_iter()
+            .filter(|n| n.voter)
+            .map(|n| (n.id, n.address))
+            .collect()
+    }
+
+    /// Handle a batch of peer messages with the local acceptor; one answer per message.
+    pub fn on_peer_batch(&self, batch: &[Envelope]) -> Vec<Option<Envelope>> {
+        let now = self.now();
+        let mut a = self.acceptor();
+        batch.iter().map(|m| a.on_message(m, now)).collect()
+    }
+
+    /// Deliver one message and wait for its answer (None: lost, refused or timed out).
+    async fn deliver(self: &Arc<Self>, env: Envelope, addr: Option<String>) -> Option<Envelope> {
+        if env.to == self.me {
+            let now = self.now();
+            return self.acceptor().on_message(&env, now);
+        }
+        let addr = addr?;
+        let (tx, rx) = oneshot::channel();
+        let outbox = {
+            let mut boxes = self.outboxes.lock().unwrap_or_else(|p| p.into_inner());
+            boxes
+                .entry(env.to)
+                .or_insert_with(|| {
+                    let (otx, orx) = mpsc::unbounded_channel();
+                    tokio::spawn(self.clone().run_outbox(addr.clone(), orx));
+                    otx
+                })
+                .clone()
+        };
+        outbox.send((env, tx)).ok()?;
+        rx.await.ok().flatten()
+    }
+
+    /// One destination's outbox: everything queued goes in one request.
+    async fn run_outbox(
+        self: Arc<Self>,
+        addr: String,
+        mut queue: mpsc::UnboundedReceiver<Outgoing>,
+    ) {
+        let timeout = Duration::from_millis(self.cfg.round_timeout_ms);
+        while let Some(first) = queue.recv().await {
+            let mut batch = vec![first];
+            while batch.len() < MAX_BATCH {
+                match queue.try_recv() {
+                    Ok(m) => batch.push(m),
+                    Err(_) => break,
+                }
+            }
+            let (msgs, replies): (Vec<Envelope>, Vec<_>) = batch.into_iter().unzip();
+            let answers: Vec<Option<Envelope>> = self
+                .peers
+                .post_json(&addr, MSG_ROUTE, &msgs, timeout)
+                .await
+                .unwrap_or_default();
+            let mut answers = answers.into_iter();
+            for reply in replies {
+                let _ = reply.send(answers.next().flatten());
+            }
+        }
+    }
+
+    /// Acquire (or renew) `resource` for `owner`.
+    pub async fn acquire(
+        self: &Arc<Self>,
+        resource: &str,
+        owner: &str,
+    ) -> Result<LeaseView, FleaseError> {
+        self.run(Intent::Acquire, resource, owner).await
+    }
+
+    /// Release `resource` if `owner` holds it; `granted: None`, `holder: None` after.
+    pub async fn release(
+        self: &Arc<Self>,
+        resource: &str,
+        owner: &str,
+    ) -> Result<bool, FleaseError> {
+        let view = self.run(Intent::Release, resource, owner).await?;
+        Ok(view.granted == Some(true))
+    }
+
+    /// What this node's acceptor knows of `resource` (local, not a quorum read).
+    pub fn peek(&self, resource: &str) -> LeaseView {
+        let now = self.now();
+        let slot = self
+            .acceptor()
+            .accepted(resource)
+            .cloned()
+            .unwrap_or_default();
+        let (holder, valid_ms, epoch) = match judge(&slot, now.wall, self.cfg.eps_ms) {
+            Judgement::HeldBy {
+                owner,
+                expires,
+                epoch,
+            } => (
+                Some(owner),
+                expires.0.saturating_sub(now.wall.0 + self.cfg.eps_ms),
+                epoch,
+            ),
+            _ => (None, 0, slot.epoch()),
+        };
+        LeaseView {
+            resource: resource.to_string(),
+            granted: None,
+            holder,
+            valid_ms,
+            epoch,
+        }
+    }
+
+    async fn run(
+        self: &Arc<Self>,
+        intent: Intent,
+        resource: &str,
+        owner: &str,
+    ) -> Result<LeaseView, FleaseError> {
+        for _ in 0..MAX_ATTEMPTS {
+            self.metrics.rounds.fetch_add(1, Ordering::Relaxed);
+            let members = self.members();
+            let ids: Vec<NodeId> = members.keys().copied().collect();
+            let now = self.now();
+            let k = {
+                let mut b = self.ballots.lock().unwrap_or_else(|p| p.into_inner());
+                let (generator, seen) = &mut *b;
+                generator.next(now.wall, *seen, rand::rng().random())
+            };
+            let (mut round, msgs) =
+                Round::start_for(intent, self.me, resource, owner, &ids, k, self.cfg, now);
+            let mut inflight = FuturesUnordered::new();
+            for m in msgs {
+                let addr = members.get(&m.to).cloned();
+                inflight.push(self.deliver(m, addr));
+            }
+            let outcome = loop {
+                let wait = Duration::from_millis(self.now().mono.until(round.deadline()));
+                tokio::select! {
+                    Some(reply) = inflight.next(), if !inflight.is_empty() => {
+                        let Some(reply) = reply else { continue };
+                        match round.on_reply(&reply, self.now()) {
+                            RoundEvent::Pending => {}
+                            RoundEvent::Send(more) => {
+                                for m in more {
+                                    let addr = members.get(&m.to).cloned();
+                                    inflight.push(self.deliver(m, addr));
+                                }
+                            }
+                            done => break done,
+                        }
+                    }
+                    _ = tokio::time::sleep(wait) => {
+                        match round.on_timeout(self.now()) {
+                            RoundEvent::Pending => {}
+                            done => break done,
+                        }
+                    }
+                }
+            };
+            match outcome {
+                RoundEvent::Granted(g) => {
+                    self.metrics.granted.fetch_add(1, Ordering::Relaxed);
+                    return Ok(LeaseView {
+                        resource: resource.to_string(),
+                        granted: Some(true),
+                        holder: Some(g.owner),
+                        valid_ms: self.now().mono.until(g.valid_until),
+                        epoch: g.epoch,
+                    });
+                }
+                RoundEvent::Busy {
+                    owner: holder,
+                    expires,
+                    epoch,
+                } => {
+                    self.metrics.busy.fetch_add(1, Ordering::Relaxed);
+                    let now = self.now();
+                    return Ok(LeaseView {
+                        resource: resource.to_string(),
+                        granted: Some(false),
+                        holder: Some(holder),
+                        valid_ms: expires.0.saturating_sub(now.wall.0 + self.cfg.eps_ms),
+                        epoch,
+                    });
+                }
+                RoundEvent::Released { epoch } => {
+                    self.metrics.released.fetch_add(1, Ordering::Relaxed);
+                    return Ok(LeaseView {
+                        resource: resource.to_string(),
+                        granted: Some(true),
+                        holder: None,
+                        valid_ms: 0,
+                        epoch,
+                    });
+                }
+                RoundEvent::NotHeld => {
+                    return Ok(LeaseView {
+                        resource: resource.to_string(),
+                        granted: Some(false),
+                        holder: None,
+                        valid_ms: 0,
+                        epoch: 0,
+                    });
+                }
+                RoundEvent::Retry {
+                    seen, not_before, ..
+                } => {
+                    self.metrics.retries.fetch_add(1, Ordering::Relaxed);
+                    {
+                        let mut b = self.ballots.lock().unwrap_or_else(|p| p.into_inner());
+                        b.1 = b.1.max(seen);
+                    }
+                    let backoff = rand::rng().random_range(20..120);
+                    let until =
+                        not_before.map_or(0, |w: WallMillis| w.0.saturating_sub(self.now().wall.0));
+                    tokio::time::sleep(Duration::from_millis(backoff.max(until))).await;
+                }
+                RoundEvent::Pending | RoundEvent::Send(_) => {}
+            }
+        }
+        Err(FleaseError::NoQuorum)
+    }
+
+    /// Keep the acceptor's view in step with the voter set; collect idle cells.
+    pub async fn run_maintenance(self: Arc<Self>, cancel: CancellationToken) {
+        let mut membership = self.consensus.raft().server_metrics();
+        let gc_every = Duration::from_millis(self.cfg.t_max_ms.max(100));
+        loop {
+            let voters: BTreeSet<NodeId> = self.members().keys().copied().collect();
+            {
+                let mut view = self.view.lock().unwrap_or_else(|p| p.into_inner());
+                if !voters.is_empty() && *view != voters {
+                    if !view.is_empty() {
+                        // A new acceptor set: forget and wait, as after a restart.
+                        let now = self.now();
+                        self.acceptor().rearm(now);
+                        tracing::info!(
+                            ?voters,
+                            "flease: membership changed; acceptor silent for the restart wait"
+                        );
+                    }
+                    *view = voters;
+                }
+            }
+            tokio::select! {
+                _ = cancel.cancelled() => return,
+                changed = membership.changed() => if changed.is_err() { return },
+                _ = tokio::time::sleep(gc_every) => {
+                    let now = self.now();
+                    self.acceptor().collect_idle(now);
+                }
+            }
+        }
+    }
+}
