@@ -17,9 +17,11 @@ use leasecore::client::{
     Client, ClientError, LeaseKeeper, LeaseStatus, WatchFilter, WatchItem, Watcher,
 };
 use leasecore::domain::command::{Cause, EventKind};
+use leasecore::domain::flease::FleaseConfig;
 use leasecore::domain::limits::DEFAULT_MAX_VALUE_BYTES;
 use leasecore::domain::types::NodeId;
 use leasecore::node::{Node, NodeConfig, RaftTimings};
+use leasecore::runtime::flease::LeaseView;
 use leasecore::wire::LeaseInfo;
 use serde::Serialize;
 use std::sync::Arc;
@@ -64,6 +66,13 @@ enum Command {
         /// Start at this revision (inclusive); default: changes from now on.
         #[arg(long)]
         from_revision: Option<u64>,
+        #[command(flatten)]
+        conn: ConnArgs,
+    },
+    /// Decentralized per-resource leases (Flease): acquire, release, inspect.
+    Flease {
+        #[command(subcommand)]
+        cmd: FleaseCmd,
         #[command(flatten)]
         conn: ConnArgs,
     },
@@ -143,6 +152,15 @@ struct ServeArgs {
     /// sled page cache, in MiB.
     #[arg(long, env = "LEASECORE_CACHE_MB", default_value_t = 64)]
     cache_mb: u64,
+    /// Flease lease time, in milliseconds.
+    #[arg(long, env = "LEASECORE_FLEASE_LEASE_MS", default_value_t = 10_000)]
+    flease_lease_ms: u64,
+    /// Flease clock-skew bound between any two nodes, in milliseconds.
+    #[arg(long, env = "LEASECORE_FLEASE_EPS_MS", default_value_t = 500)]
+    flease_eps_ms: u64,
+    /// Flease phase timeout, in milliseconds.
+    #[arg(long, env = "LEASECORE_FLEASE_ROUND_MS", default_value_t = 500)]
+    flease_round_ms: u64,
 }
 
 #[derive(Args, Clone)]
@@ -230,6 +248,27 @@ enum LeaseCmd {
         #[arg(long)]
         revoke_on_exit: bool,
     },
+}
+
+#[derive(Subcommand)]
+enum FleaseCmd {
+    /// Acquire (or renew) a resource for an owner; with --hold, keep renewing until stopped,
+    /// then release.
+    Acquire {
+        resource: String,
+        #[arg(long)]
+        owner: String,
+        #[arg(long)]
+        hold: bool,
+    },
+    /// Release an owner's lease on a resource.
+    Release {
+        resource: String,
+        #[arg(long)]
+        owner: String,
+    },
+    /// What the answering node knows of a resource.
+    Get { resource: String },
 }
 
 #[derive(Subcommand)]
@@ -351,6 +390,7 @@ fn main() -> ExitCode {
                 conn,
             } => report(watch(prefix, key, from_revision, &conn).await),
             Command::Member { cmd, conn } => report(member(cmd, &conn).await),
+            Command::Flease { cmd, conn } => report(flease(cmd, &conn).await),
             Command::Agent {
                 id,
                 address,
@@ -405,6 +445,11 @@ async fn serve(args: ServeArgs) -> ExitCode {
     cfg.snapshot_threshold = args.snapshot_threshold;
     cfg.limits.max_value_bytes = args.max_value_bytes;
     cfg.cache_bytes = args.cache_mb << 20;
+    cfg.flease = FleaseConfig::derived(
+        args.flease_lease_ms,
+        args.flease_eps_ms,
+        args.flease_round_ms,
+    );
     let node = match Node::start(cfg).await {
         Ok(node) => node,
         Err(e) => {
@@ -715,6 +760,79 @@ async fn watch(
             }
         }
     }
+}
+
+fn print_flease(v: &LeaseView) {
+    match (&v.holder, v.granted) {
+        (Some(h), Some(true)) => println!(
+            "{}: granted to {h} for {} ms (epoch {})",
+            v.resource, v.valid_ms, v.epoch
+        ),
+        (Some(h), _) => println!(
+            "{}: held by {h} for {} ms more (epoch {})",
+            v.resource, v.valid_ms, v.epoch
+        ),
+        (None, _) => println!("{}: free", v.resource),
+    }
+}
+
+async fn flease(cmd: FleaseCmd, conn: &ConnArgs) -> Result<(), ClientError> {
+    let client = Client::new(&conn.endpoints)?;
+    match cmd {
+        FleaseCmd::Acquire {
+            resource,
+            owner,
+            hold,
+        } => {
+            let v = client.flease_acquire(&resource, &owner).await?;
+            show(conn.json, &v, print_flease);
+            if !hold {
+                return Ok(());
+            }
+            if v.granted != Some(true) {
+                return Err(ClientError::Unavailable(format!(
+                    "{resource} is held by someone else"
+                )));
+            }
+            // Renew at half the validity; stop acting (and exit) if a renewal fails in time.
+            let stopped = shutdown_signal();
+            tokio::pin!(stopped);
+            let mut valid_ms = v.valid_ms;
+            loop {
+                tokio::select! {
+                    _ = &mut stopped => break,
+                    _ = tokio::time::sleep(Duration::from_millis((valid_ms / 2).max(1))) => {}
+                }
+                let v = client.flease_acquire(&resource, &owner).await?;
+                show(conn.json, &v, print_flease);
+                if v.granted != Some(true) {
+                    return Err(ClientError::Unavailable(format!("lost {resource}")));
+                }
+                valid_ms = v.valid_ms;
+            }
+            let released = client.flease_release(&resource, &owner).await?;
+            eprintln!("{resource}: released ({released})");
+        }
+        FleaseCmd::Release { resource, owner } => {
+            let released = client.flease_release(&resource, &owner).await?;
+            let doc = serde_json::json!({ "released": released });
+            show(conn.json, &doc, |_| {
+                println!(
+                    "{resource}: {}",
+                    if released {
+                        "released"
+                    } else {
+                        "not held by that owner"
+                    }
+                )
+            });
+        }
+        FleaseCmd::Get { resource } => {
+            let v = client.flease_get(&resource).await?;
+            show(conn.json, &v, print_flease);
+        }
+    }
+    Ok(())
 }
 
 async fn member(cmd: MemberCmd, conn: &ConnArgs) -> Result<(), ClientError> {

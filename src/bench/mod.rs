@@ -37,6 +37,11 @@ pub enum Workload {
     LeaseGrant,
     /// `POST /v1/leases/{name}/refresh` over `keys` pre-registered leases.
     LeaseRefresh,
+    /// Uncontended Flease acquisitions, each of a fresh resource.
+    FleaseAcquire,
+    /// Every connection's owner contends for one resource: acquire, and release at once when
+    /// granted. Counts handovers; `fairness` compares owners.
+    FleaseContended,
 }
 
 impl FromStr for Workload {
@@ -48,8 +53,10 @@ impl FromStr for Workload {
             "get-local" => Ok(Workload::GetLocal),
             "lease-grant" => Ok(Workload::LeaseGrant),
             "lease-refresh" => Ok(Workload::LeaseRefresh),
+            "flease-acquire" => Ok(Workload::FleaseAcquire),
+            "flease-contended" => Ok(Workload::FleaseContended),
             other => Err(format!(
-                "unknown workload {other:?}: put, get, get-local, lease-grant or lease-refresh"
+                "unknown workload {other:?}: put, get, get-local, lease-grant, lease-refresh, flease-acquire or flease-contended"
             )),
         }
     }
@@ -80,6 +87,8 @@ pub struct BenchResult {
     pub p50_ms: f64,
     pub p99_ms: f64,
     pub max_ms: f64,
+    /// Fewest successes of one connection divided by the most (1.0: perfectly even).
+    pub fairness: f64,
 }
 
 impl fmt::Display for BenchResult {
@@ -116,7 +125,10 @@ pub async fn run(opts: &BenchOptions) -> Result<BenchResult, ClientError> {
     match opts.workload {
         Workload::Get | Workload::GetLocal => preload(opts).await?,
         Workload::LeaseRefresh => preload_leases(opts).await?,
-        Workload::Put | Workload::LeaseGrant => {}
+        Workload::Put
+        | Workload::LeaseGrant
+        | Workload::FleaseAcquire
+        | Workload::FleaseContended => {}
     }
     let endpoints: Vec<String> = Client::new(&opts.endpoints)?.endpoints().to_vec();
     let deadline = Instant::now() + opts.duration;
@@ -132,11 +144,16 @@ pub async fn run(opts: &BenchOptions) -> Result<BenchResult, ClientError> {
     }
     let mut latencies_us: Vec<u32> = Vec::new();
     let mut errors = 0;
+    let mut per_worker = Vec::new();
     for w in workers {
         let (lat, err) = w.await.map_err(|e| ClientError::Usage(e.to_string()))?;
+        per_worker.push(lat.len() as f64);
         latencies_us.extend(lat);
         errors += err;
     }
+    let most = per_worker.iter().cloned().fold(0.0, f64::max);
+    let fewest = per_worker.iter().cloned().fold(f64::MAX, f64::min);
+    let fairness = if most > 0.0 { fewest / most } else { 0.0 };
     let seconds = started.elapsed().as_secs_f64();
     latencies_us.sort_unstable();
     let pct = |p: f64| percentile_ms(&latencies_us, p);
@@ -149,6 +166,7 @@ pub async fn run(opts: &BenchOptions) -> Result<BenchResult, ClientError> {
         throughput: latencies_us.len() as f64 / seconds,
         p50_ms: pct(0.50),
         p99_ms: pct(0.99),
+        fairness,
         max_ms: latencies_us
             .last()
             .map(|l| *l as f64 / 1000.0)
@@ -281,6 +299,39 @@ async fn worker(
                         .is_ok_and(|g| g.revision.0 > 0),
                     _ => false,
                 }
+            }
+            Workload::FleaseAcquire => {
+                granted += 1;
+                let res = crate::client::encode_query(&format!("bench-fl-{tag}-{w}-{granted}"));
+                let url = format!("{endpoint}/v1/flease/{res}/acquire");
+                let body = serde_json::json!({ "owner": format!("w{w}") });
+                match http.post(&url).json(&body).send().await {
+                    Ok(r) if r.status().is_success() => r
+                        .json::<crate::runtime::flease::LeaseView>()
+                        .await
+                        .is_ok_and(|v| v.granted == Some(true)),
+                    _ => false,
+                }
+            }
+            Workload::FleaseContended => {
+                let res = "bench-contended";
+                let owner = serde_json::json!({ "owner": format!("w{w}") });
+                let url = format!("{endpoint}/v1/flease/{res}/acquire");
+                let got = match http.post(&url).json(&owner).send().await {
+                    Ok(r) if r.status().is_success() => r
+                        .json::<crate::runtime::flease::LeaseView>()
+                        .await
+                        .is_ok_and(|v| v.granted == Some(true)),
+                    _ => false,
+                };
+                if !got {
+                    // Busy is no error here, only not an acquisition.
+                    continue;
+                }
+                // Hand it over at once: a release, then count the acquisition.
+                let url = format!("{endpoint}/v1/flease/{res}/release");
+                let _ = http.post(&url).json(&owner).send().await;
+                true
             }
             Workload::LeaseRefresh => {
                 let name = crate::client::encode_query(&lease_name("refresh", i));

@@ -145,7 +145,77 @@ pub async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
         .collect();
     let mut text = state.metrics.render(&gauges);
     render_lease_metrics(&state, &mut text);
+    render_flease_metrics(&state, &mut text);
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text)
+}
+
+fn render_flease_metrics(state: &AppState, out: &mut String) {
+    use std::fmt::Write;
+    use std::sync::atomic::Ordering::Relaxed;
+    let f = &state.flease;
+    let (cells, nacks, skew, recovering) = f.stats();
+    let m = &f.metrics;
+    for (name, kind, help, v) in [
+        (
+            "leasecore_flease_cells",
+            "gauge",
+            "Acceptor cells held (resources touched recently or still leased).",
+            cells as u64,
+        ),
+        (
+            "leasecore_flease_recovering",
+            "gauge",
+            "1 while the acceptor waits out its restart wait.",
+            u64::from(recovering),
+        ),
+        (
+            "leasecore_flease_rounds_total",
+            "counter",
+            "Rounds run by this node.",
+            m.rounds.load(Relaxed),
+        ),
+        (
+            "leasecore_flease_granted_total",
+            "counter",
+            "Acquisitions and renewals granted.",
+            m.granted.load(Relaxed),
+        ),
+        (
+            "leasecore_flease_busy_total",
+            "counter",
+            "Acquisitions that found another holder (contention).",
+            m.busy.load(Relaxed),
+        ),
+        (
+            "leasecore_flease_released_total",
+            "counter",
+            "Releases committed.",
+            m.released.load(Relaxed),
+        ),
+        (
+            "leasecore_flease_retries_total",
+            "counter",
+            "Rounds retried (NACK, timeout, doubt window).",
+            m.retries.load(Relaxed),
+        ),
+        (
+            "leasecore_flease_nacks_total",
+            "counter",
+            "NACKs sent by this acceptor.",
+            nacks,
+        ),
+        (
+            "leasecore_flease_clock_skew_suspicions_total",
+            "counter",
+            "Messages stamped more than eps in the future.",
+            skew,
+        ),
+    ] {
+        let _ = writeln!(
+            out,
+            "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}"
+        );
+    }
 }
 
 fn render_lease_metrics(state: &AppState, out: &mut String) {
