@@ -110,22 +110,9 @@ pub struct FleaseConfig {
 }
 
 impl Default for FleaseConfig {
+    /// 10 s leases, 500 ms skew bound, 500 ms rounds (restart wait 12 s).
     fn default() -> Self {
-        let eps = 500;
-        let t_max = 10_000;
-        let round = 500;
-        let age = 1000;
-        FleaseConfig {
-            eps_ms: eps,
-            t_max_ms: t_max,
-            round_timeout_ms: round,
-            msg_max_age_ms: age,
-            renew_lead_ms: t_max / 2,
-            renew_min_remaining_ms: 2 * round + eps,
-            restart_wait_ms: t_max + 2 * eps + age,
-            cell_gc_idle_ms: (2 * t_max).max(t_max + 2 * eps + age),
-            ballot_era_ms: 2 * eps,
-        }
+        FleaseConfig::derived(10_000, 500, 500)
     }
 }
 
@@ -133,7 +120,8 @@ impl FleaseConfig {
     /// A consistent configuration from the three numbers that matter: the lease time, the
     /// clock-skew bound and the round timeout (the rest follow the brief's section 7.2).
     pub fn derived(t_max_ms: u64, eps_ms: u64, round_timeout_ms: u64) -> Self {
-        let age = (eps_ms + 2 * round_timeout_ms).max(2 * eps_ms);
+        // Old enough for a slow-clock peer's messages to survive (eps + a round), never below 2 eps.
+        let age = (eps_ms + round_timeout_ms).max(2 * eps_ms);
         let restart = t_max_ms + 2 * eps_ms + age;
         FleaseConfig {
             eps_ms,
