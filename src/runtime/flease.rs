@@ -175,42 +175,16 @@ impl FleaseService {
             boxes
                 .entry(env.to)
                 .or_insert_with(|| {
+                    // The outbox ends when this service (its only sender) is dropped.
                     let (otx, orx) = mpsc::unbounded_channel();
-                    tokio::spawn(self.clone().run_outbox(addr.clone(), orx));
+                    let timeout = Duration::from_millis(self.cfg.round_timeout_ms);
+                    tokio::spawn(run_outbox(self.peers.clone(), addr.clone(), timeout, orx));
                     otx
                 })
                 .clone()
         };
         outbox.send((env, tx)).ok()?;
         rx.await.ok().flatten()
-    }
-
-    /// One destination's outbox: everything queued goes in one request.
-    async fn run_outbox(
-        self: Arc<Self>,
-        addr: String,
-        mut queue: mpsc::UnboundedReceiver<Outgoing>,
-    ) {
-        let timeout = Duration::from_millis(self.cfg.round_timeout_ms);
-        while let Some(first) = queue.recv().await {
-            let mut batch = vec![first];
-            while batch.len() < MAX_BATCH {
-                match queue.try_recv() {
-                    Ok(m) => batch.push(m),
-                    Err(_) => break,
-                }
-            }
-            let (msgs, replies): (Vec<Envelope>, Vec<_>) = batch.into_iter().unzip();
-            let answers: Vec<Option<Envelope>> = self
-                .peers
-                .post_json(&addr, MSG_ROUTE, &msgs, timeout)
-                .await
-                .unwrap_or_default();
-            let mut answers = answers.into_iter();
-            for reply in replies {
-                let _ = reply.send(answers.next().flatten());
-            }
-        }
     }
 
     /// Acquire (or renew) `resource` for `owner`.
@@ -401,6 +375,33 @@ impl FleaseService {
                     self.acceptor().collect_idle(now);
                 }
             }
+        }
+    }
+}
+
+/// One destination's outbox: everything queued by the time a request leaves goes in it.
+async fn run_outbox(
+    peers: PeerClient,
+    addr: String,
+    timeout: Duration,
+    mut queue: mpsc::UnboundedReceiver<Outgoing>,
+) {
+    while let Some(first) = queue.recv().await {
+        let mut batch = vec![first];
+        while batch.len() < MAX_BATCH {
+            match queue.try_recv() {
+                Ok(m) => batch.push(m),
+                Err(_) => break,
+            }
+        }
+        let (msgs, replies): (Vec<Envelope>, Vec<_>) = batch.into_iter().unzip();
+        let answers: Vec<Option<Envelope>> = peers
+            .post_json(&addr, MSG_ROUTE, &msgs, timeout)
+            .await
+            .unwrap_or_default();
+        let mut answers = answers.into_iter();
+        for reply in replies {
+            let _ = reply.send(answers.next().flatten());
         }
     }
 }
