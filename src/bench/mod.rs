@@ -325,7 +325,10 @@ async fn worker(
                     _ => false,
                 };
                 if !got {
-                    // Busy is no error here, only not an acquisition.
+                    // Busy is no error here, only not an acquisition. Back off a little, as a
+                    // real contender would: probing rounds pre-empt the holder's release round.
+                    let pause = 1 + (w as u64 * 7 + latencies.len() as u64) % 10;
+                    tokio::time::sleep(Duration::from_millis(pause)).await;
                     continue;
                 }
                 // Hand it over at once: a release, then count the acquisition.
