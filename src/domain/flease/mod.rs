@@ -12,9 +12,8 @@
 //!    `expires + eps`), held, or *in doubt* (between `expires` and `expires + eps`: someone's
 //!    clock may still say it is valid, so wait, never overwrite);
 //! 3. write phase: `Write(k, v)` to all, where `v` is a fresh lease `(owner, t0 + t_max, epoch)` if
-//!    free, or the same lease renewed if its own owner asks; a majority of `WriteAck`s commits
-//!    `v`. If someone else holds it, the round ends after the read phase with "busy" and writes
-//!    nothing (a busy answer chooses no value, so there is nothing to adopt).
+//!    free or renewed by its own owner, or the value found written back unchanged if someone
+//!    else holds it; a majority of `WriteAck`s commits `v`.
 //!
 //! A single NACK aborts a phase (the round retries with a higher ballot after a backoff).
 //!

@@ -66,7 +66,7 @@ pub enum RoundEvent {
     Send(Vec<Envelope>),
     /// The owner holds the lease.
     Granted(Grant),
-    /// Someone else holds it (reported after the read phase; nothing written).
+    /// Someone else holds it (their value was written back unchanged).
     Busy {
         owner: String,
         expires: WallMillis,
@@ -312,22 +312,9 @@ impl Round {
                     epoch,
                 }
             }
-            // Someone else's valid lease: report it after one round trip. Nothing is chosen, so
-            // nothing needs adopting: if that lease was committed, every later read quorum sees
-            // it; if it was not, its owner was never granted it. Not writing it back also keeps
-            // contenders from pre-empting the holder's own rounds (renewal, release) with writes.
-            Judgement::HeldBy {
-                owner,
-                expires,
-                epoch,
-            } => {
-                self.phase = Phase::Done;
-                return RoundEvent::Busy {
-                    owner,
-                    expires,
-                    epoch,
-                };
-            }
+            // Someone else's valid lease: write it back unchanged (it may be committed only at
+            // a minority so far).
+            Judgement::HeldBy { .. } => found,
             Judgement::InDoubt { until } => {
                 return self.retry(RetryWhy::InDoubt, self.k, Some(until));
             }
