@@ -381,6 +381,20 @@ pub enum Msg {
     },
 }
 
+/// Fast timing for unit tests: 2 s leases, 50 ms skew bound, 100 ms rounds.
+#[cfg(test)]
+pub(crate) const TEST_CONFIG: FleaseConfig = FleaseConfig {
+    eps_ms: 50,
+    t_max_ms: 2000,
+    round_timeout_ms: 100,
+    msg_max_age_ms: 300,
+    renew_lead_ms: 1000,
+    renew_min_remaining_ms: 300,
+    restart_wait_ms: 2500,
+    cell_gc_idle_ms: 4000,
+    ballot_era_ms: 100,
+};
+
 /// A quorum of `n`.
 pub fn quorum(n: usize) -> usize {
     n / 2 + 1

@@ -391,17 +391,7 @@ mod tests {
     use super::*;
     use crate::domain::flease::Acceptor;
 
-    const CFG: FleaseConfig = FleaseConfig {
-        eps_ms: 50,
-        t_max_ms: 2000,
-        round_timeout_ms: 100,
-        msg_max_age_ms: 300,
-        renew_lead_ms: 1000,
-        renew_min_remaining_ms: 300,
-        restart_wait_ms: 2500,
-        cell_gc_idle_ms: 4000,
-        ballot_era_ms: 100,
-    };
+    const CFG: FleaseConfig = super::super::TEST_CONFIG;
 
     fn at(ms: u64) -> Now {
         Now {
