@@ -415,7 +415,12 @@ impl Consensus {
     {
         let inner = &self.inner;
         let mut stale = None;
-        let timeout = inner.timeouts.catch_up.max(inner.timeouts.request);
+        // Adding a node waits for the learner to catch up; everything else is quick.
+        let timeout = if path == routes::ADMIN {
+            inner.timeouts.catch_up + inner.timeouts.request
+        } else {
+            inner.timeouts.request
+        };
         loop {
             match leader_ref(&inner.raft, inner.id) {
                 LeaderRef::Me => {
