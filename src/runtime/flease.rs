@@ -89,6 +89,9 @@ pub struct FleaseService {
     outboxes: Mutex<HashMap<NodeId, mpsc::UnboundedSender<Outgoing>>>,
     /// The voter set the acceptor serves.
     view: Mutex<BTreeSet<NodeId>>,
+    /// Leases granted through this node: (resource, owner) -> (committing ballot, expiry), for
+    /// the one-round-trip release. Pruned once expired.
+    grants: Mutex<HashMap<(String, String), (Ballot, WallMillis)>>,
     pub metrics: FleaseMetrics,
 }
 
@@ -118,6 +121,7 @@ impl FleaseService {
             peers,
             outboxes: Mutex::new(HashMap::new()),
             view: Mutex::new(BTreeSet::new()),
+            grants: Mutex::new(HashMap::new()),
             metrics: FleaseMetrics::default(),
         }
     }
@@ -285,6 +289,10 @@ impl FleaseService {
             match outcome {
                 RoundEvent::Granted(g) => {
                     self.metrics.granted.fetch_add(1, Ordering::Relaxed);
+                    self.grants
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .insert((g.resource.clone(), g.owner.clone()), (g.ballot, g.expires));
                     return Ok(LeaseView {
                         resource: resource.to_string(),
                         granted: Some(true),
@@ -373,6 +381,11 @@ impl FleaseService {
                 _ = tokio::time::sleep(gc_every) => {
                     let now = self.now();
                     self.acceptor().collect_idle(now);
+                    let eps = self.cfg.eps_ms;
+                    self.grants
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .retain(|_, (_, expires)| expires.0 + eps >= now.wall.0);
                 }
             }
         }

@@ -146,18 +146,27 @@ impl Acceptor {
                 }
             }
             Msg::Release { grant_k, owner } => {
+                let mut released = false;
                 if let Some(cell) = self.cells.get_mut(&env.resource) {
                     cell.last_touch = now.mono;
-                    if let Slot::Lease {
-                        owner: held, epoch, ..
-                    } = &cell.value
-                        && cell.write_k == *grant_k
-                        && held == owner
-                    {
-                        cell.value = Slot::Released { epoch: *epoch };
+                    if cell.write_k == *grant_k {
+                        match &cell.value {
+                            Slot::Lease {
+                                owner: held, epoch, ..
+                            } if held == owner => {
+                                cell.value = Slot::Released { epoch: *epoch };
+                                released = true;
+                            }
+                            // A duplicate of a release already applied.
+                            Slot::Released { .. } => released = true,
+                            _ => {}
+                        }
                     }
                 }
-                Msg::ReleaseAck { grant_k: *grant_k }
+                Msg::ReleaseAck {
+                    grant_k: *grant_k,
+                    released,
+                }
             }
             // Replies are for proposers.
             Msg::ReadAck { .. }
@@ -368,7 +377,10 @@ mod tests {
                 },
                 t
             ),
-            Some(Msg::ReleaseAck { grant_k: k(5) })
+            Some(Msg::ReleaseAck {
+                grant_k: k(5),
+                released: true
+            })
         );
         assert_eq!(a.accepted("r"), Some(&Slot::Released { epoch: 3 }));
     }

@@ -378,6 +378,10 @@ pub enum Msg {
     },
     ReleaseAck {
         grant_k: Ballot,
+        /// Whether this acceptor now holds the lease as released (it held `grant_k`'s lease of
+        /// that owner, now or already). A quorum of these completes a fast release.
+        #[serde(default)]
+        released: bool,
     },
 }
 
