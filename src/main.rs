@@ -327,13 +327,8 @@ struct BenchArgs {
     /// TTL of the leases in `expiry`.
     #[arg(long, default_value_t = 5000)]
     ttl_ms: u64,
-    #[arg(
-        long,
-        env = "LEASECORE_ENDPOINTS",
-        value_delimiter = ',',
-        default_value = "http://127.0.0.1:7001"
-    )]
-    endpoints: Vec<String>,
+    #[command(flatten)]
+    conn: ConnArgs,
     /// Concurrent connections (each sends one request at a time).
     #[arg(long, short = 'c', default_value_t = 16)]
     connections: usize,
@@ -346,9 +341,6 @@ struct BenchArgs {
     /// Value size in bytes.
     #[arg(long, default_value_t = 64)]
     value_size: usize,
-    /// Print the result as one JSON line.
-    #[arg(long)]
-    json: bool,
 }
 
 fn parse_peers(s: &str) -> Result<BTreeMap<NodeId, String>, String> {
@@ -942,29 +934,29 @@ async fn run_bench(args: BenchArgs) -> Result<(), ClientError> {
     match args.workload.as_str() {
         "watch" => {
             let r = experiments::watch_latency(
-                &args.endpoints,
+                &args.conn.endpoints,
                 args.watchers,
                 args.events,
                 Duration::from_millis(200),
             )
             .await?;
-            print_result(&r, args.json);
+            print_result(&r, args.conn.json);
             return Ok(());
         }
         "expiry" => {
             let r = experiments::expiry_lateness(
-                &args.endpoints,
+                &args.conn.endpoints,
                 args.leases,
                 args.ttl_ms,
                 args.connections,
             )
             .await?;
-            print_result(&r, args.json);
+            print_result(&r, args.conn.json);
             return Ok(());
         }
         "lease-memory" => {
-            let r = experiments::lease_memory(&args.endpoints, args.leases).await?;
-            print_result(&r, args.json);
+            let r = experiments::lease_memory(&args.conn.endpoints, args.leases).await?;
+            print_result(&r, args.conn.json);
             return Ok(());
         }
         _ => {}
@@ -972,14 +964,14 @@ async fn run_bench(args: BenchArgs) -> Result<(), ClientError> {
     let workload: Workload = args.workload.parse().map_err(ClientError::Usage)?;
     let opts = BenchOptions {
         workload,
-        endpoints: args.endpoints,
+        endpoints: args.conn.endpoints,
         connections: args.connections.max(1),
         duration: Duration::from_secs_f64(args.duration.max(0.1)),
         keys: args.keys.max(1),
         value_size: args.value_size,
     };
     let result = bench::run(&opts).await?;
-    if args.json {
+    if args.conn.json {
         println!(
             "{}",
             serde_json::to_string(&result).expect("plain data serializes")

@@ -11,9 +11,11 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
-use leasecore::domain::command::{Command, LeaseCheckpoint, LeaseRef, Response};
+use leasecore::domain::command::{Command, Response};
 use leasecore::domain::kv::KvState;
-use leasecore::domain::lease::{ClearTicket, LeaseTracker, TrackerConfig};
+use leasecore::domain::lease::{
+    ClearTicket, LeaseTracker, TrackerConfig, checkpoint_command, clear_command, expire_command,
+};
 use leasecore::domain::types::{MonoMillis, Revision};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -219,13 +221,7 @@ impl Model {
                         None => self.ack(name, r.revision, sent, r.ttl_ms),
                         Some(_) if self.ignore_clears => self.ack(name, r.revision, sent, r.ttl_ms),
                         Some(ticket) => {
-                            let cmd = Command::CheckpointLeases {
-                                checkpoints: vec![LeaseCheckpoint {
-                                    name: name.into(),
-                                    revision: ticket.revision,
-                                    remaining_ms: None,
-                                }],
-                            };
+                            let cmd = clear_command(&ticket);
                             let ttl = r.ttl_ms;
                             self.propose(cmd, Purpose::Clear { ticket, sent, ttl });
                         }
@@ -245,30 +241,11 @@ impl Model {
         let now = self.mono(l);
         let expired = self.trackers[l].expired(now, 1000);
         if !expired.is_empty() {
-            let cmd = Command::ExpireLeases {
-                leases: expired
-                    .into_iter()
-                    .map(|e| LeaseRef {
-                        name: e.name,
-                        revision: e.revision,
-                    })
-                    .collect(),
-            };
-            self.propose(cmd, Purpose::Expire);
+            self.propose(expire_command(&expired), Purpose::Expire);
         }
         let due = self.trackers[l].checkpoints_due(now, 1000);
         if !due.is_empty() {
-            let cmd = Command::CheckpointLeases {
-                checkpoints: due
-                    .into_iter()
-                    .map(|c| LeaseCheckpoint {
-                        name: c.name,
-                        revision: c.revision,
-                        remaining_ms: Some(c.remaining_ms),
-                    })
-                    .collect(),
-            };
-            self.propose(cmd, Purpose::Checkpoint);
+            self.propose(checkpoint_command(due), Purpose::Checkpoint);
         }
     }
 
@@ -350,15 +327,7 @@ fn the_checker_catches_an_unsafe_promote() {
     m.trackers[other] = broken;
     m.leader = Some(other);
     let expired = m.trackers[other].expired(MonoMillis(1500), 10);
-    let cmd = Command::ExpireLeases {
-        leases: expired
-            .into_iter()
-            .map(|e| LeaseRef {
-                name: e.name,
-                revision: e.revision,
-            })
-            .collect(),
-    };
+    let cmd = expire_command(&expired);
     let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| m.apply(&cmd)));
     assert!(caught.is_err(), "the checker missed an early expiry");
 }

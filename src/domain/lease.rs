@@ -47,6 +47,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use super::command::{Command, LeaseCheckpoint, LeaseRef};
 use super::types::{MonoMillis, Revision};
 
 /// The promote condition: a node tracks leases only while it is the leader of `current_term`
@@ -389,6 +390,44 @@ impl LeaseTracker {
     pub fn remaining(&self, name: &str, now: MonoMillis) -> Option<u64> {
         let t = self.leases.get(name)?;
         Some(if t.expiring { 0 } else { now.until(t.deadline) })
+    }
+}
+
+/// The entry that expires these leases (each by its incarnation).
+pub fn expire_command(expired: &[Expired]) -> Command {
+    Command::ExpireLeases {
+        leases: expired
+            .iter()
+            .map(|e| LeaseRef {
+                name: e.name.clone(),
+                revision: e.revision,
+            })
+            .collect(),
+    }
+}
+
+/// The entry that records these checkpoints.
+pub fn checkpoint_command(due: Vec<Checkpoint>) -> Command {
+    Command::CheckpointLeases {
+        checkpoints: due
+            .into_iter()
+            .map(|c| LeaseCheckpoint {
+                name: c.name,
+                revision: c.revision,
+                remaining_ms: Some(c.remaining_ms),
+            })
+            .collect(),
+    }
+}
+
+/// The entry that clears a checkpoint before a refresh is acknowledged.
+pub fn clear_command(ticket: &ClearTicket) -> Command {
+    Command::CheckpointLeases {
+        checkpoints: vec![LeaseCheckpoint {
+            name: ticket.name.clone(),
+            revision: ticket.revision,
+            remaining_ms: None,
+        }],
     }
 }
 

@@ -27,8 +27,11 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::clock::Clock;
-use crate::domain::command::{Cause, Command, LeaseChange, LeaseCheckpoint, LeaseRef, Response};
-use crate::domain::lease::{LeaseTracker, RefreshError, TrackerConfig, should_track};
+use crate::domain::command::{Cause, LeaseChange, Response};
+use crate::domain::lease::{
+    LeaseTracker, RefreshError, TrackerConfig, checkpoint_command, clear_command, expire_command,
+    should_track,
+};
 use crate::domain::limits::InvalidInput;
 use crate::metrics::Histogram;
 use crate::raft::consensus::{Consensus, ConsensusError, Delivery, Forwardable};
@@ -254,13 +257,7 @@ impl LeaseService {
             })?;
             // Enqueued under the lock: ordered after every checkpoint decided before it.
             let clear = refreshed.clear.clone().map(|ticket| {
-                let cmd = Command::CheckpointLeases {
-                    checkpoints: vec![LeaseCheckpoint {
-                        name: ticket.name.clone(),
-                        revision: ticket.revision,
-                        remaining_ms: None,
-                    }],
-                };
+                let cmd = clear_command(&ticket);
                 (ticket, self.consensus.submit(cmd))
             });
             (refreshed, clear)
@@ -328,16 +325,7 @@ impl LeaseService {
             if expired.is_empty() {
                 break;
             }
-            let cmd = Command::ExpireLeases {
-                leases: expired
-                    .iter()
-                    .map(|e| LeaseRef {
-                        name: e.name.clone(),
-                        revision: e.revision,
-                    })
-                    .collect(),
-            };
-            let applied = self.consensus.submit(cmd);
+            let applied = self.consensus.submit(expire_command(&expired));
             let this = self.clone();
             self.tasks.spawn(async move {
                 match applied.await {
@@ -359,17 +347,7 @@ impl LeaseService {
             if due.is_empty() {
                 break;
             }
-            let cmd = Command::CheckpointLeases {
-                checkpoints: due
-                    .into_iter()
-                    .map(|c| LeaseCheckpoint {
-                        name: c.name,
-                        revision: c.revision,
-                        remaining_ms: Some(c.remaining_ms),
-                    })
-                    .collect(),
-            };
-            let applied = self.consensus.submit(cmd);
+            let applied = self.consensus.submit(checkpoint_command(due));
             self.tasks.spawn(async move {
                 if let Err(e) = applied.await {
                     tracing::warn!(error = %e, "lease checkpoint not applied");
