@@ -17,7 +17,7 @@ use leasecore::client::{
     Client, ClientError, LeaseKeeper, LeaseStatus, WatchFilter, WatchItem, Watcher,
 };
 use leasecore::domain::command::{Cause, EventKind};
-use leasecore::domain::flease::FleaseConfig;
+use leasecore::domain::flease::{FleaseConfig, Protocol};
 use leasecore::domain::limits::DEFAULT_MAX_VALUE_BYTES;
 use leasecore::domain::types::NodeId;
 use leasecore::node::{Node, NodeConfig, RaftTimings};
@@ -71,6 +71,13 @@ enum Command {
     },
     /// Decentralized per-resource leases (Flease): acquire, release, inspect.
     Flease {
+        #[command(subcommand)]
+        cmd: FleaseCmd,
+        #[command(flatten)]
+        conn: ConnArgs,
+    },
+    /// The same with PaxosLease (no clock synchronization; a separate resource namespace).
+    Paxoslease {
         #[command(subcommand)]
         cmd: FleaseCmd,
         #[command(flatten)]
@@ -152,10 +159,11 @@ struct ServeArgs {
     /// sled page cache, in MiB.
     #[arg(long, env = "LEASECORE_CACHE_MB", default_value_t = 64)]
     cache_mb: u64,
-    /// Flease lease time, in milliseconds.
+    /// Flease and PaxosLease lease time (PaxosLease's maximum lease time), in milliseconds.
     #[arg(long, env = "LEASECORE_FLEASE_LEASE_MS", default_value_t = 10_000)]
     flease_lease_ms: u64,
-    /// Flease clock-skew bound between any two nodes, in milliseconds.
+    /// Flease clock-skew bound between any two nodes, in milliseconds (for PaxosLease, the margin
+    /// for clock-rate drift over one lease time).
     #[arg(long, env = "LEASECORE_FLEASE_EPS_MS", default_value_t = 500)]
     flease_eps_ms: u64,
     /// Flease phase timeout, in milliseconds.
@@ -382,7 +390,10 @@ fn main() -> ExitCode {
                 conn,
             } => report(watch(prefix, key, from_revision, &conn).await),
             Command::Member { cmd, conn } => report(member(cmd, &conn).await),
-            Command::Flease { cmd, conn } => report(flease(cmd, &conn).await),
+            Command::Flease { cmd, conn } => report(flease(Protocol::Flease, cmd, &conn).await),
+            Command::Paxoslease { cmd, conn } => {
+                report(flease(Protocol::PaxosLease, cmd, &conn).await)
+            }
             Command::Agent {
                 id,
                 address,
@@ -768,7 +779,7 @@ fn print_flease(v: &LeaseView) {
     }
 }
 
-async fn flease(cmd: FleaseCmd, conn: &ConnArgs) -> Result<(), ClientError> {
+async fn flease(proto: Protocol, cmd: FleaseCmd, conn: &ConnArgs) -> Result<(), ClientError> {
     let client = Client::new(&conn.endpoints)?;
     match cmd {
         FleaseCmd::Acquire {
@@ -776,7 +787,7 @@ async fn flease(cmd: FleaseCmd, conn: &ConnArgs) -> Result<(), ClientError> {
             owner,
             hold,
         } => {
-            let v = client.flease_acquire(&resource, &owner).await?;
+            let v = client.resource_acquire(proto, &resource, &owner).await?;
             show(conn.json, &v, print_flease);
             if !hold {
                 return Ok(());
@@ -795,18 +806,18 @@ async fn flease(cmd: FleaseCmd, conn: &ConnArgs) -> Result<(), ClientError> {
                     _ = &mut stopped => break,
                     _ = tokio::time::sleep(Duration::from_millis((valid_ms / 2).max(1))) => {}
                 }
-                let v = client.flease_acquire(&resource, &owner).await?;
+                let v = client.resource_acquire(proto, &resource, &owner).await?;
                 show(conn.json, &v, print_flease);
                 if v.granted != Some(true) {
                     return Err(ClientError::Unavailable(format!("lost {resource}")));
                 }
                 valid_ms = v.valid_ms;
             }
-            let released = client.flease_release(&resource, &owner).await?;
+            let released = client.resource_release(proto, &resource, &owner).await?;
             eprintln!("{resource}: released ({released})");
         }
         FleaseCmd::Release { resource, owner } => {
-            let released = client.flease_release(&resource, &owner).await?;
+            let released = client.resource_release(proto, &resource, &owner).await?;
             let doc = serde_json::json!({ "released": released });
             show(conn.json, &doc, |_| {
                 println!(
@@ -820,7 +831,7 @@ async fn flease(cmd: FleaseCmd, conn: &ConnArgs) -> Result<(), ClientError> {
             });
         }
         FleaseCmd::Get { resource } => {
-            let v = client.flease_get(&resource).await?;
+            let v = client.resource_get(proto, &resource).await?;
             show(conn.json, &v, print_flease);
         }
     }

@@ -1,11 +1,13 @@
-//! Heap bytes per idle Flease acceptor cell, counted by a counting allocator (deterministic,
-//! unlike resident memory). Prints the figure; the assertion is a loose regression guard, not
-//! the goal (under 200 bytes per idle resource, issue 5).
+//! Heap bytes per idle Flease acceptor cell at 1,000,000 resources, counted by a counting
+//! allocator (deterministic, unlike resident memory): the goal is under 200 bytes per idle
+//! resource (167.6 when written: the slab cell, its index entry at the table's load, the names).
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicIsize, Ordering};
 
-use leasecore::domain::flease::{Acceptor, Ballot, Envelope, FleaseConfig, Msg, Now, Slot};
+use leasecore::domain::flease::{
+    Acceptor, Ballot, Envelope, FleaseConfig, Msg, Now, Protocol, Slot,
+};
 use leasecore::domain::types::{MonoMillis, WallMillis};
 
 struct Counting;
@@ -28,7 +30,7 @@ static ALLOC: Counting = Counting;
 
 #[test]
 fn heap_bytes_per_idle_cell() {
-    const N: usize = 200_000;
+    const N: usize = 1_000_000;
     let cfg = FleaseConfig::default();
     let at = Now {
         wall: WallMillis(1_000_000_000),
@@ -45,6 +47,7 @@ fn heap_bytes_per_idle_cell() {
     // Names and messages are built outside the measured span.
     let msgs: Vec<Envelope> = (0..N)
         .map(|i| Envelope {
+            proto: Protocol::Flease,
             resource: format!("shard/{i:08}"),
             from: 2,
             to: 1,
@@ -72,5 +75,5 @@ fn heap_bytes_per_idle_cell() {
     let per_cell = (after - before) as f64 / N as f64;
     println!("heap bytes per leased acceptor cell: {per_cell:.1}");
     assert_eq!(acceptor.len(), N);
-    assert!(per_cell < 400.0, "{per_cell} bytes per cell");
+    assert!(per_cell < 200.0, "{per_cell} bytes per cell");
 }

@@ -1,4 +1,4 @@
-//! A seeded, deterministic simulation of Flease: no real time, no sockets.
+//! A seeded, deterministic simulation of Flease and PaxosLease: no real time, no sockets.
 //!
 //! 3 or 5 nodes run the real `Acceptor` and `Round`s for owners that acquire, renew and release
 //! two resources, over a network that loses, delays, reorders and duplicates messages, with
@@ -9,14 +9,19 @@
 //!
 //! A tenure runs from the grant to the holder's `valid_until` on its monotonic clock, or to its
 //! release or crash; renewals extend it. A failing seed is printed; rerun one with
-//! `FLEASE_SEED=<seed> FLEASE_NODES=<n>`. A negative run breaks the skew bound and must be caught.
+//! `FLEASE_SEED=<seed> FLEASE_NODES=<n>` (and `FLEASE_PROTO=paxoslease`). Negative runs break the
+//! skew bound (Flease) or the rate-drift bound (PaxosLease) and must be caught.
+//!
+//! PaxosLease runs with wall clocks far apart (up to 8 eps, where Flease fails; and up to an hour
+//! with the fencing check off, as its epochs after total amnesia rely on wall clocks) and with
+//! monotonic clocks running up to 1% fast or slow.
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 
 use leasecore::domain::flease::proposer::RoundEvent;
 use leasecore::domain::flease::{
-    Acceptor, Ballot, BallotGen, Envelope, FleaseConfig, Msg, Now, Round,
+    Acceptor, Ballot, BallotGen, Envelope, FleaseConfig, Intent, Msg, Now, Protocol, Round,
 };
 use leasecore::domain::types::{MonoMillis, NodeId, WallMillis};
 use rand::rngs::StdRng;
@@ -57,8 +62,10 @@ struct Node {
     alive: bool,
     /// wall = true time + offset.
     offset: u64,
-    /// mono = true time + base (different per node and per life).
+    /// mono = base + (true time - life start) * (1 + rate_ppm / 10^6).
     mono_base: u64,
+    life_start: u64,
+    rate_ppm: i64,
     acceptor: Acceptor,
     ballots: BallotGen,
     rounds: HashMap<(String, String), Round>,
@@ -68,10 +75,45 @@ struct Node {
     seen: Ballot,
 }
 
+/// What a run varies.
+#[derive(Clone, Copy, Debug)]
+struct Params {
+    proto: Protocol,
+    nodes: u64,
+    /// Wall clocks differ by up to this.
+    max_skew: u64,
+    /// Monotonic clocks run up to this fast or slow (parts per million).
+    max_drift_ppm: i64,
+    /// Check I2 (fencing epochs) as well as I1.
+    check_fencing: bool,
+}
+
+impl Params {
+    fn flease(nodes: u64) -> Params {
+        Params {
+            proto: Protocol::Flease,
+            nodes,
+            max_skew: CFG.eps_ms,
+            max_drift_ppm: 0,
+            check_fencing: true,
+        }
+    }
+
+    fn paxos(nodes: u64) -> Params {
+        Params {
+            proto: Protocol::PaxosLease,
+            nodes,
+            max_skew: 8 * CFG.eps_ms,
+            max_drift_ppm: 10_000,
+            check_fencing: true,
+        }
+    }
+}
+
 struct Sim {
     rng: StdRng,
     now: u64,
-    max_skew: u64,
+    p: Params,
     nodes: Vec<Node>,
     members: Vec<NodeId>,
     /// (deliver at, sequence) -> message, earliest first.
@@ -84,14 +126,15 @@ struct Sim {
 }
 
 impl Sim {
-    fn new(seed: u64, n: u64, max_skew: u64) -> Sim {
+    fn new(seed: u64, p: Params) -> Sim {
         let mut rng = StdRng::seed_from_u64(seed);
-        let members: Vec<NodeId> = (1..=n).collect();
+        let members: Vec<NodeId> = (1..=p.nodes).collect();
         let nodes = members
             .iter()
             .map(|id| {
-                let offset = rng.random_range(0..=max_skew);
+                let offset = rng.random_range(0..=p.max_skew);
                 let mono_base = rng.random_range(0..100_000);
+                let rate_ppm = rng.random_range(-p.max_drift_ppm..=p.max_drift_ppm);
                 // Started long ago: past their restart wait.
                 let now = Now {
                     wall: WallMillis(10_000_000 + offset),
@@ -106,7 +149,9 @@ impl Sim {
                     alive: true,
                     offset,
                     mono_base,
-                    acceptor: Acceptor::new(*id, CFG, past),
+                    life_start: 10_000_000,
+                    rate_ppm,
+                    acceptor: Acceptor::for_protocol(p.proto, *id, CFG, past),
                     ballots: BallotGen::new(*id, now.wall.0, CFG.ballot_era_ms),
                     rounds: HashMap::new(),
                     holding: HashMap::new(),
@@ -118,7 +163,7 @@ impl Sim {
         Sim {
             rng,
             now: 10_000_000,
-            max_skew,
+            p,
             nodes,
             members,
             net: BinaryHeap::new(),
@@ -132,15 +177,22 @@ impl Sim {
 
     fn clock(&self, i: usize) -> Now {
         let n = &self.nodes[i];
+        let lived = (self.now - n.life_start) as i128;
+        let ran = lived * (1_000_000 + n.rate_ppm as i128) / 1_000_000;
         Now {
             wall: WallMillis(self.now + n.offset),
-            mono: MonoMillis(self.now - 10_000_000 + n.mono_base + 3000),
+            mono: MonoMillis(n.mono_base + 3000 + ran as u64),
         }
     }
 
-    /// True time at which node `i`'s monotonic clock reads `mono`.
+    /// The first true time at which node `i`'s monotonic clock reads `mono` or more.
     fn true_time_of_mono(&self, i: usize, mono: MonoMillis) -> u64 {
-        (mono.0 + 10_000_000).saturating_sub(self.nodes[i].mono_base + 3000)
+        let n = &self.nodes[i];
+        let ran = mono.0.saturating_sub(n.mono_base + 3000) as i128;
+        let rate = 1_000_000 + n.rate_ppm as i128;
+        // Smallest `lived` with lived * rate / 10^6 >= ran.
+        let lived = (ran * 1_000_000 + rate - 1) / rate;
+        n.life_start + lived as u64
     }
 
     fn send(&mut self, msgs: Vec<Envelope>) {
@@ -194,7 +246,7 @@ impl Sim {
                         .iter()
                         .filter(|t| t.resource == g.resource)
                         .max_by_key(|t| t.epoch);
-                    if let Some(e) = latest {
+                    if let Some(e) = latest.filter(|_| self.p.check_fencing) {
                         assert!(
                             g.epoch > e.epoch || (g.epoch == e.epoch && g.owner == e.owner),
                             "I2: epoch {} granted to {} on {} after epoch {} of {}",
@@ -351,7 +403,17 @@ impl Sim {
         let random = self.rng.random::<u32>();
         let n = &mut self.nodes[i];
         let k = n.ballots.next(now.wall, n.seen, random);
-        let (round, msgs) = Round::start(n.id, &key.0, &key.1, &self.members, k, CFG, now);
+        let (round, msgs) = Round::start_in(
+            self.p.proto,
+            Intent::Acquire,
+            n.id,
+            &key.0,
+            &key.1,
+            &self.members,
+            k,
+            CFG,
+            now,
+        );
         n.rounds.insert(key, round);
         self.send(msgs);
     }
@@ -384,6 +446,7 @@ impl Sim {
                         .members
                         .iter()
                         .map(|to| Envelope {
+                            proto: self.p.proto,
                             resource: key.0.clone(),
                             from: self.nodes[i].id,
                             to: *to,
@@ -411,10 +474,13 @@ impl Sim {
             50..56 if !self.nodes[i].alive => {
                 let base = self.rng.random_range(0..100_000);
                 self.nodes[i].mono_base = base;
+                self.nodes[i].life_start = self.now;
+                let drift = self.p.max_drift_ppm;
+                self.nodes[i].rate_ppm = self.rng.random_range(-drift..=drift);
                 self.nodes[i].alive = true;
                 let now = self.clock(i);
                 let id = self.nodes[i].id;
-                self.nodes[i].acceptor = Acceptor::new(id, CFG, now);
+                self.nodes[i].acceptor = Acceptor::for_protocol(self.p.proto, id, CFG, now);
                 self.nodes[i].ballots = BallotGen::new(id, now.wall.0, CFG.ballot_era_ms);
                 self.nodes[i].seen = Ballot::default();
             }
@@ -430,15 +496,15 @@ impl Sim {
             60..64 => self.cut.clear(),
             // A clock moves, staying within the skew bound.
             64..70 => {
-                self.nodes[i].offset = self.rng.random_range(0..=self.max_skew);
+                self.nodes[i].offset = self.rng.random_range(0..=self.p.max_skew);
             }
             _ => {}
         }
     }
 }
 
-fn run(seed: u64, nodes: u64, max_skew: u64) -> u64 {
-    let mut sim = Sim::new(seed, nodes, max_skew);
+fn run(seed: u64, p: Params) -> u64 {
+    let mut sim = Sim::new(seed, p);
     let end = sim.now + RUN_MS;
     while sim.now < end {
         sim.step();
@@ -446,13 +512,24 @@ fn run(seed: u64, nodes: u64, max_skew: u64) -> u64 {
     sim.grants
 }
 
-fn run_seeds(nodes: u64, seeds: std::ops::Range<u64>) -> u64 {
+fn run_seeds(p: Params, seeds: std::ops::Range<u64>) -> u64 {
+    if let (Ok(seed), Ok(n)) = (std::env::var("FLEASE_SEED"), std::env::var("FLEASE_NODES")) {
+        let proto = std::env::var("FLEASE_PROTO").unwrap_or_default();
+        if n.parse() == Ok(p.nodes) && (proto == "paxoslease") == (p.proto == Protocol::PaxosLease)
+        {
+            return run(seed.parse().unwrap(), p).max(u64::MAX / 2);
+        }
+    }
     let mut grants = 0;
     for seed in seeds {
-        match std::panic::catch_unwind(|| run(seed, nodes, CFG.eps_ms)) {
+        match std::panic::catch_unwind(|| run(seed, p)) {
             Ok(g) => grants += g,
             Err(e) => {
-                eprintln!("flease simulation failed: FLEASE_SEED={seed} FLEASE_NODES={nodes}");
+                eprintln!(
+                    "simulation failed: FLEASE_SEED={seed} FLEASE_NODES={} FLEASE_PROTO={} ({p:?})",
+                    p.nodes,
+                    p.proto.name()
+                );
                 std::panic::resume_unwind(e);
             }
         }
@@ -460,13 +537,16 @@ fn run_seeds(nodes: u64, seeds: std::ops::Range<u64>) -> u64 {
     grants
 }
 
+/// Whether any of `seeds` exposes a violation (for the negative runs).
+fn any_caught(p: Params, seeds: std::ops::Range<u64>) -> bool {
+    seeds
+        .into_iter()
+        .any(|seed| std::panic::catch_unwind(|| run(seed, p)).is_err())
+}
+
 #[test]
 fn three_nodes_never_grant_overlapping_leases() {
-    if let (Ok(seed), Ok(n)) = (std::env::var("FLEASE_SEED"), std::env::var("FLEASE_NODES")) {
-        run(seed.parse().unwrap(), n.parse().unwrap(), CFG.eps_ms);
-        return;
-    }
-    let grants = run_seeds(3, 0..1000);
+    let grants = run_seeds(Params::flease(3), 0..1000);
     assert!(
         grants > 10_000,
         "the simulation granted only {grants} leases"
@@ -475,7 +555,7 @@ fn three_nodes_never_grant_overlapping_leases() {
 
 #[test]
 fn five_nodes_never_grant_overlapping_leases() {
-    let grants = run_seeds(5, 1000..1400);
+    let grants = run_seeds(Params::flease(5), 1000..1400);
     assert!(
         grants > 5_000,
         "the simulation granted only {grants} leases"
@@ -486,10 +566,58 @@ fn five_nodes_never_grant_overlapping_leases() {
 /// work.
 #[test]
 fn the_checker_catches_overlaps_when_the_skew_bound_is_broken() {
-    let caught =
-        (0..500u64).any(|seed| std::panic::catch_unwind(|| run(seed, 3, 20 * CFG.eps_ms)).is_err());
+    let p = Params {
+        max_skew: 20 * CFG.eps_ms,
+        ..Params::flease(3)
+    };
     assert!(
-        caught,
+        any_caught(p, 0..500),
         "no seed exposed an overlap with clocks 20 eps apart"
+    );
+}
+
+#[test]
+fn paxoslease_three_nodes_never_grant_overlapping_leases() {
+    let grants = run_seeds(Params::paxos(3), 0..1000);
+    assert!(
+        grants > 10_000,
+        "the simulation granted only {grants} leases"
+    );
+}
+
+#[test]
+fn paxoslease_five_nodes_never_grant_overlapping_leases() {
+    let grants = run_seeds(Params::paxos(5), 2000..2400);
+    assert!(
+        grants > 5_000,
+        "the simulation granted only {grants} leases"
+    );
+}
+
+/// Exclusivity needs no clock synchronization at all: wall clocks up to an hour apart.
+#[test]
+fn paxoslease_is_exclusive_with_unsynchronized_wall_clocks() {
+    let p = Params {
+        max_skew: 3_600_000,
+        check_fencing: false,
+        ..Params::paxos(3)
+    };
+    let grants = run_seeds(p, 5000..5300);
+    assert!(
+        grants > 3_000,
+        "the simulation granted only {grants} leases"
+    );
+}
+
+/// With monotonic clocks drifting far beyond the margin, the checker must find an overlap.
+#[test]
+fn the_checker_catches_overlaps_when_the_drift_bound_is_broken() {
+    let p = Params {
+        max_drift_ppm: 300_000,
+        ..Params::paxos(3)
+    };
+    assert!(
+        any_caught(p, 0..500),
+        "no seed exposed an overlap with clocks drifting 30%"
     );
 }

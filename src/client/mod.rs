@@ -32,6 +32,7 @@ use crate::domain::types::NodeId;
 use crate::raft::consensus::ClusterView;
 use std::collections::BTreeMap;
 
+use crate::domain::flease::Protocol;
 use crate::runtime::flease::LeaseView;
 use crate::runtime::lease::RefreshAck;
 use crate::wire::{
@@ -487,7 +488,29 @@ impl Client {
         resource: &str,
         owner: &str,
     ) -> Result<LeaseView, ClientError> {
-        let path = format!("/v1/flease/{}/acquire", encode_query(resource));
+        self.resource_acquire(Protocol::Flease, resource, owner)
+            .await
+    }
+
+    /// Release `owner`'s Flease lease on `resource`: true if it held it.
+    pub async fn flease_release(&self, resource: &str, owner: &str) -> Result<bool, ClientError> {
+        self.resource_release(Protocol::Flease, resource, owner)
+            .await
+    }
+
+    /// What the answering node knows of a Flease `resource`.
+    pub async fn flease_get(&self, resource: &str) -> Result<LeaseView, ClientError> {
+        self.resource_get(Protocol::Flease, resource).await
+    }
+
+    /// Acquire (or renew) a per-resource lease of `proto` for `owner`.
+    pub async fn resource_acquire(
+        &self,
+        proto: Protocol,
+        resource: &str,
+        owner: &str,
+    ) -> Result<LeaseView, ClientError> {
+        let path = format!("/v1/{}/{}/acquire", proto.name(), encode_query(resource));
         let body = serde_json::json!({ "owner": owner });
         // Idempotent for one owner: acquiring again renews.
         let opts = CallOptions {
@@ -497,9 +520,14 @@ impl Client {
         self.call_with(Method::POST, &path, Some(&body), opts).await
     }
 
-    /// Release `owner`'s Flease lease on `resource`: true if it held it.
-    pub async fn flease_release(&self, resource: &str, owner: &str) -> Result<bool, ClientError> {
-        let path = format!("/v1/flease/{}/release", encode_query(resource));
+    /// Release `owner`'s lease of `proto` on `resource`: true if it held it.
+    pub async fn resource_release(
+        &self,
+        proto: Protocol,
+        resource: &str,
+        owner: &str,
+    ) -> Result<bool, ClientError> {
+        let path = format!("/v1/{}/{}/release", proto.name(), encode_query(resource));
         let body = serde_json::json!({ "owner": owner });
         let opts = CallOptions {
             idempotent: true,
@@ -511,9 +539,13 @@ impl Client {
         Ok(v["released"].as_bool().unwrap_or(false))
     }
 
-    /// What the answering node knows of `resource`.
-    pub async fn flease_get(&self, resource: &str) -> Result<LeaseView, ClientError> {
-        let path = format!("/v1/flease/{}", encode_query(resource));
+    /// What the answering node knows of a `resource` of `proto`.
+    pub async fn resource_get(
+        &self,
+        proto: Protocol,
+        resource: &str,
+    ) -> Result<LeaseView, ClientError> {
+        let path = format!("/v1/{}/{}", proto.name(), encode_query(resource));
         self.call(Method::GET, &path, None::<&()>).await
     }
 }

@@ -28,7 +28,12 @@ pub async fn add_node(
             address: req.address,
         })
         .await?;
-    Ok(Json(state.consensus.cluster_view()))
+    let id = req.id;
+    let view = state
+        .consensus
+        .view_once(|v| v.nodes.iter().any(|n| n.id == id && n.voter))
+        .await;
+    Ok(Json(view))
 }
 
 pub async fn remove_node(
@@ -39,7 +44,11 @@ pub async fn remove_node(
         .consensus
         .admin(AdminRequest::RemoveNode { id })
         .await?;
-    Ok(Json(state.consensus.cluster_view()))
+    let view = state
+        .consensus
+        .view_once(|v| v.nodes.iter().all(|n| n.id != id))
+        .await;
+    Ok(Json(view))
 }
 
 /// A node address is `host:port`, the form peers dial.
@@ -150,71 +159,74 @@ pub async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
 }
 
 fn render_flease_metrics(state: &AppState, out: &mut String) {
+    use crate::domain::flease::Protocol;
     use std::fmt::Write;
     use std::sync::atomic::Ordering::Relaxed;
     let f = &state.flease;
-    let (cells, nacks, skew, recovering) = f.stats();
-    let m = &f.metrics;
+    let protos = [Protocol::Flease, Protocol::PaxosLease];
+    let stats = protos.map(|p| f.stats(p));
+    let m = protos.map(|p| f.metrics(p));
+    let both = |g: &dyn Fn(usize) -> u64| [g(0), g(1)];
     for (name, kind, help, v) in [
         (
             "leasecore_flease_cells",
             "gauge",
             "Acceptor cells held (resources touched recently or still leased).",
-            cells as u64,
+            both(&|i| stats[i].0 as u64),
         ),
         (
             "leasecore_flease_recovering",
             "gauge",
             "1 while the acceptor waits out its restart wait.",
-            u64::from(recovering),
+            both(&|i| u64::from(stats[i].3)),
         ),
         (
             "leasecore_flease_rounds_total",
             "counter",
             "Rounds run by this node.",
-            m.rounds.load(Relaxed),
+            both(&|i| m[i].rounds.load(Relaxed)),
         ),
         (
             "leasecore_flease_granted_total",
             "counter",
             "Acquisitions and renewals granted.",
-            m.granted.load(Relaxed),
+            both(&|i| m[i].granted.load(Relaxed)),
         ),
         (
             "leasecore_flease_busy_total",
             "counter",
             "Acquisitions that found another holder (contention).",
-            m.busy.load(Relaxed),
+            both(&|i| m[i].busy.load(Relaxed)),
         ),
         (
             "leasecore_flease_released_total",
             "counter",
             "Releases committed.",
-            m.released.load(Relaxed),
+            both(&|i| m[i].released.load(Relaxed)),
         ),
         (
             "leasecore_flease_retries_total",
             "counter",
             "Rounds retried (NACK, timeout, doubt window).",
-            m.retries.load(Relaxed),
+            both(&|i| m[i].retries.load(Relaxed)),
         ),
         (
             "leasecore_flease_nacks_total",
             "counter",
             "NACKs sent by this acceptor.",
-            nacks,
+            both(&|i| stats[i].1),
         ),
         (
             "leasecore_flease_clock_skew_suspicions_total",
             "counter",
-            "Messages stamped more than eps in the future.",
-            skew,
+            "Messages stamped more than eps in the future (Flease only).",
+            both(&|i| stats[i].2),
         ),
     ] {
-        let _ = writeln!(
-            out,
-            "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}"
-        );
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+        for (p, v) in protos.iter().zip(v) {
+            let _ = writeln!(out, "{name}{{protocol=\"{}\"}} {v}", p.name());
+        }
     }
 }
 

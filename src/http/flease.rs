@@ -1,5 +1,6 @@
-//! `/v1/flease`: decentralized per-resource leases (no leader, no log, no disk write), and the
-//! peer route that carries the register messages between nodes.
+//! `/v1/flease` and `/v1/paxoslease`: decentralized per-resource leases (no leader, no log, no
+//! disk write), and the peer route that carries the register messages between nodes. The two
+//! protocols have separate resource namespaces and the same HTTP shapes.
 
 use axum::Json;
 use axum::extract::State;
@@ -9,7 +10,7 @@ use serde::{Deserialize, Serialize};
 use super::AppState;
 use super::error::ApiError;
 use super::extract::{ApiJson, ApiPath};
-use crate::domain::flease::Envelope;
+use crate::domain::flease::{Envelope, Protocol};
 use crate::runtime::flease::{FleaseError, LeaseView};
 
 /// Body of acquire and release.
@@ -43,13 +44,40 @@ impl From<FleaseError> for ApiError {
     }
 }
 
+async fn acquire_in(
+    proto: Protocol,
+    state: AppState,
+    resource: String,
+    req: OwnerRequest,
+) -> Result<Json<LeaseView>, ApiError> {
+    check(&resource, Some(&req.owner))?;
+    Ok(Json(
+        state.flease.acquire(proto, &resource, &req.owner).await?,
+    ))
+}
+
+async fn release_in(
+    proto: Protocol,
+    state: AppState,
+    resource: String,
+    req: OwnerRequest,
+) -> Result<Json<ReleaseResponse>, ApiError> {
+    check(&resource, Some(&req.owner))?;
+    let released = state.flease.release(proto, &resource, &req.owner).await?;
+    Ok(Json(ReleaseResponse { released }))
+}
+
+fn get_in(proto: Protocol, state: AppState, resource: String) -> Result<Json<LeaseView>, ApiError> {
+    check(&resource, None)?;
+    Ok(Json(state.flease.peek(proto, &resource)))
+}
+
 pub async fn acquire(
     State(state): State<AppState>,
     ApiPath(resource): ApiPath<String>,
     ApiJson(req): ApiJson<OwnerRequest>,
 ) -> Result<Json<LeaseView>, ApiError> {
-    check(&resource, Some(&req.owner))?;
-    Ok(Json(state.flease.acquire(&resource, &req.owner).await?))
+    acquire_in(Protocol::Flease, state, resource, req).await
 }
 
 pub async fn release(
@@ -57,17 +85,37 @@ pub async fn release(
     ApiPath(resource): ApiPath<String>,
     ApiJson(req): ApiJson<OwnerRequest>,
 ) -> Result<Json<ReleaseResponse>, ApiError> {
-    check(&resource, Some(&req.owner))?;
-    let released = state.flease.release(&resource, &req.owner).await?;
-    Ok(Json(ReleaseResponse { released }))
+    release_in(Protocol::Flease, state, resource, req).await
 }
 
 pub async fn get(
     State(state): State<AppState>,
     ApiPath(resource): ApiPath<String>,
 ) -> Result<Json<LeaseView>, ApiError> {
-    check(&resource, None)?;
-    Ok(Json(state.flease.peek(&resource)))
+    get_in(Protocol::Flease, state, resource)
+}
+
+pub async fn paxos_acquire(
+    State(state): State<AppState>,
+    ApiPath(resource): ApiPath<String>,
+    ApiJson(req): ApiJson<OwnerRequest>,
+) -> Result<Json<LeaseView>, ApiError> {
+    acquire_in(Protocol::PaxosLease, state, resource, req).await
+}
+
+pub async fn paxos_release(
+    State(state): State<AppState>,
+    ApiPath(resource): ApiPath<String>,
+    ApiJson(req): ApiJson<OwnerRequest>,
+) -> Result<Json<ReleaseResponse>, ApiError> {
+    release_in(Protocol::PaxosLease, state, resource, req).await
+}
+
+pub async fn paxos_get(
+    State(state): State<AppState>,
+    ApiPath(resource): ApiPath<String>,
+) -> Result<Json<LeaseView>, ApiError> {
+    get_in(Protocol::PaxosLease, state, resource)
 }
 
 pub async fn peer_messages(

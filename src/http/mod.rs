@@ -131,6 +131,24 @@ pub fn route_table() -> Vec<RouteSpec> {
             post(flease::release),
         ),
         spec("GET", "/v1/flease/{resource}", Public, get(flease::get)),
+        spec(
+            "POST",
+            "/v1/paxoslease/{resource}/acquire",
+            Public,
+            post(flease::paxos_acquire),
+        ),
+        spec(
+            "POST",
+            "/v1/paxoslease/{resource}/release",
+            Public,
+            post(flease::paxos_release),
+        ),
+        spec(
+            "GET",
+            "/v1/paxoslease/{resource}",
+            Public,
+            get(flease::paxos_get),
+        ),
         spec("GET", "/v1/cluster", Public, get(cluster::status)),
         spec("POST", "/v1/cluster/nodes", Public, post(cluster::add_node)),
         spec(

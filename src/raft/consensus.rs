@@ -570,6 +570,23 @@ impl Consensus {
         }
     }
 
+    /// This node's view of the cluster once it satisfies `settled` (a change committed on the
+    /// leader reaches a forwarding node a moment later), or as it is after the request timeout.
+    pub async fn view_once(&self, settled: impl Fn(&ClusterView) -> bool) -> ClusterView {
+        let mut changes = self.inner.raft.metrics();
+        let deadline = tokio::time::Instant::now() + self.inner.timeouts.request;
+        loop {
+            let view = self.cluster_view();
+            if settled(&view) {
+                return view;
+            }
+            match tokio::time::timeout_at(deadline, changes.changed()).await {
+                Ok(Ok(())) => {}
+                _ => return view,
+            }
+        }
+    }
+
     /// This node's view of the cluster.
     pub fn cluster_view(&self) -> ClusterView {
         let m = self.inner.raft.metrics().borrow().clone();

@@ -11,6 +11,11 @@
 //!   cells and stays silent for the restart wait again (the cost: Flease is unavailable for
 //!   about `restart_wait` after every membership change).
 //!
+//! - Flease and PaxosLease run side by side: one acceptor per protocol (their resources are
+//!   separate namespaces), rounds and messages tagged with their protocol.
+//! - A release goes first through the ballot that the local acceptor holds the owner's lease
+//!   at (one round trip, no read phase); a full release round only if that finds no quorum.
+//!
 //! Every rule is in [`crate::domain::flease`]; this file sequences I/O and retries.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -26,9 +31,10 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use crate::clock::Clock;
-use crate::domain::flease::proposer::RoundEvent;
+use crate::domain::flease::proposer::{FastRelease, RoundEvent};
 use crate::domain::flease::{
-    Acceptor, Ballot, BallotGen, Envelope, FleaseConfig, Intent, Judgement, Now, Round, judge,
+    Acceptor, Ballot, BallotGen, Envelope, FleaseConfig, Intent, Judgement, Now, Protocol, Round,
+    Slot, judge,
 };
 use crate::domain::types::{NodeId, WallMillis};
 use crate::raft::consensus::Consensus;
@@ -82,17 +88,16 @@ pub struct FleaseService {
     me: NodeId,
     cfg: FleaseConfig,
     clock: Arc<dyn Clock>,
-    acceptor: Mutex<Acceptor>,
+    flease: Mutex<Acceptor>,
+    paxos: Mutex<Acceptor>,
     ballots: Mutex<(BallotGen, Ballot)>,
     consensus: Consensus,
     peers: PeerClient,
     outboxes: Mutex<HashMap<NodeId, mpsc::UnboundedSender<Outgoing>>>,
     /// The voter set the acceptor serves.
     view: Mutex<BTreeSet<NodeId>>,
-    /// Leases granted through this node: (resource, owner) -> (committing ballot, expiry), for
-    /// the one-round-trip release. Pruned once expired.
-    grants: Mutex<HashMap<(String, String), (Ballot, WallMillis)>>,
-    pub metrics: FleaseMetrics,
+    flease_metrics: FleaseMetrics,
+    paxos_metrics: FleaseMetrics,
 }
 
 impl FleaseService {
@@ -110,7 +115,8 @@ impl FleaseService {
         FleaseService {
             me,
             cfg,
-            acceptor: Mutex::new(Acceptor::new(me, cfg, now)),
+            flease: Mutex::new(Acceptor::for_protocol(Protocol::Flease, me, cfg, now)),
+            paxos: Mutex::new(Acceptor::for_protocol(Protocol::PaxosLease, me, cfg, now)),
             // The boot id: this start's wall clock (it grows across restarts).
             ballots: Mutex::new((
                 BallotGen::new(me, now.wall.0, cfg.ballot_era_ms),
@@ -121,8 +127,8 @@ impl FleaseService {
             peers,
             outboxes: Mutex::new(HashMap::new()),
             view: Mutex::new(BTreeSet::new()),
-            grants: Mutex::new(HashMap::new()),
-            metrics: FleaseMetrics::default(),
+            flease_metrics: FleaseMetrics::default(),
+            paxos_metrics: FleaseMetrics::default(),
         }
     }
 
@@ -137,14 +143,27 @@ impl FleaseService {
         }
     }
 
-    fn acceptor(&self) -> std::sync::MutexGuard<'_, Acceptor> {
-        self.acceptor.lock().unwrap_or_else(|p| p.into_inner())
+    /// The counters of one protocol.
+    pub fn metrics(&self, proto: Protocol) -> &FleaseMetrics {
+        match proto {
+            Protocol::Flease => &self.flease_metrics,
+            Protocol::PaxosLease => &self.paxos_metrics,
+        }
     }
 
-    /// (cells, nacks, skew suspicions, recovering)
-    pub fn stats(&self) -> (usize, u64, u64, bool) {
+    fn acceptor(&self, proto: Protocol) -> std::sync::MutexGuard<'_, Acceptor> {
+        match proto {
+            Protocol::Flease => &self.flease,
+            Protocol::PaxosLease => &self.paxos,
+        }
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// (cells, nacks, skew suspicions, recovering) of one protocol's acceptor.
+    pub fn stats(&self, proto: Protocol) -> (usize, u64, u64, bool) {
         let now = self.now();
-        let a = self.acceptor();
+        let a = self.acceptor(proto);
         let s = a.stats();
         (a.len(), s.nacks, s.skew_suspicions, a.is_recovering(now))
     }
@@ -162,15 +181,22 @@ impl FleaseService {
     /// Handle a batch of peer messages with the local acceptor; one answer per message.
     pub fn on_peer_batch(&self, batch: &[Envelope]) -> Vec<Option<Envelope>> {
         let now = self.now();
-        let mut a = self.acceptor();
-        batch.iter().map(|m| a.on_message(m, now)).collect()
+        let mut flease = self.acceptor(Protocol::Flease);
+        let mut paxos = self.acceptor(Protocol::PaxosLease);
+        batch
+            .iter()
+            .map(|m| match m.proto {
+                Protocol::Flease => flease.on_message(m, now),
+                Protocol::PaxosLease => paxos.on_message(m, now),
+            })
+            .collect()
     }
 
     /// Deliver one message and wait for its answer (None: lost, refused or timed out).
     async fn deliver(self: &Arc<Self>, env: Envelope, addr: Option<String>) -> Option<Envelope> {
         if env.to == self.me {
             let now = self.now();
-            return self.acceptor().on_message(&env, now);
+            return self.acceptor(env.proto).on_message(&env, now);
         }
         let addr = addr?;
         let (tx, rx) = oneshot::channel();
@@ -194,41 +220,87 @@ impl FleaseService {
     /// Acquire (or renew) `resource` for `owner`.
     pub async fn acquire(
         self: &Arc<Self>,
+        proto: Protocol,
         resource: &str,
         owner: &str,
     ) -> Result<LeaseView, FleaseError> {
-        self.run(Intent::Acquire, resource, owner).await
+        self.run(proto, Intent::Acquire, resource, owner).await
     }
 
-    /// Release `resource` if `owner` holds it; `granted: None`, `holder: None` after.
+    /// Release `resource` if `owner` holds it (the owner has stopped using it); whether it did.
     pub async fn release(
         self: &Arc<Self>,
+        proto: Protocol,
         resource: &str,
         owner: &str,
     ) -> Result<bool, FleaseError> {
-        let view = self.run(Intent::Release, resource, owner).await?;
+        if self.fast_release(proto, resource, owner).await {
+            self.metrics(proto).released.fetch_add(1, Ordering::Relaxed);
+            return Ok(true);
+        }
+        let view = self.run(proto, Intent::Release, resource, owner).await?;
         Ok(view.granted == Some(true))
     }
 
-    /// What this node's acceptor knows of `resource` (local, not a quorum read).
-    pub fn peek(&self, resource: &str) -> LeaseView {
+    /// Release through the ballot the local acceptor holds `owner`'s lease at; whether a quorum
+    /// released it.
+    async fn fast_release(self: &Arc<Self>, proto: Protocol, resource: &str, owner: &str) -> bool {
         let now = self.now();
-        let slot = self
-            .acceptor()
-            .accepted(resource)
-            .cloned()
-            .unwrap_or_default();
-        let (holder, valid_ms, epoch) = match judge(&slot, now.wall, self.cfg.eps_ms) {
-            Judgement::HeldBy {
+        let grant_k = match self.acceptor(proto).held_by(resource, now) {
+            Some((k, holder)) if holder == owner => k,
+            _ => return false,
+        };
+        let members = self.members();
+        let ids: Vec<NodeId> = members.keys().copied().collect();
+        let (mut release, msgs) = FastRelease::start(
+            proto, self.me, resource, owner, &ids, grant_k, self.cfg, now,
+        );
+        let mut inflight = FuturesUnordered::new();
+        for m in msgs {
+            let addr = members.get(&m.to).cloned();
+            inflight.push(self.deliver(m, addr));
+        }
+        let wait = Duration::from_millis(self.cfg.round_timeout_ms);
+        let outcome = tokio::time::timeout(wait, async {
+            while let Some(reply) = inflight.next().await {
+                if let Some(done) = reply.and_then(|r| release.on_reply(&r)) {
+                    return done;
+                }
+            }
+            false
+        });
+        outcome.await.unwrap_or(false)
+    }
+
+    /// What this node's acceptor knows of `resource` (local, not a quorum read; for PaxosLease
+    /// a hint, as only the holder knows its lease exactly).
+    pub fn peek(&self, proto: Protocol, resource: &str) -> LeaseView {
+        let now = self.now();
+        let slot = self.acceptor(proto).accepted(resource).unwrap_or_default();
+        let eps = self.cfg.eps_ms;
+        let (holder, valid_ms, epoch) = match slot {
+            Slot::Timed {
                 owner,
-                expires,
+                until,
                 epoch,
-            } => (
+            } if until > now.mono => (
                 Some(owner),
-                expires.0.saturating_sub(now.wall.0 + self.cfg.eps_ms),
+                now.mono.until(until).saturating_sub(eps),
                 epoch,
             ),
-            _ => (None, 0, slot.epoch()),
+            Slot::Timed { epoch, .. } => (None, 0, epoch),
+            slot => match judge(&slot, now.wall, eps) {
+                Judgement::HeldBy {
+                    owner,
+                    expires,
+                    epoch,
+                } => (
+                    Some(owner),
+                    expires.0.saturating_sub(now.wall.0 + eps),
+                    epoch,
+                ),
+                _ => (None, 0, slot.epoch()),
+            },
         };
         LeaseView {
             resource: resource.to_string(),
@@ -241,12 +313,13 @@ impl FleaseService {
 
     async fn run(
         self: &Arc<Self>,
+        proto: Protocol,
         intent: Intent,
         resource: &str,
         owner: &str,
     ) -> Result<LeaseView, FleaseError> {
         for _ in 0..MAX_ATTEMPTS {
-            self.metrics.rounds.fetch_add(1, Ordering::Relaxed);
+            self.metrics(proto).rounds.fetch_add(1, Ordering::Relaxed);
             let members = self.members();
             let ids: Vec<NodeId> = members.keys().copied().collect();
             let now = self.now();
@@ -255,8 +328,9 @@ impl FleaseService {
                 let (generator, seen) = &mut *b;
                 generator.next(now.wall, *seen, rand::rng().random())
             };
-            let (mut round, msgs) =
-                Round::start_for(intent, self.me, resource, owner, &ids, k, self.cfg, now);
+            let (mut round, msgs) = Round::start_in(
+                proto, intent, self.me, resource, owner, &ids, k, self.cfg, now,
+            );
             let mut inflight = FuturesUnordered::new();
             for m in msgs {
                 let addr = members.get(&m.to).cloned();
@@ -288,11 +362,7 @@ impl FleaseService {
             };
             match outcome {
                 RoundEvent::Granted(g) => {
-                    self.metrics.granted.fetch_add(1, Ordering::Relaxed);
-                    self.grants
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .insert((g.resource.clone(), g.owner.clone()), (g.ballot, g.expires));
+                    self.metrics(proto).granted.fetch_add(1, Ordering::Relaxed);
                     return Ok(LeaseView {
                         resource: resource.to_string(),
                         granted: Some(true),
@@ -306,7 +376,7 @@ impl FleaseService {
                     expires,
                     epoch,
                 } => {
-                    self.metrics.busy.fetch_add(1, Ordering::Relaxed);
+                    self.metrics(proto).busy.fetch_add(1, Ordering::Relaxed);
                     let now = self.now();
                     return Ok(LeaseView {
                         resource: resource.to_string(),
@@ -317,7 +387,7 @@ impl FleaseService {
                     });
                 }
                 RoundEvent::Released { epoch } => {
-                    self.metrics.released.fetch_add(1, Ordering::Relaxed);
+                    self.metrics(proto).released.fetch_add(1, Ordering::Relaxed);
                     return Ok(LeaseView {
                         resource: resource.to_string(),
                         granted: Some(true),
@@ -338,7 +408,7 @@ impl FleaseService {
                 RoundEvent::Retry {
                     seen, not_before, ..
                 } => {
-                    self.metrics.retries.fetch_add(1, Ordering::Relaxed);
+                    self.metrics(proto).retries.fetch_add(1, Ordering::Relaxed);
                     {
                         let mut b = self.ballots.lock().unwrap_or_else(|p| p.into_inner());
                         b.1 = b.1.max(seen);
@@ -366,7 +436,8 @@ impl FleaseService {
                     if !view.is_empty() {
                         // A new acceptor set: forget and wait, as after a restart.
                         let now = self.now();
-                        self.acceptor().rearm(now);
+                        self.acceptor(Protocol::Flease).rearm(now);
+                        self.acceptor(Protocol::PaxosLease).rearm(now);
                         tracing::info!(
                             ?voters,
                             "flease: membership changed; acceptor silent for the restart wait"
@@ -380,12 +451,8 @@ impl FleaseService {
                 changed = membership.changed() => if changed.is_err() { return },
                 _ = tokio::time::sleep(gc_every) => {
                     let now = self.now();
-                    self.acceptor().collect_idle(now);
-                    let eps = self.cfg.eps_ms;
-                    self.grants
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .retain(|_, (_, expires)| expires.0 + eps >= now.wall.0);
+                    self.acceptor(Protocol::Flease).collect_idle(now);
+                    self.acceptor(Protocol::PaxosLease).collect_idle(now);
                 }
             }
         }

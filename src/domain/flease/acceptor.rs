@@ -13,24 +13,133 @@
 //! - A message older than `msg_max_age`, or stamped more than `eps` in the future, is dropped
 //!   (the latter counts as a clock-skew suspicion).
 //!
+//! # PaxosLease ([`Protocol::PaxosLease`])
+//! The same rules with timespans: a written `Span` is kept as `Timed` until this acceptor's own
+//! monotonic clock passes the span (counted from receipt), and is forgotten then, before any
+//! rule looks at it (the epoch is remembered). Replies report the time left as a `Span`. No
+//! message is judged by its wall-clock stamp. A value of the other protocol is refused.
+//!
 //! # Memory
 //! A cell is created on first contact and collected once idle for `cell_gc_idle` with a free
 //! value: collecting it makes the acceptor blank for that resource, which is as safe as a
-//! restart because by then no lease it held can still be valid.
+//! restart because by then no lease it held can still be valid. Cells are compact (a slab of
+//! fixed-size cells behind a name index; the promise is stored apart only while it is above the
+//! accepted ballot) because a node may hold millions.
 
 use std::collections::HashMap;
 
-use super::{Ballot, Envelope, Epoch, FleaseConfig, Judgement, Msg, Now, ResourceId, Slot, judge};
-use crate::domain::types::{MonoMillis, NodeId};
+use super::{Ballot, Envelope, Epoch, FleaseConfig, Judgement, Msg, Now, Protocol, Slot, judge};
+use crate::domain::types::{MonoMillis, NodeId, WallMillis};
+
+/// What a cell's value is (the owner and time live beside it in the cell).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+enum Kind {
+    #[default]
+    Empty,
+    /// Flease: `until` is the wall-clock expiry.
+    Lease,
+    Released,
+    /// PaxosLease: `until` is this acceptor's monotonic deadline.
+    Timed,
+}
 
 #[derive(Clone, Debug, Default)]
 struct Cell {
-    read_k: Ballot,
     write_k: Ballot,
-    value: Slot,
+    /// The promise, when above `write_k` (a promise at or below it is implied by the write).
+    promised: Option<Box<Ballot>>,
+    owner: Option<Box<str>>,
+    until: u64,
+    /// The accepted value's epoch.
+    value_epoch: Epoch,
     /// The highest epoch this acceptor has accepted for the resource.
-    epoch: Epoch,
-    last_touch: MonoMillis,
+    max_epoch: Epoch,
+    /// Monotonic seconds of the last message (collection is coarse).
+    last_touch_s: u32,
+    kind: Kind,
+}
+
+impl Cell {
+    fn read_k(&self) -> Ballot {
+        self.promised.as_deref().copied().unwrap_or(self.write_k)
+    }
+
+    fn promise(&mut self, k: Ballot) {
+        self.promised = (k > self.write_k).then(|| Box::new(k));
+    }
+
+    fn accept(&mut self, k: Ballot, value: Slot, now: Now) {
+        let read_k = self.read_k().max(k);
+        self.write_k = k;
+        self.promise(read_k);
+        self.max_epoch = self.max_epoch.max(value.epoch());
+        self.value_epoch = value.epoch();
+        let (kind, owner, until) = match value {
+            Slot::Empty => (Kind::Empty, None, 0),
+            Slot::Released { .. } => (Kind::Released, None, 0),
+            Slot::Lease { owner, expires, .. } => (Kind::Lease, Some(owner), expires.0),
+            Slot::Span { owner, span_ms, .. } => {
+                (Kind::Timed, Some(owner), now.mono.0.saturating_add(span_ms))
+            }
+            Slot::Timed { owner, until, .. } => (Kind::Timed, Some(owner), until.0),
+        };
+        self.kind = kind;
+        self.owner = owner.map(String::into_boxed_str);
+        self.until = until;
+    }
+
+    /// The accepted value in its stored form.
+    fn value(&self) -> Slot {
+        let owner = || self.owner.as_deref().unwrap_or_default().to_string();
+        let epoch = self.value_epoch;
+        match self.kind {
+            Kind::Empty => Slot::Empty,
+            Kind::Released => Slot::Released { epoch },
+            Kind::Lease => Slot::Lease {
+                owner: owner(),
+                expires: WallMillis(self.until),
+                epoch,
+            },
+            Kind::Timed => Slot::Timed {
+                owner: owner(),
+                until: MonoMillis(self.until),
+                epoch,
+            },
+        }
+    }
+
+    /// The accepted value as sent: PaxosLease values as the time left.
+    fn wire_value(&self, now: Now) -> Slot {
+        match self.value() {
+            Slot::Timed {
+                owner,
+                until,
+                epoch,
+            } => Slot::Span {
+                owner,
+                span_ms: until.0.saturating_sub(now.mono.0),
+                epoch,
+            },
+            v => v,
+        }
+    }
+
+    /// PaxosLease: forget a value whose timer fired.
+    fn expire(&mut self, now: Now) {
+        if self.kind == Kind::Timed && now.mono.0 >= self.until {
+            self.kind = Kind::Empty;
+            self.owner = None;
+            self.until = 0;
+        }
+    }
+
+    fn is_free(&self, now: Now, eps_ms: u64) -> bool {
+        match self.kind {
+            Kind::Empty | Kind::Released => true,
+            Kind::Timed => now.mono.0 >= self.until,
+            Kind::Lease => matches!(judge(&self.value(), now.wall, eps_ms), Judgement::Free),
+        }
+    }
 }
 
 /// Counters of what an acceptor refused or noticed.
@@ -40,34 +149,55 @@ pub struct AcceptorStats {
     pub dropped_recovering: u64,
     pub dropped_stale: u64,
     pub skew_suspicions: u64,
+    /// Writes of the other protocol's values.
+    pub refused_values: u64,
 }
 
-/// This node's acceptor for every resource.
+/// This node's acceptor for every resource of one protocol.
 #[derive(Debug)]
 pub struct Acceptor {
     me: NodeId,
     cfg: FleaseConfig,
+    proto: Protocol,
     /// Silent until then (restart or membership change).
     recovering_until: MonoMillis,
-    cells: HashMap<ResourceId, Cell>,
+    /// Resource name -> slot in `cells`.
+    index: HashMap<Box<str>, u32>,
+    cells: Vec<Cell>,
+    /// Slots of collected cells, reused first.
+    free: Vec<u32>,
     stats: AcceptorStats,
 }
 
 impl Acceptor {
-    /// A freshly started acceptor: silent for the restart wait.
+    /// A freshly started Flease acceptor: silent for the restart wait.
     pub fn new(me: NodeId, cfg: FleaseConfig, now: Now) -> Self {
+        Self::for_protocol(Protocol::Flease, me, cfg, now)
+    }
+
+    /// A freshly started acceptor of `proto`: silent for the restart wait.
+    pub fn for_protocol(proto: Protocol, me: NodeId, cfg: FleaseConfig, now: Now) -> Self {
         Acceptor {
             me,
             cfg,
+            proto,
             recovering_until: now.mono.plus(cfg.restart_wait_ms),
-            cells: HashMap::new(),
+            index: HashMap::new(),
+            cells: Vec::new(),
+            free: Vec::new(),
             stats: AcceptorStats::default(),
         }
     }
 
+    pub fn protocol(&self) -> Protocol {
+        self.proto
+    }
+
     /// The membership changed: forget everything and stay silent for the restart wait again.
     pub fn rearm(&mut self, now: Now) {
-        self.cells.clear();
+        self.index = HashMap::new();
+        self.cells = Vec::new();
+        self.free = Vec::new();
         self.recovering_until = now.mono.plus(self.cfg.restart_wait_ms);
     }
 
@@ -82,83 +212,131 @@ impl Acceptor {
 
     /// Cells held.
     pub fn len(&self) -> usize {
-        self.cells.len()
+        self.index.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.cells.is_empty()
+        self.index.is_empty()
     }
 
-    /// What this acceptor last accepted for a resource (local knowledge, for inspection).
-    pub fn accepted(&self, resource: &str) -> Option<&Slot> {
-        self.cells.get(resource).map(|c| &c.value)
+    /// What this acceptor last accepted for a resource, in its stored form (local knowledge,
+    /// for inspection; PaxosLease values as `Timed`, possibly past their timer).
+    pub fn accepted(&self, resource: &str) -> Option<Slot> {
+        self.index
+            .get(resource)
+            .map(|i| self.cells[*i as usize].value())
+    }
+
+    /// The ballot and owner of this acceptor's accepted lease of `resource`, if one is held now
+    /// (for a release through the committing ballot).
+    pub fn held_by(&self, resource: &str, now: Now) -> Option<(Ballot, &str)> {
+        let cell = &self.cells[*self.index.get(resource)? as usize];
+        match cell.kind {
+            Kind::Lease | Kind::Timed if !cell.is_free(now, 0) => {
+                Some((cell.write_k, cell.owner.as_deref()?))
+            }
+            _ => None,
+        }
+    }
+
+    fn cell_mut(&mut self, resource: &str) -> &mut Cell {
+        let slot = match self.index.get(resource) {
+            Some(i) => *i,
+            None => {
+                let i = match self.free.pop() {
+                    Some(i) => i,
+                    None => {
+                        self.cells.push(Cell::default());
+                        (self.cells.len() - 1) as u32
+                    }
+                };
+                self.index.insert(resource.into(), i);
+                i
+            }
+        };
+        &mut self.cells[slot as usize]
     }
 
     /// Handle one message; the reply, if any.
     pub fn on_message(&mut self, env: &Envelope, now: Now) -> Option<Envelope> {
+        if env.proto != self.proto {
+            return None;
+        }
         if now.mono < self.recovering_until {
             self.stats.dropped_recovering += 1;
             return None;
         }
-        if now.wall.0 > env.sent_at.0.saturating_add(self.cfg.msg_max_age_ms) {
-            self.stats.dropped_stale += 1;
-            return None;
+        if self.proto == Protocol::Flease {
+            if now.wall.0 > env.sent_at.0.saturating_add(self.cfg.msg_max_age_ms) {
+                self.stats.dropped_stale += 1;
+                return None;
+            }
+            if env.sent_at.0 > now.wall.0.saturating_add(self.cfg.eps_ms) {
+                self.stats.skew_suspicions += 1;
+                return None;
+            }
         }
-        if env.sent_at.0 > now.wall.0.saturating_add(self.cfg.eps_ms) {
-            self.stats.skew_suspicions += 1;
-            return None;
-        }
+        let touch = (now.mono.0 / 1000) as u32;
         let body = match &env.body {
             Msg::Read { k } => {
-                let cell = self.cells.entry(env.resource.clone()).or_default();
-                cell.last_touch = now.mono;
-                if cell.read_k >= *k || cell.write_k >= *k {
+                let cell = self.cell_mut(&env.resource);
+                cell.last_touch_s = touch;
+                cell.expire(now);
+                let seen = cell.read_k().max(cell.write_k);
+                if seen >= *k {
                     self.stats.nacks += 1;
-                    Msg::ReadNack {
-                        k: *k,
-                        seen: cell.read_k.max(cell.write_k),
-                    }
+                    Msg::ReadNack { k: *k, seen }
                 } else {
-                    cell.read_k = *k;
+                    cell.promise(*k);
                     Msg::ReadAck {
                         k: *k,
                         write_k: cell.write_k,
-                        value: cell.value.clone(),
-                        epoch: cell.epoch.max(cell.value.epoch()),
+                        value: cell.wire_value(now),
+                        epoch: cell.max_epoch.max(cell.value_epoch),
                     }
                 }
             }
             Msg::Write { k, value } => {
-                let cell = self.cells.entry(env.resource.clone()).or_default();
-                cell.last_touch = now.mono;
-                if cell.read_k > *k || cell.write_k > *k {
+                let fits = match value {
+                    Slot::Released { .. } => true,
+                    Slot::Lease { .. } => self.proto == Protocol::Flease,
+                    Slot::Span { .. } => self.proto == Protocol::PaxosLease,
+                    Slot::Empty | Slot::Timed { .. } => false,
+                };
+                if !fits {
+                    self.stats.refused_values += 1;
+                    return None;
+                }
+                let cell = self.cell_mut(&env.resource);
+                cell.last_touch_s = touch;
+                cell.expire(now);
+                let seen = cell.read_k().max(cell.write_k);
+                if seen > *k {
                     self.stats.nacks += 1;
-                    Msg::WriteNack {
-                        k: *k,
-                        seen: cell.read_k.max(cell.write_k),
-                    }
+                    Msg::WriteNack { k: *k, seen }
                 } else {
-                    cell.write_k = *k;
-                    cell.read_k = cell.read_k.max(*k);
-                    cell.epoch = cell.epoch.max(value.epoch());
-                    cell.value = value.clone();
+                    cell.accept(*k, value.clone(), now);
                     Msg::WriteAck { k: *k }
                 }
             }
             Msg::Release { grant_k, owner } => {
                 let mut released = false;
-                if let Some(cell) = self.cells.get_mut(&env.resource) {
-                    cell.last_touch = now.mono;
+                if let Some(i) = self.index.get(env.resource.as_str()) {
+                    let cell = &mut self.cells[*i as usize];
+                    cell.last_touch_s = touch;
+                    cell.expire(now);
                     if cell.write_k == *grant_k {
-                        match &cell.value {
-                            Slot::Lease {
-                                owner: held, epoch, ..
-                            } if held == owner => {
-                                cell.value = Slot::Released { epoch: *epoch };
+                        match cell.kind {
+                            Kind::Lease | Kind::Timed
+                                if cell.owner.as_deref() == Some(owner.as_str()) =>
+                            {
+                                cell.kind = Kind::Released;
+                                cell.owner = None;
+                                cell.until = 0;
                                 released = true;
                             }
                             // A duplicate of a release already applied.
-                            Slot::Released { .. } => released = true,
+                            Kind::Released => released = true,
                             _ => {}
                         }
                     }
@@ -176,6 +354,7 @@ impl Acceptor {
             | Msg::ReleaseAck { .. } => return None,
         };
         Some(Envelope {
+            proto: self.proto,
             resource: env.resource.clone(),
             from: self.me,
             to: env.from,
@@ -186,13 +365,24 @@ impl Acceptor {
 
     /// Drop cells idle for `cell_gc_idle` whose value is free by then; returns how many.
     pub fn collect_idle(&mut self, now: Now) -> usize {
-        let before = self.cells.len();
-        let (idle, eps) = (self.cfg.cell_gc_idle_ms, self.cfg.eps_ms);
-        self.cells.retain(|_, c| {
-            now.mono.0.saturating_sub(c.last_touch.0) < idle
-                || !matches!(judge(&c.value, now.wall, eps), Judgement::Free)
+        let before = self.index.len();
+        // Touches are kept in whole seconds: one more second keeps the idle time at least as long
+        // as configured.
+        let idle_s = self.cfg.cell_gc_idle_ms.div_ceil(1000) + 1;
+        let now_s = now.mono.0 / 1000;
+        let eps = self.cfg.eps_ms;
+        let (cells, free) = (&mut self.cells, &mut self.free);
+        self.index.retain(|_, i| {
+            let cell = &mut cells[*i as usize];
+            let keep =
+                now_s.saturating_sub(cell.last_touch_s as u64) < idle_s || !cell.is_free(now, eps);
+            if !keep {
+                *cell = Cell::default();
+                free.push(*i);
+            }
+            keep
         });
-        before - self.cells.len()
+        before - self.index.len()
     }
 }
 
@@ -221,6 +411,7 @@ mod tests {
 
     fn env(body: Msg, sent_at: u64) -> Envelope {
         Envelope {
+            proto: Protocol::Flease,
             resource: "r".into(),
             from: 9,
             to: 1,
@@ -367,7 +558,7 @@ mod tests {
             },
             t,
         );
-        assert_eq!(a.accepted("r"), Some(&lease(3)));
+        assert_eq!(a.accepted("r"), Some(lease(3)));
         assert_eq!(
             send(
                 &mut a,
@@ -382,7 +573,7 @@ mod tests {
                 released: true
             })
         );
-        assert_eq!(a.accepted("r"), Some(&Slot::Released { epoch: 3 }));
+        assert_eq!(a.accepted("r"), Some(Slot::Released { epoch: 3 }));
     }
 
     #[test]
@@ -401,9 +592,9 @@ mod tests {
         };
         a.on_message(&b, at(3000));
         assert_eq!(a.len(), 2);
-        assert_eq!(a.collect_idle(at(6999)), 0);
+        assert_eq!(a.collect_idle(at(7999)), 0);
         // "r" is idle and empty; "held" is idle but its lease runs until 10 000.
-        assert_eq!(a.collect_idle(at(7000)), 1);
+        assert_eq!(a.collect_idle(at(8000)), 1);
         assert!(a.accepted("held").is_some());
         b.body = Msg::Read { k: k(2) };
         assert_eq!(a.collect_idle(at(10_051)), 1);

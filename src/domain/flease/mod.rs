@@ -57,9 +57,31 @@
 //! The simulator in `tests/flease_sim.rs` checks both properties after every step, and shows that
 //! its checker catches an overlap when the skew bound is violated.
 //!
-//! # PaxosLease (not yet)
-//! PaxosLease (paper 003) will reuse the register and rounds with timespans instead of absolute
-//! expiries, each acceptor timing its accepted value on its own monotonic clock.
+//! # PaxosLease: the same register with timespans ([`Protocol::PaxosLease`])
+//! Trencseni et al., "PaxosLease" (../shared/papers/003). No clock synchronization, only a bound
+//! on clock *rate* drift:
+//! - the value is `(owner, timespan T)` ([`Slot::Span`]), never an absolute time;
+//! - the proposer starts its timer (the round's monotonic start `m0`) before its first message,
+//!   and the holder may act until `m0 + T - eps` ([`FleaseConfig::valid_ms`]), where `eps` here
+//!   covers rate drift over one lease time;
+//! - an acceptor starts its own timer on receipt of the `Write` and forgets the value when it
+//!   fires ([`Slot::Timed`], on its monotonic clock): every acceptor's timer starts after the
+//!   holder's, so the holder's view always ends first;
+//! - a proposer writes only its own value: if any acceptor of the read quorum still holds
+//!   another owner's unexpired value the answer is "busy" (nothing is written back). Safety is
+//!   Paxos' intersection argument: a chosen value is held by a majority until their timers fire,
+//!   and every later read quorum meets one of them;
+//! - extension: the holder re-proposes when the quorum answered "empty" or "its own value";
+//!   release: as for Flease, the holder stops, then the acceptors holding its ballot forget it;
+//! - no message is dropped for its wall-clock stamp (clocks are not comparable across nodes), and
+//!   a restarted acceptor stays silent for the restart wait, which exceeds the lease time.
+//!
+//! Epochs follow the Flease rule. Intersection makes them increase while any acceptor of the
+//! earlier grant's quorum remembers it (acceptors keep the highest epoch after a value expires,
+//! until the cell is collected). Across a full loss of that memory (restarts, collection) the
+//! fallback is the round's start in wall-clock microseconds, which is monotonic only if wall
+//! clocks agree within the restart wait minus the lease time: mutual exclusion never depends on
+//! wall clocks, fencing after total amnesia does.
 //!
 //! # What it must not do
 //! Read a clock, do I/O, or keep state on disk: a restarted node relies on the restart wait.
@@ -73,6 +95,26 @@ use super::types::{MonoMillis, NodeId, WallMillis};
 
 pub use acceptor::Acceptor;
 pub use proposer::{Intent, Round, RoundEvent};
+
+/// Which lease protocol a register, a round and a message belong to.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Protocol {
+    /// Absolute expiries on loosely synchronized wall clocks.
+    #[default]
+    Flease,
+    /// Relative timespans, each node timing on its own monotonic clock.
+    PaxosLease,
+}
+
+impl Protocol {
+    pub fn name(self) -> &'static str {
+        match self {
+            Protocol::Flease => "flease",
+            Protocol::PaxosLease => "paxoslease",
+        }
+    }
+}
 
 /// A resource name (client-chosen).
 pub type ResourceId = String;
@@ -277,13 +319,30 @@ pub enum Slot {
     },
     /// Released by its holder; free for anyone.
     Released { epoch: Epoch },
+    /// PaxosLease, on the wire: held by `owner` for `span_ms` from now (in a `Write`, the lease
+    /// time; in a `ReadAck`, what the acceptor's timer has left).
+    Span {
+        owner: String,
+        span_ms: u64,
+        epoch: Epoch,
+    },
+    /// PaxosLease, inside an acceptor only (never sent): held until `until` on that acceptor's
+    /// monotonic clock.
+    Timed {
+        owner: String,
+        until: MonoMillis,
+        epoch: Epoch,
+    },
 }
 
 impl Slot {
     pub fn epoch(&self) -> Epoch {
         match self {
             Slot::Empty => 0,
-            Slot::Lease { epoch, .. } | Slot::Released { epoch } => *epoch,
+            Slot::Lease { epoch, .. }
+            | Slot::Released { epoch }
+            | Slot::Span { epoch, .. }
+            | Slot::Timed { epoch, .. } => *epoch,
         }
     }
 }
@@ -305,9 +364,27 @@ pub enum Judgement {
 
 /// The one validity predicate: free only past `expires + eps`, in doubt from `expires` to
 /// `expires + eps`, held before `expires`.
+///
+/// For PaxosLease values (relative, already expired by the acceptor that reported them) a
+/// reported span is held; the wall clock plays no part.
 pub fn judge(slot: &Slot, now: WallMillis, eps_ms: u64) -> Judgement {
     match slot {
         Slot::Empty | Slot::Released { .. } => Judgement::Free,
+        Slot::Span {
+            owner,
+            span_ms,
+            epoch,
+        } => Judgement::HeldBy {
+            owner: owner.clone(),
+            expires: WallMillis(now.0.saturating_add(*span_ms)),
+            epoch: *epoch,
+        },
+        // Judged by the acceptor that holds it, on its own clock.
+        Slot::Timed { owner, epoch, .. } => Judgement::HeldBy {
+            owner: owner.clone(),
+            expires: WallMillis(u64::MAX),
+            epoch: *epoch,
+        },
         Slot::Lease {
             owner,
             expires,
@@ -334,12 +411,19 @@ pub fn judge(slot: &Slot, now: WallMillis, eps_ms: u64) -> Judgement {
 /// A message between nodes about one resource.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Envelope {
+    /// Flease when absent (messages of older nodes).
+    #[serde(default, skip_serializing_if = "is_flease")]
+    pub proto: Protocol,
     pub resource: ResourceId,
     pub from: NodeId,
     pub to: NodeId,
     /// The sender's wall clock when it sent the message.
     pub sent_at: WallMillis,
     pub body: Msg,
+}
+
+fn is_flease(p: &Protocol) -> bool {
+    *p == Protocol::Flease
 }
 
 /// The register protocol.

@@ -12,7 +12,9 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
-use super::{Ballot, Envelope, Epoch, FleaseConfig, Judgement, Msg, Now, ResourceId, Slot, judge};
+use super::{
+    Ballot, Envelope, Epoch, FleaseConfig, Judgement, Msg, Now, Protocol, ResourceId, Slot, judge,
+};
 use crate::domain::types::{MonoMillis, NodeId, WallMillis};
 
 /// What the round is for.
@@ -100,6 +102,7 @@ enum Phase {
 /// One round for `owner` on `resource`.
 #[derive(Clone, Debug)]
 pub struct Round {
+    proto: Protocol,
     me: NodeId,
     resource: ResourceId,
     owner: String,
@@ -129,7 +132,7 @@ impl Round {
         Self::start_for(Intent::Acquire, me, resource, owner, members, k, cfg, now)
     }
 
-    /// Start a round for `intent`.
+    /// Start a Flease round for `intent`.
     #[allow(clippy::too_many_arguments)]
     pub fn start_for(
         intent: Intent,
@@ -141,7 +144,34 @@ impl Round {
         cfg: FleaseConfig,
         now: Now,
     ) -> (Round, Vec<Envelope>) {
+        Self::start_in(
+            Protocol::Flease,
+            intent,
+            me,
+            resource,
+            owner,
+            members,
+            k,
+            cfg,
+            now,
+        )
+    }
+
+    /// Start a round of `proto` for `intent`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn start_in(
+        proto: Protocol,
+        intent: Intent,
+        me: NodeId,
+        resource: &str,
+        owner: &str,
+        members: &[NodeId],
+        k: Ballot,
+        cfg: FleaseConfig,
+        now: Now,
+    ) -> (Round, Vec<Envelope>) {
         let round = Round {
+            proto,
             me,
             resource: resource.to_string(),
             owner: owner.to_string(),
@@ -181,6 +211,7 @@ impl Round {
         self.members
             .iter()
             .map(|to| Envelope {
+                proto: self.proto,
                 resource: self.resource.clone(),
                 from: self.me,
                 to: *to,
@@ -253,8 +284,77 @@ impl Round {
         }
     }
 
+    /// PaxosLease: a read quorum answered. Only this owner's value is ever written: another
+    /// owner's unexpired value anywhere in the quorum makes the resource busy.
+    fn choose_span(
+        &mut self,
+        acks: BTreeMap<NodeId, (Ballot, Slot, Epoch)>,
+        now: Now,
+    ) -> RoundEvent {
+        let mut emax: Epoch = 0;
+        let mut other: Option<(String, u64, Epoch)> = None;
+        // The most recent write the quorum knows of, and whether it is this owner's live value.
+        let mut latest: Option<(Ballot, Option<Epoch>)> = None;
+        for (write_k, slot, epoch) in acks.into_values() {
+            emax = emax.max(epoch).max(slot.epoch());
+            let own = match &slot {
+                Slot::Span { owner, epoch, .. } if *owner == self.owner => Some(*epoch),
+                _ => None,
+            };
+            // On a tie an expired copy wins: the holder's timer ran out before any acceptor's.
+            if latest.is_none_or(|(k, o)| write_k > k || (write_k == k && o.is_some())) {
+                latest = Some((write_k, own));
+            }
+            if let Slot::Span {
+                owner,
+                span_ms,
+                epoch,
+            } = slot
+                && owner != self.owner
+                && other.as_ref().is_none_or(|o| span_ms > o.1)
+            {
+                other = Some((owner, span_ms, epoch));
+            }
+        }
+        // This owner's tenure goes on only if the latest write is its value, still timed;
+        // otherwise (released, expired, or a later tenure of someone else) it starts anew.
+        let own = latest.and_then(|(_, own)| own);
+        if let Some((owner, span_ms, epoch)) = other {
+            self.phase = Phase::Done;
+            if self.intent == Intent::Release {
+                return RoundEvent::NotHeld;
+            }
+            return RoundEvent::Busy {
+                owner,
+                // A hint on this node's wall clock: only the holder knows its lease exactly.
+                expires: WallMillis(now.wall.0.saturating_add(span_ms)),
+                epoch,
+            };
+        }
+        let value = match (self.intent, own) {
+            (Intent::Release, Some(epoch)) => Slot::Released { epoch },
+            (Intent::Release, None) => {
+                self.phase = Phase::Done;
+                return RoundEvent::NotHeld;
+            }
+            (Intent::Acquire, own) => Slot::Span {
+                owner: self.owner.clone(),
+                span_ms: self.cfg.t_max_ms,
+                // An extension keeps its epoch.
+                epoch: match own {
+                    Some(e) => e,
+                    None => (emax + 1).max(self.t0.0.saturating_mul(1000)),
+                },
+            },
+        };
+        self.write(value, now)
+    }
+
     /// A read quorum answered: pick the value to write.
     fn choose(&mut self, acks: BTreeMap<NodeId, (Ballot, Slot, Epoch)>, now: Now) -> RoundEvent {
+        if self.proto == Protocol::PaxosLease {
+            return self.choose_span(acks, now);
+        }
         // The value with the highest write ballot wins (adoption); on a tie a release wins (the
         // holder stopped before releasing).
         let mut highest: Option<(Ballot, Slot)> = None;
@@ -343,6 +443,27 @@ impl Round {
     fn committed(&mut self, value: Slot, now: Now) -> RoundEvent {
         self.phase = Phase::Done;
         match value {
+            Slot::Span { owner, epoch, .. } if owner == self.owner => {
+                let valid_until = self.m0.plus(self.cfg.valid_ms());
+                if now.mono.plus(self.cfg.renew_min_remaining_ms) >= valid_until {
+                    // Committed too late to be of use; it lapses by itself.
+                    return RoundEvent::Retry {
+                        why: RetryWhy::TooLate,
+                        seen: self.k,
+                        not_before: None,
+                    };
+                }
+                RoundEvent::Granted(Grant {
+                    resource: self.resource.clone(),
+                    owner,
+                    epoch,
+                    ballot: self.k,
+                    // A hint on this node's wall clock (PaxosLease has no absolute expiry).
+                    expires: WallMillis(self.t0.0.saturating_add(self.cfg.t_max_ms)),
+                    valid_until,
+                    started: self.m0,
+                })
+            }
             Slot::Lease {
                 owner,
                 expires,
@@ -376,12 +497,84 @@ impl Round {
                 epoch,
             },
             Slot::Released { epoch } => RoundEvent::Released { epoch },
-            // An empty slot is never written.
-            Slot::Empty => RoundEvent::Retry {
+            // Never written by a round: an empty slot, another owner's span, an acceptor's form.
+            Slot::Empty | Slot::Span { .. } | Slot::Timed { .. } => RoundEvent::Retry {
                 why: RetryWhy::Nack,
                 seen: self.k,
                 not_before: None,
             },
+        }
+    }
+}
+
+/// A release through the ballot that committed the lease: `Release(grant_k)` to every member,
+/// done when a quorum says it released it. One round trip and no read phase; a quorum that
+/// cannot be reached (an acceptor moved on to a later ballot) means "use a full release round".
+#[derive(Clone, Debug)]
+pub struct FastRelease {
+    grant_k: Ballot,
+    members: Vec<NodeId>,
+    released: BTreeSet<NodeId>,
+    refused: BTreeSet<NodeId>,
+}
+
+impl FastRelease {
+    /// The `Release`s to send (self included).
+    #[allow(clippy::too_many_arguments)]
+    pub fn start(
+        proto: Protocol,
+        me: NodeId,
+        resource: &str,
+        owner: &str,
+        members: &[NodeId],
+        grant_k: Ballot,
+        _cfg: FleaseConfig,
+        now: Now,
+    ) -> (FastRelease, Vec<Envelope>) {
+        let msgs = members
+            .iter()
+            .map(|to| Envelope {
+                proto,
+                resource: resource.to_string(),
+                from: me,
+                to: *to,
+                sent_at: now.wall,
+                body: Msg::Release {
+                    grant_k,
+                    owner: owner.to_string(),
+                },
+            })
+            .collect();
+        let release = FastRelease {
+            grant_k,
+            members: members.to_vec(),
+            released: BTreeSet::new(),
+            refused: BTreeSet::new(),
+        };
+        (release, msgs)
+    }
+
+    /// An acknowledgement: `Some(true)` once a quorum released, `Some(false)` once a quorum can
+    /// no longer be reached, else `None`.
+    pub fn on_reply(&mut self, env: &Envelope) -> Option<bool> {
+        let Msg::ReleaseAck { grant_k, released } = env.body else {
+            return None;
+        };
+        if grant_k != self.grant_k || !self.members.contains(&env.from) {
+            return None;
+        }
+        if released {
+            self.released.insert(env.from);
+        } else {
+            self.refused.insert(env.from);
+        }
+        let quorum = super::quorum(self.members.len());
+        if self.released.len() >= quorum {
+            Some(true)
+        } else if self.members.len() - self.refused.len() < quorum {
+            Some(false)
+        } else {
+            None
         }
     }
 }
@@ -503,6 +696,7 @@ mod tests {
         for nack_first in [true, false] {
             let mut acc = acceptors();
             let high = Envelope {
+                proto: Protocol::Flease,
                 resource: "r".into(),
                 from: 2,
                 to: 3,
@@ -596,5 +790,207 @@ mod tests {
                 ..
             }
         ));
+    }
+
+    /// Three PaxosLease acceptors past their restart wait.
+    fn paxos_acceptors() -> Vec<Acceptor> {
+        (1..=3)
+            .map(|i| Acceptor::for_protocol(Protocol::PaxosLease, i, CFG, at(0)))
+            .collect()
+    }
+
+    fn paxos(
+        acc: &mut [Acceptor],
+        intent: Intent,
+        node: NodeId,
+        owner: &str,
+        ballot: Ballot,
+        t: u64,
+    ) -> RoundEvent {
+        let (mut r, msgs) = Round::start_in(
+            Protocol::PaxosLease,
+            intent,
+            node,
+            "r",
+            owner,
+            &[1, 2, 3],
+            ballot,
+            CFG,
+            at(t),
+        );
+        run(&mut r, acc, msgs, t)
+    }
+
+    #[test]
+    fn paxoslease_grants_extends_refuses_and_ignores_wall_clocks() {
+        let mut acc = paxos_acceptors();
+        let RoundEvent::Granted(g) = paxos(&mut acc, Intent::Acquire, 1, "alice", k(1, 1), 3000)
+        else {
+            panic!("not granted")
+        };
+        // Valid from the round's start for the lease time minus the drift margin.
+        assert_eq!(g.valid_until, MonoMillis(3000 + 2000 - 50));
+        // Each acceptor times the value on its own clock, from receipt.
+        assert!(matches!(
+            acc[0].accepted("r"),
+            Some(Slot::Timed {
+                until: MonoMillis(5000),
+                ..
+            })
+        ));
+        // Someone else is refused, and nothing is written for it.
+        let busy = paxos(&mut acc, Intent::Acquire, 2, "bob", k(2, 2), 4000);
+        assert!(
+            matches!(&busy, RoundEvent::Busy { owner, epoch, .. } if owner == "alice" && *epoch == g.epoch),
+            "{busy:?}"
+        );
+        // The holder extends: same epoch, a new timer.
+        let RoundEvent::Granted(r) = paxos(&mut acc, Intent::Acquire, 3, "alice", k(3, 3), 4500)
+        else {
+            panic!("not extended")
+        };
+        assert_eq!(r.epoch, g.epoch);
+        assert!(matches!(
+            acc[1].accepted("r"),
+            Some(Slot::Timed {
+                until: MonoMillis(6500),
+                ..
+            })
+        ));
+        // Once every acceptor's timer fired, the resource is free: a new tenure, a new epoch.
+        let RoundEvent::Granted(b) = paxos(&mut acc, Intent::Acquire, 2, "bob", k(2, 9), 6500)
+        else {
+            panic!("not free after the acceptors' timers")
+        };
+        assert!(b.epoch > g.epoch);
+        // Messages stamped with any wall clock are answered (no synchronization assumed).
+        let far = Envelope {
+            proto: Protocol::PaxosLease,
+            resource: "r".into(),
+            from: 2,
+            to: 1,
+            sent_at: WallMillis(1),
+            body: Msg::Read { k: k(2, 99) },
+        };
+        assert!(matches!(
+            acc[0].on_message(&far, at(6600)).map(|e| e.body),
+            Some(Msg::ReadAck { .. })
+        ));
+    }
+
+    #[test]
+    fn paxoslease_release_frees_at_once_and_only_for_the_holder() {
+        let mut acc = paxos_acceptors();
+        let RoundEvent::Granted(g) = paxos(&mut acc, Intent::Acquire, 1, "alice", k(1, 1), 3000)
+        else {
+            panic!("not granted")
+        };
+        assert_eq!(
+            paxos(&mut acc, Intent::Release, 2, "bob", k(2, 2), 3100),
+            RoundEvent::NotHeld
+        );
+        assert_eq!(
+            paxos(&mut acc, Intent::Release, 2, "alice", k(2, 3), 3100),
+            RoundEvent::Released { epoch: g.epoch }
+        );
+        let RoundEvent::Granted(b) = paxos(&mut acc, Intent::Acquire, 3, "bob", k(3, 4), 3200)
+        else {
+            panic!("not granted after release")
+        };
+        assert!(b.epoch > g.epoch);
+    }
+
+    #[test]
+    fn a_stale_own_value_after_another_tenure_starts_a_new_epoch() {
+        // Alice's write reached acceptor 3 late (at 3500), after Bob's tenure was written to
+        // acceptors 1 and 2 at 3000: her value outlives his by 500 ms there. (Bob's epoch is
+        // above any wall-clock fallback here, so only the rule under test can pass it.)
+        const BOB: u64 = 1 << 40;
+        let mut acc = paxos_acceptors();
+        let write = |to: NodeId, owner: &str, b: Ballot, epoch: u64| Envelope {
+            proto: Protocol::PaxosLease,
+            resource: "r".into(),
+            from: 1,
+            to,
+            sent_at: WallMillis(0),
+            body: Msg::Write {
+                k: b,
+                value: Slot::Span {
+                    owner: owner.into(),
+                    span_ms: 2000,
+                    epoch,
+                },
+            },
+        };
+        for to in [1, 2] {
+            acc[(to - 1) as usize].on_message(&write(to, "bob", k(2, 2), BOB), at(3000));
+        }
+        // Alice's round (ballot k(1, 1)) started before Bob's.
+        acc[2].on_message(&write(3, "alice", k(1, 1), 5), at(3500));
+        // While Bob's value lives, Alice is refused.
+        let ev = paxos(&mut acc, Intent::Acquire, 1, "alice", k(1, 5), 3100);
+        assert!(matches!(ev, RoundEvent::Busy { .. }), "{ev:?}");
+        // At 5000 Bob's value expired; read by acceptors 2 and 3 only, acceptor 3 still reports
+        // Alice's (epoch 5) beside Bob's later write remembered by acceptor 2: a new tenure
+        // above Bob's epoch, not a renewal of 5.
+        let (mut r, msgs) = Round::start_in(
+            Protocol::PaxosLease,
+            Intent::Acquire,
+            1,
+            "r",
+            "alice",
+            &[1, 2, 3],
+            k(1, 7),
+            CFG,
+            at(5000),
+        );
+        let msgs = msgs.into_iter().filter(|m| m.to != 1).collect();
+        let RoundEvent::Granted(g) = run(&mut r, &mut acc, msgs, 5000) else {
+            panic!("not granted")
+        };
+        assert_eq!(g.epoch, BOB + 1);
+    }
+
+    #[test]
+    fn fast_release_needs_a_quorum_of_released_acks() {
+        let mut acc = acceptors();
+        let RoundEvent::Granted(g) = acquire(&mut acc, 1, "alice", k(1, 1), 3000) else {
+            panic!("not granted")
+        };
+        let (mut fr, msgs) = FastRelease::start(
+            Protocol::Flease,
+            1,
+            "r",
+            "alice",
+            &[1, 2, 3],
+            g.ballot,
+            CFG,
+            at(3100),
+        );
+        let replies: Vec<Envelope> = msgs
+            .iter()
+            .filter_map(|m| acc[(m.to - 1) as usize].on_message(m, at(3100)))
+            .collect();
+        assert_eq!(fr.on_reply(&replies[0]), None);
+        assert_eq!(fr.on_reply(&replies[0]), None, "a duplicate counts once");
+        assert_eq!(fr.on_reply(&replies[1]), Some(true));
+        // A release at a ballot no acceptor holds cannot reach a quorum.
+        let (mut stale, msgs) = FastRelease::start(
+            Protocol::Flease,
+            1,
+            "r",
+            "alice",
+            &[1, 2, 3],
+            k(1, 0),
+            CFG,
+            at(3100),
+        );
+        let mut outcome = None;
+        for m in &msgs {
+            if let Some(r) = acc[(m.to - 1) as usize].on_message(m, at(3100)) {
+                outcome = outcome.or(stale.on_reply(&r));
+            }
+        }
+        assert_eq!(outcome, Some(false));
     }
 }
