@@ -319,9 +319,12 @@ enum ClusterCmd {
 
 #[derive(Args)]
 struct BenchArgs {
-    /// put, get (linearizable), get-local, lease-grant, lease-refresh; or an experiment:
-    /// watch (wake-up latency at --watchers), expiry (lateness of --leases never refreshed),
-    /// lease-memory (resident bytes per lease with one key, at --leases).
+    /// put, get (linearizable), get-local, lease-grant, lease-refresh, flease-acquire,
+    /// flease-contended, paxoslease-acquire, paxoslease-contended; or an experiment: watch
+    /// (wake-up latency at --watchers), expiry (lateness of --leases never refreshed),
+    /// lease-memory (resident bytes per lease with one key, at --leases), flease-memory and
+    /// paxoslease-memory (resident bytes per idle resource, at --resources; serve with a lease
+    /// time longer than the run so that no cell is collected meanwhile).
     workload: String,
     /// Watchers for `watch`.
     #[arg(long, default_value_t = 1000)]
@@ -332,6 +335,9 @@ struct BenchArgs {
     /// Leases for `expiry` and `lease-memory`.
     #[arg(long, default_value_t = 10_000)]
     leases: usize,
+    /// Resources for `flease-memory` and `paxoslease-memory`.
+    #[arg(long, default_value_t = 1_000_000)]
+    resources: usize,
     /// TTL of the leases in `expiry`.
     #[arg(long, default_value_t = 5000)]
     ttl_ms: u64,
@@ -967,6 +973,16 @@ async fn run_bench(args: BenchArgs) -> Result<(), ClientError> {
         }
         "lease-memory" => {
             let r = experiments::lease_memory(&args.conn.endpoints, args.leases).await?;
+            print_result(&r, args.conn.json);
+            return Ok(());
+        }
+        "flease-memory" | "paxoslease-memory" => {
+            let proto = if args.workload.starts_with("flease") {
+                Protocol::Flease
+            } else {
+                Protocol::PaxosLease
+            };
+            let r = experiments::flease_memory(&args.conn.endpoints, proto, args.resources).await?;
             print_result(&r, args.conn.json);
             return Ok(());
         }

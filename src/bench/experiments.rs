@@ -333,3 +333,66 @@ pub async fn lease_memory(
         bytes_per_lease: (rss_after - rss_before) / leases.max(1) as f64,
     })
 }
+
+/// Resident memory per idle per-resource lease (Flease or PaxosLease).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct FleaseMemoryResult {
+    pub protocol: String,
+    pub resources: usize,
+    /// Acceptor cells on the measured node at the end (cells collected meanwhile are not
+    /// counted: run the cluster with a lease time longer than the experiment).
+    pub cells: f64,
+    pub rss_before: f64,
+    pub rss_after: f64,
+    pub bytes_per_resource: f64,
+}
+
+/// Acquire `resources` fresh resources once each (64 at a time) through the first endpoint,
+/// then read its resident memory and acceptor cells.
+pub async fn flease_memory(
+    endpoints: &[String],
+    proto: crate::domain::flease::Protocol,
+    resources: usize,
+) -> Result<FleaseMemoryResult, ClientError> {
+    let client = Arc::new(Client::new(&endpoints[..1])?);
+    let endpoint = client.endpoints()[0].clone();
+    let http = http_client();
+    let prefix = format!("mem-{}/", run_tag());
+    let cells_gauge = format!("leasecore_flease_cells{{protocol=\"{}\"}}", proto.name());
+    let rss_before = gauge(&http, &endpoint, "leasecore_process_resident_memory_bytes").await?;
+    let cells_before = gauge(&http, &endpoint, &cells_gauge).await?;
+    let counter = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for w in 0..64 {
+        let (client, prefix, counter) = (client.clone(), prefix.clone(), counter.clone());
+        tasks.push(tokio::spawn(async move {
+            loop {
+                let i = counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                if i >= resources {
+                    return Ok::<(), ClientError>(());
+                }
+                let v = client
+                    .resource_acquire(proto, &format!("{prefix}{i:08}"), &format!("owner-{w}"))
+                    .await?;
+                if v.granted != Some(true) {
+                    return Err(ClientError::Unavailable(format!(
+                        "resource {i} not granted: {v:?}"
+                    )));
+                }
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.map_err(|e| ClientError::Usage(e.to_string()))??;
+    }
+    let rss_after = gauge(&http, &endpoint, "leasecore_process_resident_memory_bytes").await?;
+    let cells = gauge(&http, &endpoint, &cells_gauge).await? - cells_before;
+    Ok(FleaseMemoryResult {
+        protocol: proto.name().to_string(),
+        resources,
+        cells,
+        rss_before,
+        rss_after,
+        bytes_per_resource: (rss_after - rss_before) / cells.max(1.0),
+    })
+}

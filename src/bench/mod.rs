@@ -42,6 +42,24 @@ pub enum Workload {
     /// Every connection's owner contends for one resource: acquire, and release at once when
     /// granted. Counts handovers; `fairness` compares owners.
     FleaseContended,
+    /// Uncontended PaxosLease acquisitions, each of a fresh resource.
+    PaxosleaseAcquire,
+    /// The contended workload with PaxosLease.
+    PaxosleaseContended,
+}
+
+impl Workload {
+    /// The per-resource lease protocol of a Flease or PaxosLease workload.
+    fn protocol(self) -> Option<crate::domain::flease::Protocol> {
+        use crate::domain::flease::Protocol;
+        match self {
+            Workload::FleaseAcquire | Workload::FleaseContended => Some(Protocol::Flease),
+            Workload::PaxosleaseAcquire | Workload::PaxosleaseContended => {
+                Some(Protocol::PaxosLease)
+            }
+            _ => None,
+        }
+    }
 }
 
 impl FromStr for Workload {
@@ -55,8 +73,10 @@ impl FromStr for Workload {
             "lease-refresh" => Ok(Workload::LeaseRefresh),
             "flease-acquire" => Ok(Workload::FleaseAcquire),
             "flease-contended" => Ok(Workload::FleaseContended),
+            "paxoslease-acquire" => Ok(Workload::PaxosleaseAcquire),
+            "paxoslease-contended" => Ok(Workload::PaxosleaseContended),
             other => Err(format!(
-                "unknown workload {other:?}: put, get, get-local, lease-grant, lease-refresh, flease-acquire or flease-contended"
+                "unknown workload {other:?}: put, get, get-local, lease-grant, lease-refresh, flease-acquire, flease-contended, paxoslease-acquire or paxoslease-contended"
             )),
         }
     }
@@ -128,7 +148,9 @@ pub async fn run(opts: &BenchOptions) -> Result<BenchResult, ClientError> {
         Workload::Put
         | Workload::LeaseGrant
         | Workload::FleaseAcquire
-        | Workload::FleaseContended => {}
+        | Workload::FleaseContended
+        | Workload::PaxosleaseAcquire
+        | Workload::PaxosleaseContended => {}
     }
     let endpoints: Vec<String> = Client::new(&opts.endpoints)?.endpoints().to_vec();
     let deadline = Instant::now() + opts.duration;
@@ -300,10 +322,11 @@ async fn worker(
                     _ => false,
                 }
             }
-            Workload::FleaseAcquire => {
+            Workload::FleaseAcquire | Workload::PaxosleaseAcquire => {
                 granted += 1;
                 let res = crate::client::encode_query(&format!("bench-fl-{tag}-{w}-{granted}"));
-                let url = format!("{endpoint}/v1/flease/{res}/acquire");
+                let proto = opts.workload.protocol().unwrap_or_default().name();
+                let url = format!("{endpoint}/v1/{proto}/{res}/acquire");
                 let body = serde_json::json!({ "owner": format!("w{w}") });
                 match http.post(&url).json(&body).send().await {
                     Ok(r) if r.status().is_success() => r
@@ -313,10 +336,11 @@ async fn worker(
                     _ => false,
                 }
             }
-            Workload::FleaseContended => {
-                let res = "bench-contended";
+            Workload::FleaseContended | Workload::PaxosleaseContended => {
+                let res = format!("bench-contended-{tag}");
+                let proto = opts.workload.protocol().unwrap_or_default().name();
                 let owner = serde_json::json!({ "owner": format!("w{w}") });
-                let url = format!("{endpoint}/v1/flease/{res}/acquire");
+                let url = format!("{endpoint}/v1/{proto}/{res}/acquire");
                 let got = match http.post(&url).json(&owner).send().await {
                     Ok(r) if r.status().is_success() => r
                         .json::<crate::runtime::flease::LeaseView>()
@@ -332,7 +356,7 @@ async fn worker(
                     continue;
                 }
                 // Hand it over at once: a release, then count the acquisition.
-                let url = format!("{endpoint}/v1/flease/{res}/release");
+                let url = format!("{endpoint}/v1/{proto}/{res}/release");
                 let _ = http.post(&url).json(&owner).send().await;
                 true
             }
