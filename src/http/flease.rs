@@ -3,14 +3,16 @@
 //! protocols have separate resource namespaces and the same HTTP shapes.
 
 use axum::Json;
+use axum::body::Bytes;
 use axum::extract::State;
-use axum::http::StatusCode;
+use axum::http::{StatusCode, header};
 use serde::{Deserialize, Serialize};
 
 use super::AppState;
 use super::error::ApiError;
 use super::extract::{ApiJson, ApiPath};
 use crate::domain::flease::{Envelope, Protocol};
+use crate::raft::network::MSGPACK;
 use crate::runtime::flease::{FleaseError, LeaseView};
 
 /// Body of acquire and release.
@@ -118,9 +120,20 @@ pub async fn paxos_get(
     get_in(Protocol::PaxosLease, state, resource)
 }
 
+/// A batch of register messages, compact MessagePack both ways.
 pub async fn peer_messages(
     State(state): State<AppState>,
-    ApiJson(batch): ApiJson<Vec<Envelope>>,
-) -> Json<Vec<Option<Envelope>>> {
-    Json(state.flease.on_peer_batch(&batch))
+    body: Bytes,
+) -> Result<([(header::HeaderName, &'static str); 1], Vec<u8>), ApiError> {
+    let batch: Vec<Envelope> = rmp_serde::from_slice(&body)
+        .map_err(|e| ApiError::invalid(format!("undecodable flease batch: {e}")))?;
+    let answers = state.flease.on_peer_batch(&batch);
+    let bytes = rmp_serde::to_vec(&answers).map_err(|e| {
+        ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            format!("encoding flease answers: {e}"),
+        )
+    })?;
+    Ok(([(header::CONTENT_TYPE, MSGPACK)], bytes))
 }

@@ -179,6 +179,23 @@ impl PeerClient {
             .await
     }
 
+    /// POST a compact MessagePack body and decode a MessagePack answer.
+    pub async fn post_msgpack<Req: Serialize + ?Sized, Resp: DeserializeOwned>(
+        &self,
+        addr: &str,
+        path: &str,
+        body: &Req,
+        timeout: Duration,
+    ) -> Result<Resp, PeerError> {
+        let transport = |detail: String| PeerError::Transport {
+            addr: addr.to_string(),
+            detail,
+        };
+        let bytes = rmp_serde::to_vec(body).map_err(|e| transport(e.to_string()))?;
+        let answer = self.post_raw(addr, path, MSGPACK, bytes, timeout).await?;
+        rmp_serde::from_slice(&answer).map_err(|e| transport(format!("undecodable answer: {e}")))
+    }
+
     /// POST raw bytes and decode a JSON answer.
     pub async fn post_bytes<Resp: DeserializeOwned>(
         &self,
@@ -188,6 +205,24 @@ impl PeerClient {
         body: Vec<u8>,
         timeout: Duration,
     ) -> Result<Resp, PeerError> {
+        let answer = self
+            .post_raw(addr, path, content_type, body, timeout)
+            .await?;
+        serde_json::from_slice(&answer).map_err(|e| PeerError::Transport {
+            addr: addr.to_string(),
+            detail: format!("undecodable answer: {e}"),
+        })
+    }
+
+    /// POST raw bytes; the answer's body if the status is a success.
+    async fn post_raw(
+        &self,
+        addr: &str,
+        path: &str,
+        content_type: &'static str,
+        body: Vec<u8>,
+        timeout: Duration,
+    ) -> Result<bytes::Bytes, PeerError> {
         let url = format!("http://{addr}{path}");
         let transport = |detail: String| PeerError::Transport {
             addr: addr.to_string(),
@@ -224,7 +259,7 @@ impl PeerClient {
                 String::from_utf8_lossy(&body[..body.len().min(512)])
             )));
         }
-        serde_json::from_slice(&body).map_err(|e| transport(format!("undecodable answer: {e}")))
+        Ok(body)
     }
 }
 

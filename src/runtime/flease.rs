@@ -476,7 +476,7 @@ async fn run_outbox(
         }
         let (msgs, replies): (Vec<Envelope>, Vec<_>) = batch.into_iter().unzip();
         let answers: Vec<Option<Envelope>> = peers
-            .post_json(&addr, MSG_ROUTE, &msgs, timeout)
+            .post_msgpack(&addr, MSG_ROUTE, &msgs, timeout)
             .await
             .unwrap_or_default();
         let mut answers = answers.into_iter();

@@ -307,7 +307,7 @@ impl BallotGen {
 
 /// What a register holds for a resource.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "slot", rename_all = "snake_case")]
+#[serde(rename_all = "snake_case")]
 pub enum Slot {
     #[default]
     Empty,
@@ -411,8 +411,6 @@ pub fn judge(slot: &Slot, now: WallMillis, eps_ms: u64) -> Judgement {
 /// A message between nodes about one resource.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Envelope {
-    /// Flease when absent (messages of older nodes).
-    #[serde(default, skip_serializing_if = "is_flease")]
     pub proto: Protocol,
     pub resource: ResourceId,
     pub from: NodeId,
@@ -422,13 +420,10 @@ pub struct Envelope {
     pub body: Msg,
 }
 
-fn is_flease(p: &Protocol) -> bool {
-    *p == Protocol::Flease
-}
-
-/// The register protocol.
+/// The register protocol. (Externally tagged: peers exchange it as compact MessagePack, and
+/// an internally tagged enum would be buffered on every decode.)
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "msg", rename_all = "snake_case")]
+#[serde(rename_all = "snake_case")]
 pub enum Msg {
     Read {
         k: Ballot,
@@ -464,7 +459,6 @@ pub enum Msg {
         grant_k: Ballot,
         /// Whether this acceptor now holds the lease as released (it held `grant_k`'s lease of
         /// that owner, now or already). A quorum of these completes a fast release.
-        #[serde(default)]
         released: bool,
     },
 }
