@@ -574,17 +574,15 @@ impl Consensus {
     /// leader reaches a forwarding node a moment later), or as it is after the request timeout.
     pub async fn view_once(&self, settled: impl Fn(&ClusterView) -> bool) -> ClusterView {
         let mut changes = self.inner.raft.metrics();
-        let deadline = tokio::time::Instant::now() + self.inner.timeouts.request;
-        loop {
-            let view = self.cluster_view();
-            if settled(&view) {
-                return view;
+        let settle = async {
+            loop {
+                if settled(&self.cluster_view()) || changes.changed().await.is_err() {
+                    return;
+                }
             }
-            match tokio::time::timeout_at(deadline, changes.changed()).await {
-                Ok(Ok(())) => {}
-                _ => return view,
-            }
-        }
+        };
+        let _ = tokio::time::timeout(self.inner.timeouts.request, settle).await;
+        self.cluster_view()
     }
 
     /// This node's view of the cluster.
