@@ -329,6 +329,9 @@ struct BenchArgs {
     /// Watchers for `watch`.
     #[arg(long, default_value_t = 1000)]
     watchers: usize,
+    /// `watch` over one SSE stream per watcher instead of long polls.
+    #[arg(long)]
+    sse: bool,
     /// Puts observed by the watchers in `watch`.
     #[arg(long, default_value_t = 20)]
     events: usize,
@@ -955,6 +958,7 @@ async fn run_bench(args: BenchArgs) -> Result<(), ClientError> {
                 args.watchers,
                 args.events,
                 Duration::from_millis(200),
+                args.sse,
             )
             .await?;
             print_result(&r, args.conn.json);

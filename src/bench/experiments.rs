@@ -43,6 +43,8 @@ fn http_client() -> reqwest::Client {
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct WatchResult {
     pub watchers: usize,
+    /// "long-poll" or "sse".
+    pub mode: String,
     pub events: usize,
     pub deliveries: usize,
     pub p50_ms: f64,
@@ -52,14 +54,16 @@ pub struct WatchResult {
     pub bytes_per_idle_watcher: f64,
 }
 
-/// N watchers long-poll one prefix on the first endpoint; a writer puts `events` keys under
-/// it, one every `interval`; each delivery's latency is measured from the put's acknowledgement
-/// (0 when the event arrived before the acknowledgement did).
+/// N watchers follow one prefix on the first endpoint, by long polls or by one SSE stream each
+/// (`sse`); a writer puts `events` keys under it, one every `interval`; each delivery's latency
+/// is measured from the put's acknowledgement (0 when the event arrived before the
+/// acknowledgement did).
 pub async fn watch_latency(
     endpoints: &[String],
     watchers: usize,
     events: usize,
     interval: Duration,
+    sse: bool,
 ) -> Result<WatchResult, ClientError> {
     let client = Client::new(endpoints)?;
     let endpoint = client.endpoints()[0].clone();
@@ -87,6 +91,10 @@ pub async fn watch_latency(
             let mut next = start;
             let mut seen = 0;
             let mut local = Vec::with_capacity(events);
+            if sse {
+                local = follow_sse(&http, &endpoint, &prefix, start, events).await;
+                seen = events;
+            }
             while seen < events {
                 let url = format!(
                     "{endpoint}/v1/watch?prefix={}&from_revision={next}&timeout_ms=60000",
@@ -154,6 +162,7 @@ pub async fn watch_latency(
     lat_us.sort_unstable();
     Ok(WatchResult {
         watchers,
+        mode: if sse { "sse" } else { "long-poll" }.to_string(),
         events,
         deliveries: lat_us.len(),
         p50_ms: percentile_ms(&lat_us, 0.50),
@@ -161,6 +170,48 @@ pub async fn watch_latency(
         max_ms: lat_us.last().map_or(0.0, |l| *l as f64 / 1000.0),
         bytes_per_idle_watcher: (rss_parked - rss_before) / watchers.max(1) as f64,
     })
+}
+
+/// Follow `prefix` from `start` over one SSE stream until `events` events arrived (or the
+/// stream ends); (revision, arrival) of each.
+async fn follow_sse(
+    http: &reqwest::Client,
+    endpoint: &str,
+    prefix: &str,
+    start: u64,
+    events: usize,
+) -> Vec<(u64, Instant)> {
+    let mut got = Vec::with_capacity(events);
+    let url = format!(
+        "{endpoint}/v1/watch?prefix={}&from_revision={start}",
+        encode_query(prefix)
+    );
+    let Ok(mut resp) = http
+        .get(&url)
+        .header(reqwest::header::ACCEPT, "text/event-stream")
+        .send()
+        .await
+    else {
+        return got;
+    };
+    let mut pending = String::new();
+    while got.len() < events {
+        let Ok(Some(chunk)) = resp.chunk().await else {
+            break;
+        };
+        let now = Instant::now();
+        pending.push_str(&String::from_utf8_lossy(&chunk));
+        // Whole lines only; an `id:` line carries the event's revision.
+        while let Some(end) = pending.find('\n') {
+            let line: String = pending.drain(..=end).collect();
+            if let Some(id) = line.strip_prefix("id:") {
+                if let Ok(rev) = id.trim().parse::<u64>() {
+                    got.push((rev, now));
+                }
+            }
+        }
+    }
+    got
 }
 
 /// Expiry lateness of never-refreshed leases.

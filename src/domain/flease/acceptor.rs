@@ -22,11 +22,16 @@
 //! # Memory
 //! A cell is created on first contact and collected once idle for `cell_gc_idle` with a free
 //! value: collecting it makes the acceptor blank for that resource, which is as safe as a
-//! restart because by then no lease it held can still be valid. Cells are compact (a slab of
-//! fixed-size cells behind a name index; the promise is stored apart only while it is above the
-//! accepted ballot) because a node may hold millions.
+//! restart because by then no lease it held can still be valid. Cells are compact because a node
+//! may hold millions: a slab of fixed-size cells that hold their names, found through a hash
+//! table of slot numbers (4 bytes per entry); owners interned (one allocation per owner, shared
+//! by every cell it holds); the promise stored apart only while it is above the accepted ballot.
 
-use std::collections::HashMap;
+use std::collections::HashSet;
+use std::hash::BuildHasher;
+use std::sync::Arc;
+
+use hashbrown::HashTable;
 
 use super::{Ballot, Envelope, Epoch, FleaseConfig, Judgement, Msg, Now, Protocol, Slot, judge};
 use crate::domain::types::{MonoMillis, NodeId, WallMillis};
@@ -45,10 +50,12 @@ enum Kind {
 
 #[derive(Clone, Debug, Default)]
 struct Cell {
+    /// The resource (empty in a free slot).
+    name: Box<str>,
     write_k: Ballot,
     /// The promise, when above `write_k` (a promise at or below it is implied by the write).
     promised: Option<Box<Ballot>>,
-    owner: Option<Box<str>>,
+    owner: Option<Arc<str>>,
     until: u64,
     /// The accepted value's epoch.
     value_epoch: Epoch,
@@ -68,23 +75,22 @@ impl Cell {
         self.promised = (k > self.write_k).then(|| Box::new(k));
     }
 
-    fn accept(&mut self, k: Ballot, value: Slot, now: Now) {
+    /// Accept `value` at `k`; `owner` is its owner, interned.
+    fn accept(&mut self, k: Ballot, value: &Slot, owner: Option<Arc<str>>, now: Now) {
         let read_k = self.read_k().max(k);
         self.write_k = k;
         self.promise(read_k);
         self.max_epoch = self.max_epoch.max(value.epoch());
         self.value_epoch = value.epoch();
-        let (kind, owner, until) = match value {
-            Slot::Empty => (Kind::Empty, None, 0),
-            Slot::Released { .. } => (Kind::Released, None, 0),
-            Slot::Lease { owner, expires, .. } => (Kind::Lease, Some(owner), expires.0),
-            Slot::Span { owner, span_ms, .. } => {
-                (Kind::Timed, Some(owner), now.mono.0.saturating_add(span_ms))
-            }
-            Slot::Timed { owner, until, .. } => (Kind::Timed, Some(owner), until.0),
+        let (kind, until) = match value {
+            Slot::Empty => (Kind::Empty, 0),
+            Slot::Released { .. } => (Kind::Released, 0),
+            Slot::Lease { expires, .. } => (Kind::Lease, expires.0),
+            Slot::Span { span_ms, .. } => (Kind::Timed, now.mono.0.saturating_add(*span_ms)),
+            Slot::Timed { until, .. } => (Kind::Timed, until.0),
         };
         self.kind = kind;
-        self.owner = owner.map(String::into_boxed_str);
+        self.owner = owner;
         self.until = until;
     }
 
@@ -161,11 +167,14 @@ pub struct Acceptor {
     proto: Protocol,
     /// Silent until then (restart or membership change).
     recovering_until: MonoMillis,
-    /// Resource name -> slot in `cells`.
-    index: HashMap<Box<str>, u32>,
+    /// Slots in `cells`, hashed by the cell's name.
+    index: HashTable<u32>,
+    hasher: hashbrown::DefaultHashBuilder,
     cells: Vec<Cell>,
     /// Slots of collected cells, reused first.
     free: Vec<u32>,
+    /// Every owner some cell holds, once.
+    owners: HashSet<Arc<str>>,
     stats: AcceptorStats,
 }
 
@@ -182,9 +191,11 @@ impl Acceptor {
             cfg,
             proto,
             recovering_until: now.mono.plus(cfg.restart_wait_ms),
-            index: HashMap::new(),
+            index: HashTable::new(),
+            hasher: Default::default(),
             cells: Vec::new(),
             free: Vec::new(),
+            owners: HashSet::new(),
             stats: AcceptorStats::default(),
         }
     }
@@ -195,9 +206,10 @@ impl Acceptor {
 
     /// The membership changed: forget everything and stay silent for the restart wait again.
     pub fn rearm(&mut self, now: Now) {
-        self.index = HashMap::new();
+        self.index = HashTable::new();
         self.cells = Vec::new();
         self.free = Vec::new();
+        self.owners = HashSet::new();
         self.recovering_until = now.mono.plus(self.cfg.restart_wait_ms);
     }
 
@@ -222,15 +234,31 @@ impl Acceptor {
     /// What this acceptor last accepted for a resource, in its stored form (local knowledge,
     /// for inspection; PaxosLease values as `Timed`, possibly past their timer).
     pub fn accepted(&self, resource: &str) -> Option<Slot> {
+        self.slot(resource).map(|i| self.cells[i].value())
+    }
+
+    /// The slot of `resource`'s cell.
+    fn slot(&self, resource: &str) -> Option<usize> {
+        let hash = self.hasher.hash_one(resource);
         self.index
-            .get(resource)
-            .map(|i| self.cells[*i as usize].value())
+            .find(hash, |i| &*self.cells[*i as usize].name == resource)
+            .map(|i| *i as usize)
+    }
+
+    /// The shared copy of `owner`.
+    fn intern(&mut self, owner: &str) -> Arc<str> {
+        if let Some(o) = self.owners.get(owner) {
+            return o.clone();
+        }
+        let o: Arc<str> = Arc::from(owner);
+        self.owners.insert(o.clone());
+        o
     }
 
     /// The ballot and owner of this acceptor's accepted lease of `resource`, if one is held now
     /// (for a release through the committing ballot).
     pub fn held_by(&self, resource: &str, now: Now) -> Option<(Ballot, &str)> {
-        let cell = &self.cells[*self.index.get(resource)? as usize];
+        let cell = &self.cells[self.slot(resource)?];
         match cell.kind {
             Kind::Lease | Kind::Timed if !cell.is_free(now, 0) => {
                 Some((cell.write_k, cell.owner.as_deref()?))
@@ -240,8 +268,8 @@ impl Acceptor {
     }
 
     fn cell_mut(&mut self, resource: &str) -> &mut Cell {
-        let slot = match self.index.get(resource) {
-            Some(i) => *i,
+        let slot = match self.slot(resource) {
+            Some(i) => i,
             None => {
                 let i = match self.free.pop() {
                     Some(i) => i,
@@ -250,11 +278,15 @@ impl Acceptor {
                         (self.cells.len() - 1) as u32
                     }
                 };
-                self.index.insert(resource.into(), i);
-                i
+                self.cells[i as usize].name = resource.into();
+                let (cells, hasher) = (&self.cells, &self.hasher);
+                let hash = hasher.hash_one(resource);
+                self.index
+                    .insert_unique(hash, i, |j| hasher.hash_one(&*cells[*j as usize].name));
+                i as usize
             }
         };
-        &mut self.cells[slot as usize]
+        &mut self.cells[slot]
     }
 
     /// Handle one message; the reply, if any.
@@ -307,6 +339,11 @@ impl Acceptor {
                     self.stats.refused_values += 1;
                     return None;
                 }
+                let owner = match value {
+                    Slot::Lease { owner, .. } | Slot::Span { owner, .. } => Some(owner.as_str()),
+                    _ => None,
+                };
+                let owner = owner.map(|o| self.intern(o));
                 let cell = self.cell_mut(&env.resource);
                 cell.last_touch_s = touch;
                 cell.expire(now);
@@ -315,14 +352,14 @@ impl Acceptor {
                     self.stats.nacks += 1;
                     Msg::WriteNack { k: *k, seen }
                 } else {
-                    cell.accept(*k, value.clone(), now);
+                    cell.accept(*k, value, owner, now);
                     Msg::WriteAck { k: *k }
                 }
             }
             Msg::Release { grant_k, owner } => {
                 let mut released = false;
-                if let Some(i) = self.index.get(env.resource.as_str()) {
-                    let cell = &mut self.cells[*i as usize];
+                if let Some(i) = self.slot(&env.resource) {
+                    let cell = &mut self.cells[i];
                     cell.last_touch_s = touch;
                     cell.expire(now);
                     if cell.write_k == *grant_k {
@@ -372,7 +409,7 @@ impl Acceptor {
         let now_s = now.mono.0 / 1000;
         let eps = self.cfg.eps_ms;
         let (cells, free) = (&mut self.cells, &mut self.free);
-        self.index.retain(|_, i| {
+        self.index.retain(|i| {
             let cell = &mut cells[*i as usize];
             let keep =
                 now_s.saturating_sub(cell.last_touch_s as u64) < idle_s || !cell.is_free(now, eps);
@@ -382,6 +419,8 @@ impl Acceptor {
             }
             keep
         });
+        // Owners no cell holds any more (the set's own reference is the last).
+        self.owners.retain(|o| Arc::strong_count(o) > 1);
         before - self.index.len()
     }
 }
