@@ -204,10 +204,8 @@ async fn follow_sse(
         // Whole lines only; an `id:` line carries the event's revision.
         while let Some(end) = pending.find('\n') {
             let line: String = pending.drain(..=end).collect();
-            if let Some(id) = line.strip_prefix("id:") {
-                if let Ok(rev) = id.trim().parse::<u64>() {
-                    got.push((rev, now));
-                }
+            if let Some(Ok(rev)) = line.strip_prefix("id:").map(|id| id.trim().parse::<u64>()) {
+                got.push((rev, now));
             }
         }
     }
