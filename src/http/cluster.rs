@@ -193,6 +193,12 @@ fn render_flease_metrics(state: &AppState, out: &mut String) {
             both(&|i| m[i].granted.load(Relaxed)),
         ),
         (
+            "leasecore_flease_renewals_total",
+            "counter",
+            "Grants that extended the owner's tenure (same epoch).",
+            both(&|i| m[i].renewals.load(Relaxed)),
+        ),
+        (
             "leasecore_flease_busy_total",
             "counter",
             "Acquisitions that found another holder (contention).",

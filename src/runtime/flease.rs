@@ -76,6 +76,7 @@ pub enum FleaseError {
 pub struct FleaseMetrics {
     pub rounds: AtomicU64,
     pub granted: AtomicU64,
+    pub renewals: AtomicU64,
     pub busy: AtomicU64,
     pub released: AtomicU64,
     pub retries: AtomicU64,
@@ -363,6 +364,9 @@ impl FleaseService {
             match outcome {
                 RoundEvent::Granted(g) => {
                     self.metrics(proto).granted.fetch_add(1, Ordering::Relaxed);
+                    if g.renewal {
+                        self.metrics(proto).renewals.fetch_add(1, Ordering::Relaxed);
+                    }
                     return Ok(LeaseView {
                         resource: resource.to_string(),
                         granted: Some(true),

@@ -43,6 +43,8 @@ pub struct Grant {
     pub valid_until: MonoMillis,
     /// The round started at this monotonic time (`valid_ms` counts from it).
     pub started: MonoMillis,
+    /// This extended the owner's tenure (same epoch) rather than starting one.
+    pub renewal: bool,
 }
 
 /// Why a round must be retried.
@@ -115,6 +117,8 @@ pub struct Round {
     m0: MonoMillis,
     deadline: MonoMillis,
     phase: Phase,
+    /// The value being written extends this owner's tenure.
+    renewal: bool,
 }
 
 impl Round {
@@ -185,6 +189,7 @@ impl Round {
             phase: Phase::Reading {
                 acks: BTreeMap::new(),
             },
+            renewal: false,
         };
         let msgs = round.broadcast(Msg::Read { k }, now);
         (round, msgs)
@@ -342,7 +347,10 @@ impl Round {
                 span_ms: self.cfg.t_max_ms,
                 // An extension keeps its epoch.
                 epoch: match own {
-                    Some(e) => e,
+                    Some(e) => {
+                        self.renewal = true;
+                        e
+                    }
                     None => (emax + 1).max(self.t0.0.saturating_mul(1000)),
                 },
             },
@@ -406,6 +414,7 @@ impl Round {
                     let free_at = WallMillis(held_until.0 + self.cfg.eps_ms + 1);
                     return self.retry(RetryWhy::TooLate, self.k, Some(free_at));
                 }
+                self.renewal = true;
                 Slot::Lease {
                     owner,
                     expires,
@@ -462,6 +471,7 @@ impl Round {
                     expires: WallMillis(self.t0.0.saturating_add(self.cfg.t_max_ms)),
                     valid_until,
                     started: self.m0,
+                    renewal: self.renewal,
                 })
             }
             Slot::Lease {
@@ -485,6 +495,7 @@ impl Round {
                     expires,
                     valid_until: self.m0.plus(self.cfg.valid_ms()),
                     started: self.m0,
+                    renewal: self.renewal,
                 })
             }
             Slot::Lease {
@@ -654,6 +665,7 @@ mod tests {
             panic!("not renewed")
         };
         assert_eq!((r.epoch, r.expires), (g.epoch, WallMillis(6000)));
+        assert!(r.renewal && !g.renewal);
     }
 
     #[test]
