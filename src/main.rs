@@ -332,6 +332,10 @@ struct BenchArgs {
     /// `watch` over one SSE stream per watcher instead of long polls.
     #[arg(long)]
     sse: bool,
+    /// `watch` with the watchers spread over this many multi-watch streams
+    /// (`POST /v1/watches`), as etcd clients multiplex watches on a few gRPC streams.
+    #[arg(long, default_value_t = 0)]
+    streams: usize,
     /// Puts observed by the watchers in `watch`.
     #[arg(long, default_value_t = 20)]
     events: usize,
@@ -959,6 +963,7 @@ async fn run_bench(args: BenchArgs) -> Result<(), ClientError> {
                 args.events,
                 Duration::from_millis(200),
                 args.sse,
+                args.streams,
             )
             .await?;
             print_result(&r, args.conn.json);

@@ -304,3 +304,120 @@ async fn a_compacted_start_is_410_and_the_watcher_resyncs() {
     }
     c.shutdown().await;
 }
+
+/// Read SSE messages (id, event, data) from `resp` until `n` have arrived.
+async fn sse_messages(
+    resp: &mut reqwest::Response,
+    n: usize,
+) -> Vec<(u64, String, serde_json::Value)> {
+    let mut text = String::new();
+    let mut out = Vec::new();
+    while out.len() < n {
+        let chunk = tokio::time::timeout(Duration::from_secs(10), resp.chunk())
+            .await
+            .expect("the stream stalled")
+            .expect("the stream failed")
+            .expect("the stream ended");
+        text.push_str(std::str::from_utf8(&chunk).unwrap());
+        while let Some(end) = text.find("\n\n") {
+            let message: String = text.drain(..end + 2).collect();
+            let field = |name: &str| {
+                message
+                    .lines()
+                    .find_map(|l| l.strip_prefix(name).map(|v| v.trim().to_string()))
+            };
+            if let (Some(id), Some(event), Some(data)) =
+                (field("id:"), field("event:"), field("data:"))
+            {
+                out.push((
+                    id.parse().unwrap(),
+                    event,
+                    serde_json::from_str(&data).unwrap(),
+                ));
+            }
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn one_stream_carries_many_watches_and_resumes_by_revision() {
+    let c = TestCluster::start(3).await;
+    c.leader().await;
+    let client = c.client();
+    let first = client.put("a/1", "v", None, None).await.unwrap().revision.0;
+    let http = reqwest::Client::new();
+    let url = format!("{}/v1/watches", c.url(2));
+    let body = serde_json::json!({
+        "from_revision": first,
+        "watches": [
+            {"id": "all", "prefix": ""},
+            {"id": "a", "prefix": "a/"},
+            {"id": "b-key", "key": "b"},
+            {"id": "none", "key": "zzz"},
+        ]
+    });
+    let mut resp = http
+        .post(&url)
+        .header("accept", "text/event-stream")
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let b = client.put("b", "v", None, None).await.unwrap().revision.0;
+    let a2 = client.put("a/2", "v", None, None).await.unwrap().revision.0;
+    let del = client.delete("a/1", None).await.unwrap().revision.0;
+    let got = sse_messages(&mut resp, 4).await;
+    let summary: Vec<(u64, String, Vec<String>)> = got
+        .iter()
+        .map(|(id, kind, data)| {
+            let ids = data["watches"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_str().unwrap().to_string())
+                .collect();
+            assert_eq!(data["event"]["revision"].as_u64(), Some(*id));
+            (*id, kind.clone(), ids)
+        })
+        .collect();
+    let w = |ids: &[&str]| ids.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    assert_eq!(
+        summary,
+        vec![
+            (first, "put".into(), w(&["all", "a"])),
+            (b, "put".into(), w(&["all", "b-key"])),
+            (a2, "put".into(), w(&["all", "a"])),
+            (del, "delete".into(), w(&["all", "a"])),
+        ]
+    );
+    // Resuming after `b` (Last-Event-ID wins over from_revision) starts at a/2.
+    let mut again = http
+        .post(&url)
+        .header("accept", "text/event-stream")
+        .header("last-event-id", b.to_string())
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    let resumed = sse_messages(&mut again, 1).await;
+    assert_eq!(resumed[0].0, a2);
+    // Bad requests are 400s with a JSON error.
+    for bad in [
+        serde_json::json!({"watches": []}),
+        serde_json::json!({"watches": [{"id": "x", "prefix": ""}, {"id": "x", "key": "k"}]}),
+        serde_json::json!({"watches": [{"id": "x", "prefix": "a", "key": "k"}]}),
+        serde_json::json!({"watches": [{"id": "x"}]}),
+        serde_json::json!({"watches": [{"id": "", "key": "k"}]}),
+        serde_json::json!({"watches": [{"id": "x", "key": "k"}], "from_revision": 0}),
+        serde_json::json!({"watches": [{"id": "x", "key": ""}]}),
+        serde_json::json!({"watchez": []}),
+    ] {
+        let r = http.post(&url).json(&bad).send().await.unwrap();
+        assert_eq!(r.status(), 400, "{bad}");
+        let e: serde_json::Value = r.json().await.unwrap();
+        assert_eq!(e["error"]["code"], "invalid_argument", "{bad}");
+    }
+    c.shutdown().await;
+}

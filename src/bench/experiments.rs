@@ -43,7 +43,8 @@ fn http_client() -> reqwest::Client {
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct WatchResult {
     pub watchers: usize,
-    /// "long-poll" or "sse".
+    /// "long-poll", "sse" (one stream per watcher) or "streams-N" (the watchers spread over N
+    /// multi-watch streams, `POST /v1/watches`).
     pub mode: String,
     pub events: usize,
     pub deliveries: usize,
@@ -64,7 +65,11 @@ pub async fn watch_latency(
     events: usize,
     interval: Duration,
     sse: bool,
+    streams: usize,
 ) -> Result<WatchResult, ClientError> {
+    if streams > 0 {
+        return watch_streams_latency(endpoints, watchers, events, interval, streams).await;
+    }
     let client = Client::new(endpoints)?;
     let endpoint = client.endpoints()[0].clone();
     let http = http_client();
@@ -163,6 +168,118 @@ pub async fn watch_latency(
     Ok(WatchResult {
         watchers,
         mode: if sse { "sse" } else { "long-poll" }.to_string(),
+        events,
+        deliveries: lat_us.len(),
+        p50_ms: percentile_ms(&lat_us, 0.50),
+        p99_ms: percentile_ms(&lat_us, 0.99),
+        max_ms: lat_us.last().map_or(0.0, |l| *l as f64 / 1000.0),
+        bytes_per_idle_watcher: (rss_parked - rss_before) / watchers.max(1) as f64,
+    })
+}
+
+/// The watchers spread over `streams` multi-watch SSE streams (`POST /v1/watches`), all on one
+/// prefix; each message names the watches it is for, and counts as a delivery to each.
+async fn watch_streams_latency(
+    endpoints: &[String],
+    watchers: usize,
+    events: usize,
+    interval: Duration,
+    streams: usize,
+) -> Result<WatchResult, ClientError> {
+    let client = Client::new(endpoints)?;
+    let endpoint = client.endpoints()[0].clone();
+    let http = http_client();
+    let prefix = format!("bench-watch-{}/", run_tag());
+    let start = client
+        .put(&format!("{prefix}start"), "x", None, None)
+        .await?
+        .revision
+        .0
+        + 1;
+    let rss_before = gauge(&http, &endpoint, "leasecore_process_resident_memory_bytes").await?;
+    let streams = streams.min(watchers.max(1));
+    let mut tasks = Vec::new();
+    let mut opened = Vec::new();
+    for s in 0..streams {
+        let share = watchers / streams + usize::from(s < watchers % streams);
+        let watches: Vec<serde_json::Value> = (0..share)
+            .map(|j| serde_json::json!({"id": format!("s{s}w{j}"), "prefix": prefix}))
+            .collect();
+        let body = serde_json::json!({"from_revision": start, "watches": watches});
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        opened.push(rx);
+        let (http, url) = (http.clone(), format!("{endpoint}/v1/watches"));
+        tasks.push(tokio::spawn(async move {
+            let mut got: Vec<(u64, Instant, usize)> = Vec::new();
+            let resp = http
+                .post(&url)
+                .header(reqwest::header::ACCEPT, "text/event-stream")
+                .json(&body)
+                .send()
+                .await;
+            let Ok(mut resp) = resp else {
+                let _ = tx.send(false);
+                return got;
+            };
+            let _ = tx.send(resp.status().is_success());
+            let mut pending = String::new();
+            while got.len() < events {
+                let Ok(Some(chunk)) = resp.chunk().await else {
+                    break;
+                };
+                let now = Instant::now();
+                pending.push_str(&String::from_utf8_lossy(&chunk));
+                while let Some(end) = pending.find("\n\n") {
+                    let message: String = pending.drain(..end + 2).collect();
+                    let id = message.lines().find_map(|l| l.strip_prefix("id:"));
+                    let data = message.lines().find_map(|l| l.strip_prefix("data:"));
+                    if let (Some(Ok(rev)), Some(data)) = (id.map(|i| i.trim().parse::<u64>()), data)
+                    {
+                        let n = serde_json::from_str::<serde_json::Value>(data.trim())
+                            .ok()
+                            .and_then(|v| v["watches"].as_array().map(Vec::len))
+                            .unwrap_or(0);
+                        got.push((rev, now, n));
+                    }
+                }
+            }
+            got
+        }));
+    }
+    for rx in opened {
+        if rx.await != Ok(true) {
+            return Err(ClientError::Unavailable(
+                "a watch stream did not open".into(),
+            ));
+        }
+    }
+    let rss_parked = gauge(&http, &endpoint, "leasecore_process_resident_memory_bytes").await?;
+    let mut acked: HashMap<u64, Instant> = HashMap::new();
+    for i in 0..events {
+        let r = client
+            .put(&format!("{prefix}k{i}"), "v", None, None)
+            .await?;
+        acked.insert(r.revision.0, Instant::now());
+        tokio::time::sleep(interval).await;
+    }
+    let mut lat_us: Vec<u32> = Vec::new();
+    for t in tasks {
+        if let Ok(Ok(got)) = tokio::time::timeout(Duration::from_secs(120), t).await {
+            for (rev, at, n) in got {
+                if let Some(ack) = acked.get(&rev) {
+                    let us = at
+                        .saturating_duration_since(*ack)
+                        .as_micros()
+                        .min(u32::MAX as u128) as u32;
+                    lat_us.extend(std::iter::repeat_n(us, n));
+                }
+            }
+        }
+    }
+    lat_us.sort_unstable();
+    Ok(WatchResult {
+        watchers,
+        mode: format!("streams-{streams}"),
         events,
         deliveries: lat_us.len(),
         p50_ms: percentile_ms(&lat_us, 0.50),

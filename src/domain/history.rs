@@ -33,6 +33,59 @@ impl KeyFilter {
     }
 }
 
+/// Many filters of one watch stream, each with its watch id: which watches an event's key
+/// matches, in time independent of the number of watches (an exact-key index, and a prefix
+/// index probed only at the prefix lengths in use).
+#[derive(Clone, Debug, Default)]
+pub struct FilterSet {
+    ids: Vec<String>,
+    by_key: std::collections::HashMap<String, Vec<u32>>,
+    by_prefix: std::collections::HashMap<String, Vec<u32>>,
+    prefix_lens: std::collections::BTreeSet<usize>,
+}
+
+impl FilterSet {
+    pub fn new(watches: impl IntoIterator<Item = (String, KeyFilter)>) -> Self {
+        let mut set = FilterSet::default();
+        for (id, filter) in watches {
+            let i = set.ids.len() as u32;
+            set.ids.push(id);
+            match filter {
+                KeyFilter::Key(k) => set.by_key.entry(k).or_default().push(i),
+                KeyFilter::Prefix(p) => {
+                    set.prefix_lens.insert(p.len());
+                    set.by_prefix.entry(p).or_default().push(i);
+                }
+            }
+        }
+        set
+    }
+
+    pub fn len(&self) -> usize {
+        self.ids.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.ids.is_empty()
+    }
+
+    /// The ids of the watches `key` matches, in the order they were given.
+    pub fn matching(&self, key: &str) -> Vec<&str> {
+        let mut hits: Vec<u32> = self.by_key.get(key).cloned().unwrap_or_default();
+        for len in self.prefix_lens.range(..=key.len()) {
+            if key.is_char_boundary(*len)
+                && let Some(ids) = self.by_prefix.get(&key[..*len])
+            {
+                hits.extend(ids);
+            }
+        }
+        hits.sort_unstable();
+        hits.into_iter()
+            .map(|i| self.ids[i as usize].as_str())
+            .collect()
+    }
+}
+
 /// The start of a watch is older than the retained history.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("history before revision {compacted} (inclusive) is compacted")]
@@ -326,6 +379,49 @@ mod tests {
                     .filter(|e| e.revision.0 >= start && filter.matches(&e.key))
                     .map(|e| e.revision.0).collect();
                 prop_assert_eq!(got, want);
+            }
+        }
+    }
+
+    #[test]
+    fn a_filter_set_finds_exactly_the_matching_watches() {
+        let set = FilterSet::new([
+            ("all".to_string(), KeyFilter::Prefix(String::new())),
+            ("a".to_string(), KeyFilter::Prefix("a/".into())),
+            ("ax".to_string(), KeyFilter::Prefix("a/x".into())),
+            ("key".to_string(), KeyFilter::Key("a/x1".into())),
+            ("b".to_string(), KeyFilter::Key("b".into())),
+        ]);
+        assert_eq!(set.matching("a/x1"), ["all", "a", "ax", "key"]);
+        assert_eq!(set.matching("a/y"), ["all", "a"]);
+        assert_eq!(set.matching("b"), ["all", "b"]);
+        assert_eq!(set.matching("bb"), ["all"]);
+        assert!(FilterSet::new([]).matching("x").is_empty());
+    }
+
+    proptest::proptest! {
+        /// The index agrees with matching every filter one by one.
+        #[test]
+        fn a_filter_set_agrees_with_brute_force(
+            filters in proptest::collection::vec(("[ab/é]{0,3}", proptest::bool::ANY), 0..20),
+            keys in proptest::collection::vec("[ab/é]{0,4}", 1..20),
+        ) {
+            let watches: Vec<(String, KeyFilter)> = filters
+                .iter()
+                .enumerate()
+                .map(|(i, (f, exact))| {
+                    let filter = if *exact { KeyFilter::Key(f.clone()) } else { KeyFilter::Prefix(f.clone()) };
+                    (format!("w{i:02}"), filter)
+                })
+                .collect();
+            let set = FilterSet::new(watches.clone());
+            for key in &keys {
+                let want: Vec<&str> = watches
+                    .iter()
+                    .filter(|(_, f)| f.matches(key))
+                    .map(|(id, _)| id.as_str())
+                    .collect();
+                proptest::prop_assert_eq!(set.matching(key), want);
             }
         }
     }

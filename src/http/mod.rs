@@ -109,6 +109,7 @@ pub fn route_table() -> Vec<RouteSpec> {
             post(leases::refresh),
         ),
         spec("GET", "/v1/watch", Public, get(watch::watch)),
+        spec("POST", "/v1/watches", Public, post(watch::watch_many)),
         spec("POST", "/v1/members", Public, post(members::register)),
         spec("GET", "/v1/members", Public, get(members::list)),
         spec("DELETE", "/v1/members/{id}", Public, delete(members::leave)),

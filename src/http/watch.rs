@@ -182,3 +182,171 @@ fn event_stream(
     })
     .flat_map(|messages| futures::stream::iter(messages.into_iter().map(Ok)))
 }
+
+/// The most watches one `POST /v1/watches` stream may carry.
+pub const MAX_WATCHES: usize = 10_000;
+
+/// Body of `POST /v1/watches`: many watches on one stream, from one revision.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WatchManyRequest {
+    watches: Vec<WatchSpec>,
+    from_revision: Option<u64>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WatchSpec {
+    id: String,
+    key: Option<String>,
+    prefix: Option<String>,
+}
+
+/// One event and the watches of the stream it matches.
+#[derive(serde::Serialize)]
+struct MatchedEvent<'a> {
+    watches: Vec<&'a str>,
+    event: &'a crate::domain::command::Event,
+}
+
+/// `POST /v1/watches`: one SSE stream for many watches (as etcd multiplexes watches on one
+/// gRPC stream). Each message is one event with the ids of the watches it matches; the stream
+/// wakes once per applied batch whatever the number of watches, and matches through an index.
+pub async fn watch_many(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    super::extract::ApiJson(req): super::extract::ApiJson<WatchManyRequest>,
+) -> Result<Response, ApiError> {
+    if req.watches.is_empty() || req.watches.len() > MAX_WATCHES {
+        return Err(ApiError::invalid(format!(
+            "give 1 to {MAX_WATCHES} watches"
+        )));
+    }
+    let mut ids = std::collections::HashSet::new();
+    let mut filters = Vec::with_capacity(req.watches.len());
+    for w in req.watches {
+        if w.id.is_empty() || w.id.len() > 128 {
+            return Err(ApiError::invalid("a watch id must be 1 to 128 bytes"));
+        }
+        if !ids.insert(w.id.clone()) {
+            return Err(ApiError::invalid(format!(
+                "watch id {:?} is repeated",
+                w.id
+            )));
+        }
+        let filter = match (w.key, w.prefix) {
+            (Some(k), None) => {
+                state.limits.check_key(&k)?;
+                KeyFilter::Key(k)
+            }
+            (None, Some(p)) => {
+                if !p.is_empty() {
+                    state.limits.check_key(&p)?;
+                }
+                KeyFilter::Prefix(p)
+            }
+            _ => {
+                return Err(ApiError::invalid(format!(
+                    "watch {:?}: give key or prefix (\"\" for every key), not both",
+                    w.id
+                )));
+            }
+        };
+        filters.push((w.id, filter));
+    }
+    let last_event_id = match headers.get("last-event-id") {
+        None => None,
+        Some(v) => Some(
+            v.to_str()
+                .ok()
+                .and_then(|v| v.trim().parse::<u64>().ok())
+                .filter(|id| *id < u64::MAX)
+                .ok_or_else(|| ApiError::invalid("Last-Event-ID must be a revision"))?,
+        ),
+    };
+    let from = match (last_event_id, req.from_revision) {
+        (Some(id), _) => Revision(id + 1),
+        (None, Some(0)) => return Err(ApiError::invalid("from_revision starts at 1")),
+        (None, Some(f)) => Revision(f),
+        (None, None) => state.watch.current().next(),
+    };
+    state.watch.since_all(from, 1).map_err(compacted)?;
+    let set = std::sync::Arc::new(crate::domain::history::FilterSet::new(filters));
+    Ok(Sse::new(matched_stream(state, set, from))
+        .keep_alive(KeepAlive::default())
+        .into_response())
+}
+
+fn matched_stream(
+    state: AppState,
+    set: std::sync::Arc<crate::domain::history::FilterSet>,
+    from: Revision,
+) -> impl Stream<Item = Result<SseEvent, Infallible>> {
+    use futures::StreamExt;
+    let revisions = state.watch.revisions();
+    futures::stream::unfold(Some((from, revisions)), move |cursor| {
+        let state = state.clone();
+        let set = set.clone();
+        async move {
+            let (mut from, mut revisions) = cursor?;
+            loop {
+                if state.watch.is_closed() {
+                    return None;
+                }
+                // Seen before reading: anything applied after the read shows as a change.
+                revisions.borrow_and_update();
+                let batch = match state.watch.since_all(from, MAX_BATCH) {
+                    Ok(b) => b,
+                    Err(c) => {
+                        let gone = SseEvent::default()
+                            .event("compacted")
+                            .data(format!("{{\"compact_revision\":{}}}", c.compacted));
+                        return Some((vec![gone], None));
+                    }
+                };
+                from = batch.through.next();
+                let out: Vec<SseEvent> = batch
+                    .events
+                    .iter()
+                    .filter_map(|e| {
+                        let watches = set.matching(&e.key);
+                        if watches.is_empty() {
+                            return None;
+                        }
+                        let kind = match e.kind {
+                            crate::domain::command::EventKind::Put => "put",
+                            crate::domain::command::EventKind::Delete => "delete",
+                        };
+                        Some(
+                            SseEvent::default()
+                                .id(e.revision.to_string())
+                                .event(kind)
+                                .json_data(MatchedEvent { watches, event: e })
+                                .unwrap_or_else(|_| SseEvent::default().comment("unencodable")),
+                        )
+                    })
+                    .collect();
+                if !out.is_empty() {
+                    return Some((out, Some((from, revisions))));
+                }
+                if !batch.events.is_empty() {
+                    continue; // events for other keys: read on
+                }
+                let changed = tokio::select! {
+                    c = tokio::time::timeout(SSE_PROGRESS, revisions.changed()) => c,
+                    _ = state.watch.closed() => return None,
+                };
+                match changed {
+                    Ok(Ok(())) => {}
+                    Ok(Err(_)) => return None, // the hub is gone: shutting down
+                    Err(_) => {
+                        let progress = SseEvent::default()
+                            .comment(format!("progress revision={}", batch.through));
+                        return Some((vec![progress], Some((from, revisions))));
+                    }
+                }
+            }
+        }
+    })
+    .flat_map(|messages| futures::stream::iter(messages.into_iter().map(Ok)))
+}

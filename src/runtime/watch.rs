@@ -134,6 +134,9 @@ impl Waiters {
 pub struct WatchHub {
     history: Mutex<EventHistory>,
     waiters: Mutex<Waiters>,
+    /// The applied revision, for streams that follow every key (multi-watch streams match
+    /// their many filters themselves: one wake-up per stream, not per filter).
+    advanced: tokio::sync::watch::Sender<Revision>,
     next_id: AtomicU64,
     /// Fires at node shutdown: every long poll returns.
     cancel: CancellationToken,
@@ -158,6 +161,7 @@ impl WatchHub {
         WatchHub {
             history: Mutex::new(EventHistory::new(limits, revision)),
             waiters: Mutex::new(Waiters::default()),
+            advanced: tokio::sync::watch::Sender::new(revision),
             next_id: AtomicU64::new(1),
             cancel,
         }
@@ -176,9 +180,26 @@ impl WatchHub {
         self.cancel.is_cancelled()
     }
 
+    /// Resolves when the node shuts down.
+    pub async fn closed(&self) {
+        self.cancel.cancelled().await
+    }
+
     /// The store revision as of the latest applied batch.
     pub fn current(&self) -> Revision {
         self.history().current()
+    }
+
+    /// Told of every applied revision. Subscribe (and mark seen) before reading the history:
+    /// an event applied after the read then shows as a change.
+    pub fn revisions(&self) -> tokio::sync::watch::Receiver<Revision> {
+        self.advanced.subscribe()
+    }
+
+    /// Every event from `from` on, up to `limit`, without waiting.
+    pub fn since_all(&self, from: Revision, limit: usize) -> Result<Batch, Compacted> {
+        self.history()
+            .since(from, &KeyFilter::Prefix(String::new()), limit)
     }
 
     /// (retained events, retained bytes, compacted revision, waiting watches).
@@ -233,6 +254,7 @@ impl ApplyObserver for WatchHub {
             // watches wake and find their start compacted.
             self.history().reset(batch.mark.revision);
             self.waiters().wake_all();
+            self.advanced.send_replace(batch.mark.revision);
             return;
         }
         // History first, wake-ups second: a woken watch must find its events.
@@ -241,6 +263,7 @@ impl ApplyObserver for WatchHub {
         if batch.events.is_empty() {
             return;
         }
+        self.advanced.send_replace(batch.mark.revision);
         let mut w = self.waiters();
         for e in &batch.events {
             w.wake_matching(&e.key);
@@ -368,5 +391,42 @@ mod tests {
                 compacted: Revision(90)
             })
         );
+    }
+}
+#[cfg(test)]
+mod revision_tests {
+    use super::*;
+    use crate::domain::command::{Cause, Event, EventKind};
+    use crate::raft::state_machine::AppliedMark;
+
+    #[tokio::test]
+    async fn revisions_report_every_applied_batch() {
+        let h = WatchHub::new(
+            HistoryLimits::default(),
+            Revision(0),
+            CancellationToken::new(),
+        );
+        let mut rx = h.revisions();
+        rx.borrow_and_update();
+        h.on_applied(&AppliedBatch {
+            mark: AppliedMark {
+                log_index: 1,
+                term: 1,
+                revision: Revision(1),
+            },
+            events: vec![Event {
+                kind: EventKind::Put,
+                key: "k".into(),
+                value: Some("v".into()),
+                revision: Revision(1),
+                lease: None,
+                cause: Cause::Client,
+            }],
+            lease_changes: vec![],
+            reset: false,
+        });
+        assert!(rx.has_changed().unwrap());
+        assert_eq!(*rx.borrow_and_update(), Revision(1));
+        assert_eq!(h.since_all(Revision(1), 10).unwrap().events.len(), 1);
     }
 }
