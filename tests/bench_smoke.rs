@@ -1,0 +1,117 @@
+//! The benchmark suite cannot rot: run `scripts/bench.sh --smoke` (leasecore only, a few seconds
+//! per workload, small counts) against the binary cargo built for the tests, and require it to
+//! succeed: every workload ran, no response failed, and every stored-count check held.
+//!
+//! The script starts its own 3-node cluster on 127.0.0.1 at a base port chosen here (three free
+//! ports below the ephemeral range) and always tears it down. Skipped, with a message, only where
+//! bash or python3 is missing.
+
+use std::fs::File;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::thread::sleep;
+use std::time::Duration;
+
+/// The longest the smoke run may take before it is stopped (it takes well under 2 minutes).
+const LIMIT: Duration = Duration::from_secs(300);
+const POLL: Duration = Duration::from_millis(100);
+
+fn have(program: &str) -> bool {
+    Command::new(program)
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// A base port with three consecutive free ports on 127.0.0.1, in 17000..21000 (below the
+/// ephemeral range, so that other tests' port-0 listeners and client sockets do not take them).
+fn free_base_port() -> u16 {
+    let first = (std::process::id() % 400) as u16;
+    (0..400u16)
+        .map(|i| 17_000 + ((first + i) % 400) * 10)
+        .find(|&base| (base..base + 3).all(|p| TcpListener::bind(("127.0.0.1", p)).is_ok()))
+        .expect("three free ports in 17000..21000")
+}
+
+fn signal(pid: u32, sig: &str) {
+    let _ = Command::new("kill")
+        .args([sig, &pid.to_string()])
+        .stderr(Stdio::null())
+        .status();
+}
+
+#[test]
+fn bench_smoke_runs_every_workload_and_its_checks() {
+    for program in ["bash", "python3"] {
+        if !have(program) {
+            eprintln!(
+                "SKIPPED bench_smoke: {program} is not installed (scripts/bench.sh needs it)"
+            );
+            return;
+        }
+    }
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let run_dir: PathBuf =
+        Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("bench-smoke-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&run_dir);
+    std::fs::create_dir_all(&run_dir).expect("a run directory");
+    let log_path = run_dir.join("bench.log");
+    let log = File::create(&log_path).expect("a log file");
+    let base = free_base_port();
+
+    let mut child = Command::new("bash")
+        .arg(root.join("scripts/bench.sh"))
+        .arg("--smoke")
+        .current_dir(root)
+        .env("LEASECORE_BIN", env!("CARGO_BIN_EXE_leasecore"))
+        .env("BENCH_LEASECORE_PORT", base.to_string())
+        .env("BENCH_RUN_DIR", &run_dir)
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().expect("a second handle"))
+        .stderr(log)
+        .spawn()
+        .expect("bash starts");
+
+    let mut waited = Duration::ZERO;
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait for bench.sh") {
+            break Some(status);
+        }
+        if waited >= LIMIT {
+            break None;
+        }
+        sleep(POLL);
+        waited += POLL;
+    };
+    let status = status.unwrap_or_else(|| {
+        // SIGTERM lets the script's trap stop its cluster; SIGKILL if it does not end.
+        signal(child.id(), "-TERM");
+        for _ in 0..300 {
+            if let Ok(Some(s)) = child.try_wait() {
+                return s;
+            }
+            sleep(POLL);
+        }
+        signal(child.id(), "-KILL");
+        child.wait().expect("bench.sh ends")
+    });
+    let output = std::fs::read_to_string(&log_path).unwrap_or_default();
+    println!("{output}");
+    assert!(
+        waited < LIMIT,
+        "scripts/bench.sh --smoke took over {LIMIT:?} and was stopped"
+    );
+    assert!(
+        status.success(),
+        "scripts/bench.sh --smoke failed ({status}); its output is above, its data in {}",
+        run_dir.display()
+    );
+    assert!(
+        output.contains("all checks passed"),
+        "scripts/bench.sh --smoke did not report its checks"
+    );
+    let _ = std::fs::remove_dir_all(&run_dir);
+}
