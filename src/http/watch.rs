@@ -147,7 +147,8 @@ fn event_stream(
                 .await
             {
                 Ok(batch) => {
-                    let resume = batch.through.next();
+                    // Never backwards: a node behind the client's start reports less than it.
+                    let resume = from.max(batch.through.next());
                     let mut out: Vec<SseEvent> = batch
                         .events
                         .iter()
