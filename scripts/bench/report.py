@@ -11,6 +11,7 @@ import argparse
 import html
 import json
 import os
+import shutil
 import statistics
 import sys
 
@@ -360,7 +361,8 @@ scripts/bench.sh --smoke         # leasecore only, a few seconds per workload (r
 python3 scripts/bench/report.py .bench/<run> [--write .]  # re-render a run's summary
 ```
 
-Raw results go to `.bench/<timestamp>/results.jsonl` (one JSON line per run), with `summary.md`,
+Raw results go to `.bench/<timestamp>/results.jsonl` (one JSON line per run; the run published here is
+kept as `bench/results.jsonl`), with `summary.md`,
 `machine.json`, `flags.txt` and every node's log.
 
 ## Method
@@ -416,8 +418,18 @@ def main():
     if svg:
         with open(os.path.join(a.write, "bench", "throughput.svg"), "w") as f:
             f.write(svg)
+    md = benchmarks_md(rows, machine, flags)
+    # Hand-written findings (bench/analysis.md) go before the machine description.
+    analysis = os.path.join(a.write, "bench", "analysis.md")
+    if os.path.exists(analysis):
+        with open(analysis) as f:
+            notes = f.read().rstrip() + "\n\n"
+        cut = md.find("## Machine and versions")
+        md = md[:cut] + notes + md[cut:] if cut >= 0 else md + "\n" + notes
     with open(os.path.join(a.write, "BENCHMARKS.md"), "w") as f:
-        f.write(benchmarks_md(rows, machine, flags))
+        f.write(md)
+    # The raw results behind the published figures.
+    shutil.copyfile(os.path.join(a.run_dir, "results.jsonl"), os.path.join(a.write, "bench", "results.jsonl"))
 
 
 if __name__ == "__main__":

@@ -241,6 +241,14 @@ pub async fn serve(
     app: Router,
     cancel: CancellationToken,
 ) -> std::io::Result<()> {
+    use axum::serve::ListenerExt;
+    // Small answers must leave at once: Nagle's algorithm would hold a response's last
+    // segment for the peer's delayed ACK (tens of milliseconds).
+    let listener = listener.tap_io(|tcp| {
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::debug!("TCP_NODELAY on an accepted connection: {e}");
+        }
+    });
     axum::serve(listener, app)
         .with_graceful_shutdown(async move { cancel.cancelled().await })
         .await
