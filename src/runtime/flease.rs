@@ -253,9 +253,8 @@ impl FleaseService {
         };
         let members = self.members();
         let ids: Vec<NodeId> = members.keys().copied().collect();
-        let (mut release, msgs) = FastRelease::start(
-            proto, self.me, resource, owner, &ids, grant_k, self.cfg, now,
-        );
+        let (mut release, msgs) =
+            FastRelease::start(proto, self.me, resource, owner, &ids, grant_k, now);
         let mut inflight = FuturesUnordered::new();
         for m in msgs {
             let addr = members.get(&m.to).cloned();

@@ -539,7 +539,6 @@ impl FastRelease {
         owner: &str,
         members: &[NodeId],
         grant_k: Ballot,
-        _cfg: FleaseConfig,
         now: Now,
     ) -> (FastRelease, Vec<Envelope>) {
         let msgs = members
@@ -976,7 +975,6 @@ mod tests {
             "alice",
             &[1, 2, 3],
             g.ballot,
-            CFG,
             at(3100),
         );
         let replies: Vec<Envelope> = msgs
@@ -994,7 +992,6 @@ mod tests {
             "alice",
             &[1, 2, 3],
             k(1, 0),
-            CFG,
             at(3100),
         );
         let mut outcome = None;
