@@ -141,19 +141,12 @@ pub async fn watch_latency(
     }
     let rss_parked = gauge(&http, &endpoint, "leasecore_process_resident_memory_bytes").await?;
 
-    let mut acked: HashMap<u64, Instant> = HashMap::new();
-    for i in 0..events {
-        let r = client
-            .put(&format!("{prefix}k{i}"), "v", None, None)
-            .await?;
-        acked.insert(r.revision.0, Instant::now());
-        tokio::time::sleep(interval).await;
-    }
+    let acked = put_events(&client, &prefix, events, interval).await?;
     for t in tasks {
         let _ = tokio::time::timeout(Duration::from_secs(120), t).await;
     }
     let received = received.lock().unwrap_or_else(|p| p.into_inner()).clone();
-    let mut lat_us: Vec<u32> = received
+    let lat_us: Vec<u32> = received
         .iter()
         .filter_map(|(rev, at)| {
             let ack = acked.get(rev)?;
@@ -164,17 +157,44 @@ pub async fn watch_latency(
             )
         })
         .collect();
-    lat_us.sort_unstable();
-    Ok(WatchResult {
-        watchers,
-        mode: if sse { "sse" } else { "long-poll" }.to_string(),
-        events,
-        deliveries: lat_us.len(),
-        p50_ms: percentile_ms(&lat_us, 0.50),
-        p99_ms: percentile_ms(&lat_us, 0.99),
-        max_ms: lat_us.last().map_or(0.0, |l| *l as f64 / 1000.0),
-        bytes_per_idle_watcher: (rss_parked - rss_before) / watchers.max(1) as f64,
-    })
+    let mode = if sse { "sse" } else { "long-poll" };
+    let per_watcher = (rss_parked - rss_before) / watchers.max(1) as f64;
+    Ok(WatchResult::of(watchers, mode, events, lat_us, per_watcher))
+}
+
+impl WatchResult {
+    fn of(watchers: usize, mode: &str, events: usize, mut lat_us: Vec<u32>, per: f64) -> Self {
+        lat_us.sort_unstable();
+        WatchResult {
+            watchers,
+            mode: mode.to_string(),
+            events,
+            deliveries: lat_us.len(),
+            p50_ms: percentile_ms(&lat_us, 0.50),
+            p99_ms: percentile_ms(&lat_us, 0.99),
+            max_ms: lat_us.last().map_or(0.0, |l| *l as f64 / 1000.0),
+            bytes_per_idle_watcher: per,
+        }
+    }
+}
+
+/// Put `events` keys under `prefix`, one every `interval`: the acknowledgement time of each
+/// revision.
+async fn put_events(
+    client: &Client,
+    prefix: &str,
+    events: usize,
+    interval: Duration,
+) -> Result<HashMap<u64, Instant>, ClientError> {
+    let mut acked = HashMap::new();
+    for i in 0..events {
+        let r = client
+            .put(&format!("{prefix}k{i}"), "v", None, None)
+            .await?;
+        acked.insert(r.revision.0, Instant::now());
+        tokio::time::sleep(interval).await;
+    }
+    Ok(acked)
 }
 
 /// The watchers spread over `streams` multi-watch SSE streams (`POST /v1/watches`), all on one
@@ -254,14 +274,7 @@ async fn watch_streams_latency(
         }
     }
     let rss_parked = gauge(&http, &endpoint, "leasecore_process_resident_memory_bytes").await?;
-    let mut acked: HashMap<u64, Instant> = HashMap::new();
-    for i in 0..events {
-        let r = client
-            .put(&format!("{prefix}k{i}"), "v", None, None)
-            .await?;
-        acked.insert(r.revision.0, Instant::now());
-        tokio::time::sleep(interval).await;
-    }
+    let acked = put_events(&client, &prefix, events, interval).await?;
     let mut lat_us: Vec<u32> = Vec::new();
     for t in tasks {
         if let Ok(Ok(got)) = tokio::time::timeout(Duration::from_secs(120), t).await {
@@ -276,17 +289,15 @@ async fn watch_streams_latency(
             }
         }
     }
-    lat_us.sort_unstable();
-    Ok(WatchResult {
+    let per_watcher = (rss_parked - rss_before) / watchers.max(1) as f64;
+    let mode = format!("streams-{streams}");
+    Ok(WatchResult::of(
         watchers,
-        mode: format!("streams-{streams}"),
+        &mode,
         events,
-        deliveries: lat_us.len(),
-        p50_ms: percentile_ms(&lat_us, 0.50),
-        p99_ms: percentile_ms(&lat_us, 0.99),
-        max_ms: lat_us.last().map_or(0.0, |l| *l as f64 / 1000.0),
-        bytes_per_idle_watcher: (rss_parked - rss_before) / watchers.max(1) as f64,
-    })
+        lat_us,
+        per_watcher,
+    ))
 }
 
 /// Follow `prefix` from `start` over one SSE stream until `events` events arrived (or the

@@ -41,6 +41,20 @@ pub struct WatchQuery {
     limit: Option<usize>,
 }
 
+/// The revision in `Last-Event-ID`, if the client sent one.
+fn last_event_id(headers: &HeaderMap) -> Result<Option<u64>, ApiError> {
+    headers
+        .get("last-event-id")
+        .map(|v| {
+            v.to_str()
+                .ok()
+                .and_then(|v| v.trim().parse::<u64>().ok())
+                .filter(|id| *id < u64::MAX)
+                .ok_or_else(|| ApiError::invalid("Last-Event-ID must be a revision"))
+        })
+        .transpose()
+}
+
 fn compacted(c: Compacted) -> ApiError {
     ApiError::new(
         axum::http::StatusCode::GONE,
@@ -80,16 +94,7 @@ pub async fn watch(
     }
     // SSE resumes from the id of the last event the client saw. It wins over `from_revision`:
     // a browser reconnects with the original URL, and starting over would repeat events.
-    let last_event_id = match headers.get("last-event-id") {
-        None => None,
-        Some(v) => Some(
-            v.to_str()
-                .ok()
-                .and_then(|v| v.trim().parse::<u64>().ok())
-                .filter(|id| *id < u64::MAX)
-                .ok_or_else(|| ApiError::invalid("Last-Event-ID must be a revision"))?,
-        ),
-    };
+    let last_event_id = last_event_id(&headers)?;
     let from = match (last_event_id, q.from_revision) {
         (Some(id), _) => Some(Revision(id + 1)),
         (None, Some(0)) => return Err(ApiError::invalid("from_revision starts at 1")),
@@ -255,16 +260,7 @@ pub async fn watch_many(
         };
         filters.push((w.id, filter));
     }
-    let last_event_id = match headers.get("last-event-id") {
-        None => None,
-        Some(v) => Some(
-            v.to_str()
-                .ok()
-                .and_then(|v| v.trim().parse::<u64>().ok())
-                .filter(|id| *id < u64::MAX)
-                .ok_or_else(|| ApiError::invalid("Last-Event-ID must be a revision"))?,
-        ),
-    };
+    let last_event_id = last_event_id(&headers)?;
     let from = match (last_event_id, req.from_revision) {
         (Some(id), _) => Revision(id + 1),
         (None, Some(0)) => return Err(ApiError::invalid("from_revision starts at 1")),
