@@ -70,17 +70,14 @@ pub async fn watch_latency(
     if streams > 0 {
         return watch_streams_latency(endpoints, watchers, events, interval, streams).await;
     }
-    let client = Client::new(endpoints)?;
-    let endpoint = client.endpoints()[0].clone();
-    let http = http_client();
-    let prefix = format!("bench-watch-{}/", run_tag());
-    let start = client
-        .put(&format!("{prefix}start"), "x", None, None)
-        .await?
-        .revision
-        .0
-        + 1;
-    let rss_before = gauge(&http, &endpoint, "leasecore_process_resident_memory_bytes").await?;
+    let WatchSetup {
+        client,
+        endpoint,
+        http,
+        prefix,
+        start,
+        rss_before,
+    } = WatchSetup::new(endpoints).await?;
     let waiting_before = gauge(&http, &endpoint, "leasecore_watch_waiting").await?;
 
     let received: Arc<Mutex<Vec<(u64, Instant)>>> = Arc::default();
@@ -197,6 +194,41 @@ async fn put_events(
     Ok(acked)
 }
 
+/// What both watch experiments start from: a fresh prefix with a first key, the revision after
+/// it, and the serving node's resident memory before any watcher.
+struct WatchSetup {
+    client: Client,
+    endpoint: String,
+    http: reqwest::Client,
+    prefix: String,
+    start: u64,
+    rss_before: f64,
+}
+
+impl WatchSetup {
+    async fn new(endpoints: &[String]) -> Result<Self, ClientError> {
+        let client = Client::new(endpoints)?;
+        let endpoint = client.endpoints()[0].clone();
+        let http = http_client();
+        let prefix = format!("bench-watch-{}/", run_tag());
+        let start = client
+            .put(&format!("{prefix}start"), "x", None, None)
+            .await?
+            .revision
+            .0
+            + 1;
+        let rss_before = gauge(&http, &endpoint, "leasecore_process_resident_memory_bytes").await?;
+        Ok(WatchSetup {
+            client,
+            endpoint,
+            http,
+            prefix,
+            start,
+            rss_before,
+        })
+    }
+}
+
 /// The watchers spread over `streams` multi-watch SSE streams (`POST /v1/watches`), all on one
 /// prefix; each message names the watches it is for, and counts as a delivery to each.
 async fn watch_streams_latency(
@@ -206,17 +238,14 @@ async fn watch_streams_latency(
     interval: Duration,
     streams: usize,
 ) -> Result<WatchResult, ClientError> {
-    let client = Client::new(endpoints)?;
-    let endpoint = client.endpoints()[0].clone();
-    let http = http_client();
-    let prefix = format!("bench-watch-{}/", run_tag());
-    let start = client
-        .put(&format!("{prefix}start"), "x", None, None)
-        .await?
-        .revision
-        .0
-        + 1;
-    let rss_before = gauge(&http, &endpoint, "leasecore_process_resident_memory_bytes").await?;
+    let WatchSetup {
+        client,
+        endpoint,
+        http,
+        prefix,
+        start,
+        rss_before,
+    } = WatchSetup::new(endpoints).await?;
     let streams = streams.min(watchers.max(1));
     let mut tasks = Vec::new();
     let mut opened = Vec::new();

@@ -71,7 +71,10 @@ impl FilterSet {
 
     /// The ids of the watches `key` matches, in the order they were given.
     pub fn matching(&self, key: &str) -> Vec<&str> {
-        let mut hits: Vec<u32> = self.by_key.get(key).cloned().unwrap_or_default();
+        let mut hits: Vec<u32> = Vec::new();
+        if let Some(ids) = self.by_key.get(key) {
+            hits.extend_from_slice(ids);
+        }
         for len in self.prefix_lens.range(..=key.len()) {
             if key.is_char_boundary(*len)
                 && let Some(ids) = self.by_prefix.get(&key[..*len])

@@ -33,8 +33,7 @@ use tokio_util::sync::CancellationToken;
 use crate::clock::Clock;
 use crate::domain::flease::proposer::{FastRelease, RoundEvent};
 use crate::domain::flease::{
-    Acceptor, Ballot, BallotGen, Envelope, FleaseConfig, Intent, Judgement, Now, Protocol, Round,
-    Slot, judge,
+    Acceptor, Ballot, BallotGen, Envelope, FleaseConfig, Intent, Now, Protocol, Round,
 };
 use crate::domain::types::{NodeId, WallMillis};
 use crate::raft::consensus::Consensus;
@@ -276,32 +275,7 @@ impl FleaseService {
     /// a hint, as only the holder knows its lease exactly).
     pub fn peek(&self, proto: Protocol, resource: &str) -> LeaseView {
         let now = self.now();
-        let slot = self.acceptor(proto).accepted(resource).unwrap_or_default();
-        let eps = self.cfg.eps_ms;
-        let (holder, valid_ms, epoch) = match slot {
-            Slot::Timed {
-                owner,
-                until,
-                epoch,
-            } if until > now.mono => (
-                Some(owner),
-                now.mono.until(until).saturating_sub(eps),
-                epoch,
-            ),
-            Slot::Timed { epoch, .. } => (None, 0, epoch),
-            slot => match judge(&slot, now.wall, eps) {
-                Judgement::HeldBy {
-                    owner,
-                    expires,
-                    epoch,
-                } => (
-                    Some(owner),
-                    expires.0.saturating_sub(now.wall.0 + eps),
-                    epoch,
-                ),
-                _ => (None, 0, slot.epoch()),
-            },
-        };
+        let (holder, valid_ms, epoch) = self.acceptor(proto).local_view(resource, now);
         LeaseView {
             resource: resource.to_string(),
             granted: None,

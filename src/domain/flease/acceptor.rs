@@ -237,6 +237,37 @@ impl Acceptor {
         self.slot(resource).map(|i| self.cells[i].value())
     }
 
+    /// What this acceptor alone knows of `resource` now: (holder, how long it may still act as
+    /// seen from here, already reduced by `eps`, epoch). A hint, not a quorum read: for Flease
+    /// judged on this wall clock, for PaxosLease by this acceptor's own timer.
+    pub fn local_view(&self, resource: &str, now: Now) -> (Option<String>, u64, Epoch) {
+        let Some(i) = self.slot(resource) else {
+            return (None, 0, 0);
+        };
+        let cell = &self.cells[i];
+        let eps = self.cfg.eps_ms;
+        match (cell.kind, cell.owner.as_deref()) {
+            (Kind::Timed, Some(owner)) if now.mono.0 < cell.until => (
+                Some(owner.to_string()),
+                (cell.until - now.mono.0).saturating_sub(eps),
+                cell.value_epoch,
+            ),
+            (Kind::Lease, _) => match judge(&cell.value(), now.wall, eps) {
+                Judgement::HeldBy {
+                    owner,
+                    expires,
+                    epoch,
+                } => (
+                    Some(owner),
+                    expires.0.saturating_sub(now.wall.0 + eps),
+                    epoch,
+                ),
+                _ => (None, 0, cell.value_epoch),
+            },
+            _ => (None, 0, cell.value_epoch),
+        }
+    }
+
     /// The slot of `resource`'s cell.
     fn slot(&self, resource: &str) -> Option<usize> {
         let hash = self.hasher.hash_one(resource);
@@ -441,12 +472,7 @@ mod tests {
         }
     }
 
-    fn at(ms: u64) -> Now {
-        Now {
-            wall: WallMillis(ms),
-            mono: MonoMillis(ms),
-        }
-    }
+    use crate::domain::flease::test_at as at;
 
     fn env(body: Msg, sent_at: u64) -> Envelope {
         Envelope {
@@ -638,5 +664,66 @@ mod tests {
         b.body = Msg::Read { k: k(2) };
         assert_eq!(a.collect_idle(at(10_051)), 1);
         assert!(a.is_empty());
+    }
+
+    #[test]
+    fn the_local_view_reports_held_time_less_eps_for_both_protocols() {
+        let mut a = ready();
+        send(
+            &mut a,
+            Msg::Write {
+                k: k(5),
+                value: lease(3),
+            },
+            3000,
+        );
+        // Flease: held until 10 000 on the wall clock, minus eps 50; free from then on.
+        assert_eq!(a.local_view("r", at(9000)), (Some("o".into()), 950, 3));
+        assert_eq!(a.local_view("r", at(9960)), (Some("o".into()), 0, 3));
+        assert_eq!(a.local_view("r", at(10_000)), (None, 0, 3));
+        assert_eq!(a.local_view("missing", at(0)), (None, 0, 0));
+        // PaxosLease: held for the span from receipt on this acceptor's monotonic clock.
+        let mut p = Acceptor::for_protocol(Protocol::PaxosLease, 1, CFG, at(0));
+        let span = Envelope {
+            proto: Protocol::PaxosLease,
+            ..env(
+                Msg::Write {
+                    k: k(5),
+                    value: Slot::Span {
+                        owner: "o".into(),
+                        span_ms: 2000,
+                        epoch: 4,
+                    },
+                },
+                3000,
+            )
+        };
+        p.on_message(&span, at(3000));
+        assert_eq!(p.local_view("r", at(4000)), (Some("o".into()), 950, 4));
+        assert_eq!(p.local_view("r", at(5000)), (None, 0, 4));
+    }
+
+    #[test]
+    fn paxoslease_cells_are_collected_only_after_their_timer() {
+        let mut p = Acceptor::for_protocol(Protocol::PaxosLease, 1, CFG, at(0));
+        let write = |span_ms| Envelope {
+            proto: Protocol::PaxosLease,
+            ..env(
+                Msg::Write {
+                    k: k(1),
+                    value: Slot::Span {
+                        owner: "o".into(),
+                        span_ms,
+                        epoch: 1,
+                    },
+                },
+                3000,
+            )
+        };
+        // A value timed for far longer than the idle period is kept while its timer runs.
+        p.on_message(&write(60_000), at(3000));
+        assert_eq!(p.collect_idle(at(62_999)), 0);
+        assert_eq!(p.collect_idle(at(63_000)), 1);
+        assert!(p.is_empty());
     }
 }

@@ -477,6 +477,15 @@ pub(crate) const TEST_CONFIG: FleaseConfig = FleaseConfig {
     ballot_era_ms: 100,
 };
 
+/// Both clocks reading `ms` (unit tests: one clock for wall and monotonic time).
+#[cfg(test)]
+pub(crate) fn test_at(ms: u64) -> Now {
+    Now {
+        wall: WallMillis(ms),
+        mono: MonoMillis(ms),
+    }
+}
+
 /// A quorum of `n`.
 pub fn quorum(n: usize) -> usize {
     n / 2 + 1

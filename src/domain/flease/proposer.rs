@@ -133,24 +133,9 @@ impl Round {
         cfg: FleaseConfig,
         now: Now,
     ) -> (Round, Vec<Envelope>) {
-        Self::start_for(Intent::Acquire, me, resource, owner, members, k, cfg, now)
-    }
-
-    /// Start a Flease round for `intent`.
-    #[allow(clippy::too_many_arguments)]
-    pub fn start_for(
-        intent: Intent,
-        me: NodeId,
-        resource: &str,
-        owner: &str,
-        members: &[NodeId],
-        k: Ballot,
-        cfg: FleaseConfig,
-        now: Now,
-    ) -> (Round, Vec<Envelope>) {
         Self::start_in(
             Protocol::Flease,
-            intent,
+            Intent::Acquire,
             me,
             resource,
             owner,
@@ -596,12 +581,7 @@ mod tests {
 
     const CFG: FleaseConfig = super::super::TEST_CONFIG;
 
-    fn at(ms: u64) -> Now {
-        Now {
-            wall: WallMillis(ms),
-            mono: MonoMillis(ms),
-        }
-    }
+    use crate::domain::flease::test_at as at;
 
     fn k(node: NodeId, counter: u32) -> Ballot {
         Ballot {
@@ -773,8 +753,17 @@ mod tests {
             panic!("not granted")
         };
         let release = |acc: &mut [Acceptor], owner: &str, b: Ballot| {
-            let (mut r, msgs) =
-                Round::start_for(Intent::Release, 2, "r", owner, &[1, 2, 3], b, CFG, at(3100));
+            let (mut r, msgs) = Round::start_in(
+                Protocol::Flease,
+                Intent::Release,
+                2,
+                "r",
+                owner,
+                &[1, 2, 3],
+                b,
+                CFG,
+                at(3100),
+            );
             run(&mut r, acc, msgs, 3100)
         };
         // Someone else cannot release alice's lease.
