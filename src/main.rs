@@ -18,7 +18,7 @@ use leasecore::client::{
 };
 use leasecore::domain::command::{Cause, EventKind};
 use leasecore::domain::flease::{FleaseConfig, Protocol};
-use leasecore::domain::limits::DEFAULT_MAX_VALUE_BYTES;
+use leasecore::domain::limits::{DEFAULT_MAX_LEASES, DEFAULT_MAX_VALUE_BYTES};
 use leasecore::domain::types::NodeId;
 use leasecore::node::{Node, NodeConfig, RaftTimings};
 use leasecore::runtime::flease::LeaseView;
@@ -156,6 +156,9 @@ struct ServeArgs {
     /// The largest value, in bytes.
     #[arg(long, env = "LEASECORE_MAX_VALUE_BYTES", default_value_t = DEFAULT_MAX_VALUE_BYTES)]
     max_value_bytes: usize,
+    /// The most leases (members included) the cluster holds; registrations past it get 429.
+    #[arg(long, env = "LEASECORE_MAX_LEASES", default_value_t = DEFAULT_MAX_LEASES)]
+    max_leases: usize,
     /// sled page cache, in MiB.
     #[arg(long, env = "LEASECORE_CACHE_MB", default_value_t = 64)]
     cache_mb: u64,
@@ -460,6 +463,7 @@ async fn serve(args: ServeArgs) -> ExitCode {
     };
     cfg.snapshot_threshold = args.snapshot_threshold;
     cfg.limits.max_value_bytes = args.max_value_bytes;
+    cfg.limits.max_leases = args.max_leases;
     cfg.cache_bytes = args.cache_mb << 20;
     cfg.flease = FleaseConfig::derived(
         args.flease_lease_ms,

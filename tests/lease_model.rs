@@ -5,7 +5,12 @@
 //! After every applied entry it checks the safety property of DESIGN.md section 4: no lease (and
 //! so no key attached to it) disappears before `send time of its last acknowledged refresh +
 //! ttl`, in true time, across any leader change. At the end it checks liveness: once refreshes
-//! stop and a leader is stable, every lease is gone within `ttl + extension + retry`.
+//! stop and a leader is stable, every lease is gone within `ttl + extension + retry`. Each node
+//! reads the lease clock as the real tracker shell does: the highest stamp applied and when it
+//! applied it (a random, later time for the node that becomes leader).
+//!
+//! A second model keeps leaders changing while nothing refreshes, and checks that an abandoned
+//! lease is gone within one failover of its TTL, whatever the number of leader changes.
 //!
 //! A failing seed is printed; rerun one with `LEASE_MODEL_SEED=<seed>`.
 
@@ -14,18 +19,19 @@ use std::collections::{BTreeMap, VecDeque};
 use leasecore::domain::command::{Command, Response};
 use leasecore::domain::kv::KvState;
 use leasecore::domain::lease::{
-    ClearTicket, LeaseTracker, TrackerConfig, checkpoint_command, clear_command, expire_command,
+    ClearTicket, ClockReading, LeaseTracker, TrackerConfig, checkpoint_command, clear_command,
+    expire_command,
 };
 use leasecore::domain::types::{MonoMillis, Revision};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 const NODES: usize = 3;
-const EXTENSION: u64 = 1000;
+const EXTENSION: u64 = 250;
 const CFG: TrackerConfig = TrackerConfig {
     promote_extension_ms: EXTENSION,
     retry_ms: 2000,
-    checkpoint_interval_ms: 1000,
+    checkpoints: true,
 };
 const TTLS: [u64; 3] = [1500, 3000, 6000];
 const NAMES: [&str; 4] = ["a", "b", "c", "d"];
@@ -64,6 +70,12 @@ struct Model {
     checks: u64,
     /// Deliberately broken: acknowledge refreshes without clearing checkpoints.
     ignore_clears: bool,
+    /// The lease clock's highest stamp and the true time it was applied.
+    clock_seen: (u64, u64),
+    /// Deliberately broken: new leaders read the lease clock this far ahead of what they saw.
+    clock_ahead_ms: u64,
+    /// The worst lateness of an expiry (true time after the last acknowledged send + ttl).
+    worst_lateness: u64,
 }
 
 impl Model {
@@ -85,6 +97,9 @@ impl Model {
             acked: BTreeMap::new(),
             checks: 0,
             ignore_clears: false,
+            clock_seen: (0, 0),
+            clock_ahead_ms: 0,
+            worst_lateness: 0,
         };
         m.elect(0);
         m
@@ -113,7 +128,13 @@ impl Model {
                     "lease {name}@{revision} removed at {} but a refresh sent at {sent} promised {ttl} ms",
                     self.now
                 );
+                if matches!(cmd, Command::ExpireLeases { .. } | Command::Batch { .. }) {
+                    self.worst_lateness = self.worst_lateness.max(self.now - (sent + ttl));
+                }
             }
+        }
+        if self.log.lease_clock_ms() > self.clock_seen.0 {
+            self.clock_seen = (self.log.lease_clock_ms(), self.now);
         }
         if let Some(l) = self.leader {
             let now = self.mono(l);
@@ -178,8 +199,20 @@ impl Model {
         }
         self.now += gap;
         let l = self.rng.random_range(0..NODES);
+        self.promote(l);
+    }
+
+    /// `l` becomes the leader. It applied the latest lease clock stamp when it was made or
+    /// later (never before), and promotes now.
+    fn promote(&mut self, l: usize) {
         let now = self.mono(l);
-        self.trackers[l].promote(now, self.log.lease_facts());
+        let (value, applied) = self.clock_seen;
+        let applied = (applied + self.rng.random_range(0..100)).min(self.now);
+        let reading = ClockReading {
+            value: value + self.clock_ahead_ms,
+            seen_at: MonoMillis(applied + self.offsets[l]),
+        };
+        self.trackers[l].promote(now, reading, self.log.lease_facts());
         self.leader = Some(l);
     }
 
@@ -323,10 +356,14 @@ fn the_checker_catches_an_unsafe_promote() {
         promote_extension_ms: 0,
         ..CFG
     });
-    broken.promote(MonoMillis(0), m.log.lease_facts());
+    let reading = ClockReading {
+        value: 0,
+        seen_at: MonoMillis(0),
+    };
+    broken.promote(MonoMillis(0), reading, m.log.lease_facts());
     m.trackers[other] = broken;
     m.leader = Some(other);
-    let expired = m.trackers[other].expired(MonoMillis(1500), 10);
+    let expired = m.trackers[other].expired(MonoMillis(1501), 10);
     let cmd = expire_command(&expired);
     let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| m.apply(&cmd)));
     assert!(caught.is_err(), "the checker missed an early expiry");
@@ -342,4 +379,64 @@ fn the_checker_catches_refreshes_that_skip_the_checkpoint_clear() {
         std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run_model(m, 600))).is_err()
     });
     assert!(caught, "no seed exposed the missing checkpoint clear");
+}
+
+/// Leaders keep changing (every 300 to 1500 ms of true time, with elections of up to 1 s) and
+/// nothing is refreshed after registration: every lease must be gone within one failover of
+/// its TTL, however many leaders it outlived (without the promote checkpoint and the lease
+/// clock, each leader granted the full TTL again and leases lived for ever under churn).
+#[test]
+fn abandoned_leases_are_bounded_under_leader_churn() {
+    const MAX_GAP: u64 = 1000;
+    let mut worst = 0;
+    let mut leader_changes = 0u64;
+    for seed in 0..500u64 {
+        let mut m = Model::new(seed ^ 0x5eed);
+        for (i, name) in NAMES.iter().enumerate() {
+            let ttl = TTLS[i % TTLS.len()];
+            if let Response::LeaseRegistered { revision } = m.apply(&Command::RegisterLease {
+                name: (*name).into(),
+                ttl_ms: ttl,
+            }) {
+                m.ack(name, revision, m.now, ttl);
+            }
+        }
+        let mut next_election = m.now + m.rng.random_range(300..1500);
+        while !m.log.leases().is_empty() {
+            assert!(
+                m.now < 60_000,
+                "seed {seed}: leases outlived a minute of churn"
+            );
+            m.now += 10;
+            m.deliver();
+            if m.now >= next_election {
+                let gap = m.rng.random_range(0..MAX_GAP);
+                m.elect(gap);
+                leader_changes += 1;
+                next_election = m.now + m.rng.random_range(300..1500);
+            }
+            let l = m.leader.unwrap();
+            m.tick(l);
+        }
+        worst = worst.max(m.worst_lateness);
+    }
+    // Half the TTL (idle before its checkpoint), one leader's life before that checkpoint
+    // commits (80 ms), one election (MAX_GAP), the extension, the drift margin, the node's late
+    // view of the clock (100 ms) and a tick.
+    let bound = TTLS[2] / 2 + 80 + MAX_GAP + EXTENSION + TTLS[2] / 1000 + 100 + 10;
+    assert!(worst <= bound, "worst lateness {worst} ms > {bound} ms");
+    assert!(leader_changes > 500, "only {leader_changes} leader changes");
+    eprintln!("worst lateness under churn: {worst} ms over {leader_changes} leader changes");
+}
+
+/// The checker catches a lease clock that runs ahead of real time: aging a checkpoint by more
+/// than the time that really passed expires leases early.
+#[test]
+fn the_checker_catches_a_lease_clock_that_runs_ahead() {
+    let caught = (0..2000u64).any(|seed| {
+        let mut m = Model::new(seed);
+        m.clock_ahead_ms = 1500;
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run_model(m, 600))).is_err()
+    });
+    assert!(caught, "no seed exposed a lease clock running ahead");
 }

@@ -38,8 +38,16 @@ async fn a_refreshed_lease_lives_and_an_abandoned_one_expires_on_time() {
     let last_send = Instant::now();
     client.refresh("dead", None).await.unwrap();
 
-    // Watch the abandoned key from a follower's applied state, every 10 ms.
+    // Watch the abandoned key from a follower's applied state, every 10 ms, once the follower
+    // has applied its creation (on a loaded machine a follower may lag: a key it has not yet
+    // applied is not a key that was deleted).
     let observer = c.client_of(c.leader().await % 3 + 1);
+    eventually(
+        Duration::from_secs(10),
+        "the follower applies the key",
+        || async { observer.get("dead/k", true).await.unwrap().map(|_| ()) },
+    )
+    .await;
     let gone_at = eventually(
         Duration::from_secs(10),
         "the abandoned key is deleted",
@@ -235,5 +243,90 @@ async fn a_partitioned_old_leader_cannot_acknowledge_a_refresh() {
     )
     .await;
     c.heal();
+    c.shutdown().await;
+}
+
+/// Issue 10, item 4: an isolated leader still believes it leads but does not know leases the
+/// new leader registered. It must never answer "not found" for them: only a leader of the
+/// current term that confirmed it with a quorum may say a lease does not exist.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_isolated_old_leader_never_answers_not_found_for_a_live_lease() {
+    let c = TestCluster::start(3).await;
+    let old = c.leader().await;
+    c.partition(old);
+    let others: Vec<String> = [1u64, 2, 3]
+        .into_iter()
+        .filter(|id| *id != old)
+        .map(|id| c.url(id))
+        .collect();
+    let majority = Client::new(&others).unwrap();
+    eventually(
+        Duration::from_secs(20),
+        "the majority registers a lease",
+        || async { majority.grant("fresh", 60_000).await.ok() },
+    )
+    .await;
+    let direct = Client::with_timeout(&[c.url(old)], Duration::from_secs(15)).unwrap();
+    for _ in 0..3 {
+        let answer = direct.refresh("fresh", None).await;
+        let err = answer.expect_err("an isolated node acknowledged a refresh");
+        assert_ne!(
+            err.code(),
+            Some("lease_not_found"),
+            "an isolated old leader denied a live lease: {err}"
+        );
+        assert_ne!(err.status(), Some(404), "{err}");
+    }
+    // The lease info through the old leader must not claim the lease is unknown either.
+    let info = direct.lease("fresh").await;
+    assert!(
+        !matches!(info, Ok(None)),
+        "an isolated old leader said the lease does not exist"
+    );
+    c.heal();
+    c.shutdown().await;
+}
+
+/// Issue 10, item 6: the number of leases is capped; past the cap a registration (lease or
+/// member) gets 429 `too_many_leases`, and removing one makes room again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn registrations_past_the_lease_cap_get_a_clear_429() {
+    let c = TestCluster::start_tweaked(3, |cfg| cfg.limits.max_leases = 3).await;
+    c.leader().await;
+    let client = c.client();
+    for i in 0..3 {
+        client.grant(&format!("l{i}"), 60_000).await.unwrap();
+    }
+    // Every node refuses once its applied state holds the cap.
+    eventually(
+        Duration::from_secs(10),
+        "every node applies 3 leases",
+        || async {
+            c.nodes
+                .values()
+                .all(|n| n.consensus().view().with_state(|kv| kv.leases().len()) == 3)
+                .then_some(())
+        },
+    )
+    .await;
+    for id in [1u64, 2, 3] {
+        let one = c.client_of(id);
+        let refused = one
+            .grant("extra", 60_000)
+            .await
+            .expect_err("a registration past the cap");
+        assert_eq!(refused.status(), Some(429), "{refused}");
+        assert_eq!(refused.code(), Some("too_many_leases"), "{refused}");
+        let member = one
+            .register_member("m1", "127.0.0.1:1", 60_000, Default::default())
+            .await
+            .expect_err("a member registration past the cap");
+        assert_eq!(member.status(), Some(429), "{member}");
+    }
+    client.revoke("l0").await.unwrap();
+    eventually(Duration::from_secs(10), "room again", || async {
+        client.grant("extra", 60_000).await.ok()
+    })
+    .await;
     c.shutdown().await;
 }

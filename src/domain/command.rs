@@ -43,8 +43,8 @@ pub enum Command {
     /// means, so a late entry never removes a newer lease of the same name; a lease already gone
     /// is skipped.
     ExpireLeases { leases: Vec<LeaseRef> },
-    /// Record (or clear, with `remaining_ms: None`) the remaining time of long leases, so that
-    /// a new leader does not restart their full TTL.
+    /// Record (or clear, with `remaining_ms: None`) the remaining time of leases, so that a
+    /// new leader does not restart their full TTL; each stamp also advances the lease clock.
     CheckpointLeases { checkpoints: Vec<LeaseCheckpoint> },
     /// Several commands in one log entry (group commit), applied in order as if they were
     /// consecutive entries. A batch inside a batch is applied the same way.
@@ -109,6 +109,11 @@ pub struct LeaseCheckpoint {
     pub name: String,
     pub revision: Revision,
     pub remaining_ms: Option<u64>,
+    /// The lease clock when `remaining_ms` was measured (see [`crate::domain::lease`]): a new
+    /// leader ages the checkpoint by how far the clock has moved since. Absent in entries
+    /// written before the lease clock existed (those checkpoints are not aged).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clock_ms: Option<u64>,
 }
 
 /// The applied result of one log entry, returned to whoever proposed it.

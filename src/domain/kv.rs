@@ -55,6 +55,9 @@ pub struct LeaseRecord {
     /// The remaining time last checkpointed by a leader, if in force.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub checkpoint_ms: Option<u64>,
+    /// The lease clock at that checkpoint (`None` for checkpoints older than the clock).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint_clock_ms: Option<u64>,
 }
 
 /// The outcome of applying one command: the client's answer, the watchers' events and the
@@ -88,6 +91,10 @@ pub struct KvState {
     dirty: BTreeSet<String>,
     /// Leases changed since the last [`KvState::take_dirty_leases`].
     dirty_leases: BTreeSet<String>,
+    /// The lease clock: the highest checkpoint stamp applied (see [`crate::domain::lease`]).
+    /// Derived, not stored: rebuilt from the leases' stamps, which may make it lower after a
+    /// restart, and a lower clock only makes a new leader's deadlines later (never earlier).
+    lease_clock_ms: u64,
 }
 
 impl KvState {
@@ -98,13 +105,25 @@ impl KvState {
 
     /// Rebuild a state from a snapshot (or from the persisted keys).
     pub fn from_snapshot(snapshot: KvSnapshot) -> Self {
+        let lease_clock_ms = snapshot
+            .leases
+            .values()
+            .filter_map(|l| l.checkpoint_clock_ms)
+            .max()
+            .unwrap_or(0);
         KvState {
             revision: snapshot.revision,
             keys: snapshot.keys,
             leases: snapshot.leases,
             dirty: BTreeSet::new(),
             dirty_leases: BTreeSet::new(),
+            lease_clock_ms,
         }
+    }
+
+    /// The lease clock: the highest checkpoint stamp applied.
+    pub fn lease_clock_ms(&self) -> u64 {
+        self.lease_clock_ms
     }
 
     /// The store revision.
@@ -159,6 +178,7 @@ impl KvState {
                 revision: l.revision,
                 ttl_ms: l.ttl_ms,
                 checkpoint_ms: l.checkpoint_ms,
+                checkpoint_clock_ms: l.checkpoint_clock_ms,
             })
             .collect()
     }
@@ -255,6 +275,7 @@ impl KvState {
                 revision,
                 keys: BTreeSet::new(),
                 checkpoint_ms: None,
+                checkpoint_clock_ms: None,
             },
         );
         self.dirty_leases.insert(name.to_string());
@@ -315,7 +336,12 @@ impl KvState {
                 && l.revision == c.revision
             {
                 l.checkpoint_ms = c.remaining_ms;
+                l.checkpoint_clock_ms = c.remaining_ms.and(c.clock_ms);
                 self.dirty_leases.insert(c.name.clone());
+            }
+            // A stamp advances the clock even when its lease is gone meanwhile.
+            if let Some(clock) = c.clock_ms {
+                self.lease_clock_ms = self.lease_clock_ms.max(clock);
             }
         }
         Applied {
@@ -962,6 +988,7 @@ mod tests {
                 name: "l".into(),
                 revision: Revision(1),
                 remaining_ms: remaining,
+                clock_ms: None,
             }],
         };
         kv.apply(&cp(Some(400)));
@@ -976,6 +1003,7 @@ mod tests {
                 name: "l".into(),
                 revision: Revision(9),
                 remaining_ms: Some(1),
+                clock_ms: None,
             }],
         });
         assert_eq!(kv.lease("l").unwrap().checkpoint_ms, None);

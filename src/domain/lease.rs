@@ -7,12 +7,13 @@
 //!
 //! - **Promote.** A node starts tracking only once it is leader *and* has applied every entry up
 //!   to the first entry of its own term (so it knows every lease the old leader knew). Each lease
-//!   then gets `now + ttl + extension` (`extension` = the election timeout). Why this is safe: the
-//!   old leader acknowledged a refresh only after a quorum confirmed its leadership in a round
-//!   that started after the refresh arrived, and this node could only be elected after that
-//!   quorum moved on. So `now` here is later than any acknowledged refresh, and the lease lives
-//!   at least as long as any client was told. It may live longer across a failover, never
-//!   shorter.
+//!   then gets `now + ttl + extension`. Why this is safe: the old leader acknowledged a refresh
+//!   only after a quorum confirmed its leadership in a round that started after the refresh
+//!   arrived, and this node could only be elected after that quorum moved on. So `now` here is
+//!   later than any acknowledged refresh, and the lease lives at least as long as any client was
+//!   told. It may live longer across a failover, never shorter. The extension is a margin, not
+//!   part of the argument: a tenth of the election timeout, plus 0.1% of the time granted for
+//!   monotonic clocks that run at slightly different rates on different nodes.
 //! - **Demote.** The moment a node is no longer leader, it forgets every deadline.
 //! - **Refresh** moves the deadline to `now + ttl`. It is refused (`NotFound`, a 404) once the
 //!   tracker has decided the lease expires, even before the `ExpireLeases` entry applies: a lease
@@ -23,11 +24,37 @@
 //!   Each carries its registration revision, so an `ExpireLeases` entry that applies late can
 //!   never remove a newer lease of the same name.
 //!
-//! # Checkpoints: long leases do not restart their full TTL at every failover
-//! Promote gives `ttl + extension`, so under frequent elections an hour-long lease could live
-//! for ever (the etcd complaint). For leases whose TTL exceeds the checkpoint interval, the
-//! leader periodically records the remaining time through Raft; a new leader then promotes with
-//! `remaining + extension` instead of `ttl + extension`.
+//! # Checkpoints: no lease restarts its full TTL at every failover
+//! Promote gives `ttl + extension`, so under back-to-back elections an abandoned lease could live
+//! for ever: every new leader granted the full TTL again (the etcd complaint). So:
+//! - **at promote**, the new leader checkpoints every lease that has no checkpoint in force
+//!   (`remaining = ttl + extension`, the deadline it just gave), so the *next* leader does not
+//!   start from the full TTL again;
+//! - **when idle**: a lease not refreshed for half its TTL is checkpointed once. A client that
+//!   refreshes at a third of the TTL (as [`crate::client::keeper`] does) never is, so healthy
+//!   refreshes still write nothing to the log; an abandoned lease costs one checkpoint entry
+//!   (batched with others) besides its expiry;
+//! - a new leader promotes a checkpointed lease with the checkpoint's remaining time **aged by
+//!   the lease clock** (below) and no new extension (the checkpoint holds the one its leader
+//!   granted); a checkpoint never needs rewriting.
+//!
+//! So an abandoned lease outlives its TTL by at most half its TTL plus one failover plus the
+//! extension, whatever the number of leader changes after it (before: every leader granted
+//! the full TTL again).
+//!
+//! # The lease clock: aging a checkpoint without trusting anyone's clock
+//! Every checkpoint is stamped with the leader's reading of the *lease clock*, and the
+//! replicated state keeps the highest stamp applied ([`ClockReading`] on each node: that value
+//! and the local monotonic time at which this node applied it). A leader's lease clock starts at
+//! promote from its own reading, `value + (now - seen_at)`, and runs on its monotonic clock.
+//! Invariant: a stamp never exceeds an earlier stamp plus the real time elapsed between them.
+//! It holds by induction: a stamp is applied after it was made, so `now - seen_at` is at most
+//! the real time since the stamp, and each leader adds only time its own clock measured. A new
+//! leader ages a checkpoint `(stamp, remaining)` to `remaining - (clock_now - stamp)`: it
+//! subtracts at most the real time that passed since the checkpoint, so the deadline stays
+//! after the old leader's deadline. A node that restarts rebuilds the value from the leases
+//! still present (possibly lower) and `seen_at` from its start: both only make it later.
+//! No wall clock is involved, and no clock is ever compared across nodes.
 //!
 //! A checkpoint must never shorten a lease below what a client was told. A checkpoint written
 //! at `t_c` says "at most `r` left", which is false as soon as a refresh is acknowledged after
@@ -64,8 +91,9 @@ pub struct TrackerConfig {
     pub promote_extension_ms: u64,
     /// How long before an expiring lease is returned again by [`LeaseTracker::expired`].
     pub retry_ms: u64,
-    /// Leases with a TTL above this are checkpointed this often; 0 disables checkpoints.
-    pub checkpoint_interval_ms: u64,
+    /// Checkpoint leases at promote and when idle (see the module docs); `false` disables
+    /// checkpoints (tests of the protocol without them).
+    pub checkpoints: bool,
 }
 
 /// A lease as the replicated state knows it: what promote needs.
@@ -76,6 +104,35 @@ pub struct LeaseFacts {
     pub ttl_ms: u64,
     /// The checkpointed remaining time, if a checkpoint is in force.
     pub checkpoint_ms: Option<u64>,
+    /// The lease clock when it was checkpointed (`None`: an old, unaged checkpoint).
+    pub checkpoint_clock_ms: Option<u64>,
+}
+
+/// This node's reading of the replicated lease clock (see the module docs): the highest stamp
+/// applied, and the local monotonic time at which it was applied (or at which this node started,
+/// whichever is later).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ClockReading {
+    pub value: u64,
+    pub seen_at: MonoMillis,
+}
+
+impl ClockReading {
+    /// The lease clock at `now`, as far as this node can vouch: never ahead of real time.
+    pub fn at(&self, now: MonoMillis) -> u64 {
+        self.value.saturating_add(self.seen_at.until(now))
+    }
+}
+
+/// When a lease refreshed (or granted) at `at` counts as idle: after half its TTL, later than
+/// a healthy client's next refresh (at a third).
+fn idle_after(at: MonoMillis, ttl_ms: u64) -> MonoMillis {
+    at.plus(ttl_ms / 2)
+}
+
+/// Margin for monotonic clocks that run at different rates: 0.1% of the time granted.
+fn drift_margin(ms: u64) -> u64 {
+    ms / 1000
 }
 
 /// Why a refresh was refused.
@@ -122,6 +179,8 @@ pub struct Checkpoint {
     pub name: String,
     pub revision: Revision,
     pub remaining_ms: u64,
+    /// The lease clock when `remaining_ms` was measured.
+    pub clock_ms: u64,
 }
 
 #[derive(Clone, Debug)]
@@ -137,7 +196,7 @@ struct Tracked {
     /// Checkpoint decisions so far, and the highest one a committed clear superseded.
     checkpoint_seq: u64,
     cleared_seq: u64,
-    /// When the next checkpoint is due (long leases only).
+    /// When the lease counts as idle and is checkpointed, unless refreshed before.
     next_checkpoint: Option<MonoMillis>,
 }
 
@@ -152,6 +211,8 @@ pub struct LeaseTracker {
     queue: BTreeSet<(MonoMillis, String)>,
     /// Checkpoint queue: (due time, name).
     checkpoints: BTreeSet<(MonoMillis, String)>,
+    /// The lease clock since promote: (its value at promote, the local time of promote).
+    clock: ClockReading,
 }
 
 impl LeaseTracker {
@@ -163,6 +224,10 @@ impl LeaseTracker {
             leases: BTreeMap::new(),
             queue: BTreeSet::new(),
             checkpoints: BTreeSet::new(),
+            clock: ClockReading {
+                value: 0,
+                seen_at: MonoMillis(0),
+            },
         }
     }
 
@@ -183,23 +248,78 @@ impl LeaseTracker {
         self.leases.is_empty()
     }
 
-    /// Start tracking every lease of the replicated state (see the module docs).
-    pub fn promote(&mut self, now: MonoMillis, leases: impl IntoIterator<Item = LeaseFacts>) {
+    /// Start tracking every lease of the replicated state (see the module docs). `clock` is
+    /// this node's reading of the lease clock.
+    pub fn promote(
+        &mut self,
+        now: MonoMillis,
+        clock: ClockReading,
+        leases: impl IntoIterator<Item = LeaseFacts>,
+    ) {
         self.demote();
         self.primary = true;
+        self.clock = ClockReading {
+            value: clock.at(now),
+            seen_at: now,
+        };
         for facts in leases {
-            let base = facts.checkpoint_ms.unwrap_or(facts.ttl_ms);
-            let deadline = now.plus(base).plus(self.cfg.promote_extension_ms);
+            // The extension is granted once, on top of a TTL counted from this promote; a
+            // checkpoint already carries the extension its leader granted, and adding it again
+            // at every promote would let leaders that change faster than it keep a lease alive
+            // for ever.
+            let (base, extension) = match (facts.checkpoint_ms, facts.checkpoint_clock_ms) {
+                (Some(remaining), Some(stamp)) => (
+                    remaining.saturating_sub(self.clock.value.saturating_sub(stamp)),
+                    0,
+                ),
+                // A checkpoint from before the lease clock cannot be aged.
+                (Some(remaining), None) => (remaining, self.cfg.promote_extension_ms),
+                (None, _) => (facts.ttl_ms, self.cfg.promote_extension_ms),
+            };
+            let deadline = now.plus(base).plus(drift_margin(base)).plus(extension);
+            let checkpointed = facts.checkpoint_ms.is_some();
             // A checkpoint in force must be cleared by the next refresh.
-            let seq = u64::from(facts.checkpoint_ms.is_some());
             self.insert(
                 &facts.name,
                 facts.revision,
                 facts.ttl_ms,
                 deadline,
                 now,
-                seq,
+                u64::from(checkpointed),
             );
+            if !self.cfg.checkpoints {
+                continue;
+            }
+            if checkpointed {
+                // Aging keeps a checkpoint in force exact: nothing to record until a refresh.
+                self.unschedule_checkpoint(&facts.name);
+            } else {
+                // Record this deadline at once, so the next leader ages it rather than
+                // granting the full TTL again.
+                self.schedule_checkpoint(&facts.name, now);
+            }
+        }
+    }
+
+    /// The lease clock at `now` (meaningful while primary).
+    pub fn clock_at(&self, now: MonoMillis) -> u64 {
+        self.clock.at(now)
+    }
+
+    fn schedule_checkpoint(&mut self, name: &str, due: MonoMillis) {
+        if let Some(t) = self.leases.get_mut(name) {
+            if let Some(old) = t.next_checkpoint.replace(due) {
+                self.checkpoints.remove(&(old, name.to_string()));
+            }
+            self.checkpoints.insert((due, name.to_string()));
+        }
+    }
+
+    fn unschedule_checkpoint(&mut self, name: &str) {
+        if let Some(t) = self.leases.get_mut(name)
+            && let Some(old) = t.next_checkpoint.take()
+        {
+            self.checkpoints.remove(&(old, name.to_string()));
         }
     }
 
@@ -221,8 +341,8 @@ impl LeaseTracker {
         checkpoint_seq: u64,
     ) {
         self.forget(name);
-        let next_checkpoint = self.checkpointed(ttl_ms).then(|| {
-            let due = now.plus(self.cfg.checkpoint_interval_ms);
+        let next_checkpoint = self.cfg.checkpoints.then(|| {
+            let due = idle_after(now, ttl_ms);
             self.checkpoints.insert((due, name.to_string()));
             due
         });
@@ -240,10 +360,6 @@ impl LeaseTracker {
                 next_checkpoint,
             },
         );
-    }
-
-    fn checkpointed(&self, ttl_ms: u64) -> bool {
-        self.cfg.checkpoint_interval_ms > 0 && ttl_ms > self.cfg.checkpoint_interval_ms
     }
 
     fn forget(&mut self, name: &str) {
@@ -298,8 +414,12 @@ impl LeaseTracker {
             }),
         };
         let new_queue = t.queued_at;
+        let ttl_ms = t.ttl_ms;
         self.queue.remove(&(old_queue, name.to_string()));
         self.queue.insert((new_queue, name.to_string()));
+        if self.cfg.checkpoints {
+            self.schedule_checkpoint(name, idle_after(now, ttl_ms));
+        }
         Ok(refreshed)
     }
 
@@ -342,8 +462,8 @@ impl LeaseTracker {
         out
     }
 
-    /// Checkpoints due at `now` (long leases only), at most `limit`; each is rescheduled one
-    /// interval later. Expiring leases are not checkpointed.
+    /// Checkpoints due at `now` (promote checkpoints and idle leases), at most `limit`.
+    /// Expiring leases are not checkpointed.
     pub fn checkpoints_due(&mut self, now: MonoMillis, limit: usize) -> Vec<Checkpoint> {
         let mut out = Vec::new();
         if !self.primary {
@@ -357,12 +477,12 @@ impl LeaseTracker {
                 break;
             }
             self.checkpoints.pop_first();
+            let clock_ms = self.clock.at(now);
             let Some(t) = self.leases.get_mut(&name) else {
                 continue;
             };
-            let next = now.plus(self.cfg.checkpoint_interval_ms);
-            t.next_checkpoint = Some(next);
-            self.checkpoints.insert((next, name.clone()));
+            // Once: the clock ages it from now on; the next refresh schedules the next one.
+            t.next_checkpoint = None;
             if t.expiring {
                 continue;
             }
@@ -371,6 +491,7 @@ impl LeaseTracker {
                 name,
                 revision: t.revision,
                 remaining_ms: now.until(t.deadline),
+                clock_ms,
             });
         }
         out
@@ -415,6 +536,7 @@ pub fn checkpoint_command(due: Vec<Checkpoint>) -> Command {
                 name: c.name,
                 revision: c.revision,
                 remaining_ms: Some(c.remaining_ms),
+                clock_ms: Some(c.clock_ms),
             })
             .collect(),
     }
@@ -427,6 +549,7 @@ pub fn clear_command(ticket: &ClearTicket) -> Command {
             name: ticket.name.clone(),
             revision: ticket.revision,
             remaining_ms: None,
+            clock_ms: None,
         }],
     }
 }
@@ -438,7 +561,7 @@ mod tests {
     const CFG: TrackerConfig = TrackerConfig {
         promote_extension_ms: 1000,
         retry_ms: 500,
-        checkpoint_interval_ms: 0,
+        checkpoints: false,
     };
 
     fn facts(name: &str, ttl: u64) -> LeaseFacts {
@@ -447,6 +570,15 @@ mod tests {
             revision: Revision(1),
             ttl_ms: ttl,
             checkpoint_ms: None,
+            checkpoint_clock_ms: None,
+        }
+    }
+
+    /// A lease clock reading of `value` applied at local time `seen_at`.
+    fn clock(value: u64, seen_at: u64) -> ClockReading {
+        ClockReading {
+            value,
+            seen_at: MonoMillis(seen_at),
         }
     }
 
@@ -456,7 +588,7 @@ mod tests {
 
     fn primary() -> LeaseTracker {
         let mut t = LeaseTracker::new(CFG);
-        t.promote(MonoMillis(0), []);
+        t.promote(MonoMillis(0), clock(0, 0), []);
         t
     }
 
@@ -477,14 +609,25 @@ mod tests {
 
     #[test]
     fn promote_gives_ttl_plus_extension_then_retries_until_removed() {
-        let mut t = LeaseTracker::new(CFG);
-        t.promote(MonoMillis(0), [facts("a", 3000)]);
-        assert_eq!(t.next_wakeup(), Some(MonoMillis(4000)));
-        assert!(t.expired(MonoMillis(3999), 10).is_empty());
-        assert_eq!(names(t.expired(MonoMillis(4000), 10)), ["a"]);
+        let mut t = LeaseTracker::new(TrackerConfig {
+            checkpoints: true,
+            ..CFG
+        });
+        t.promote(MonoMillis(0), clock(0, 0), [facts("a", 3000)]);
+        // The deadline is recorded at once (ttl + 0.1% drift margin + extension)...
+        assert_eq!(t.next_wakeup(), Some(MonoMillis(0)));
+        let due = t.checkpoints_due(MonoMillis(0), 10);
+        assert_eq!(
+            (due.len(), due[0].remaining_ms, due[0].clock_ms),
+            (1, 4003, 0)
+        );
+        // ... once: aging keeps it exact, until a refresh.
+        assert_eq!(t.next_wakeup(), Some(MonoMillis(4003)));
+        assert!(t.expired(MonoMillis(4002), 10).is_empty());
+        assert_eq!(names(t.expired(MonoMillis(4003), 10)), ["a"]);
         // Re-armed for a retry, not before.
-        assert!(t.expired(MonoMillis(4499), 10).is_empty());
-        assert_eq!(names(t.expired(MonoMillis(4500), 10)), ["a"]);
+        assert!(t.expired(MonoMillis(4502), 10).is_empty());
+        assert_eq!(names(t.expired(MonoMillis(4503), 10)), ["a"]);
         t.on_removed("a");
         assert!(t.expired(MonoMillis(99_999), 10).is_empty());
         assert_eq!(t.next_wakeup(), None);
@@ -568,59 +711,160 @@ mod tests {
     #[test]
     fn checkpoints_bound_promote_and_a_refresh_must_clear_them() {
         let cfg = TrackerConfig {
-            checkpoint_interval_ms: 1000,
+            checkpoints: true,
             ..CFG
         };
         let mut t = LeaseTracker::new(cfg);
-        t.promote(MonoMillis(0), []);
+        t.promote(MonoMillis(0), clock(0, 0), []);
         t.on_registered("long", Revision(3), 10_000, MonoMillis(0));
-        t.on_registered("short", Revision(4), 1_000, MonoMillis(0));
-        assert_eq!(t.next_wakeup(), Some(MonoMillis(1000)));
-        let due = t.checkpoints_due(MonoMillis(1000), 10);
+        t.on_registered("short", Revision(4), 3_000, MonoMillis(0));
+        assert_eq!(t.next_wakeup(), Some(MonoMillis(1500)));
+        // A healthy client (refreshing at a third of the TTL) is never idle: no checkpoint, no
+        // log write.
+        for at in [1000, 2000, 3000, 4000, 4900] {
+            assert_eq!(t.refresh("short", MonoMillis(at)).unwrap().clear, None);
+            assert!(t.checkpoints_due(MonoMillis(at), 10).is_empty());
+        }
+        // An idle one (half its TTL without refresh) is checkpointed once.
+        let due = t.checkpoints_due(MonoMillis(5000), 10);
         assert_eq!(
             due,
             vec![Checkpoint {
                 name: "long".into(),
                 revision: Revision(3),
-                remaining_ms: 9000
+                remaining_ms: 5000,
+                clock_ms: 5000,
             }]
         );
+        assert!(t.checkpoints_due(MonoMillis(5400), 10).is_empty());
         // A refresh after that decision carries a ticket; until it is cleared, every refresh does.
-        let r = t.refresh("long", MonoMillis(1500)).unwrap();
+        let r = t.refresh("long", MonoMillis(5500)).unwrap();
         let ticket = r.clear.expect("must clear the checkpoint");
         assert_eq!(ticket.seq, 1);
-        assert!(t.refresh("long", MonoMillis(1600)).unwrap().clear.is_some());
+        assert!(t.refresh("long", MonoMillis(5600)).unwrap().clear.is_some());
         // A checkpoint decided after the ticket is not cleared by it.
-        t.checkpoints_due(MonoMillis(2000), 10);
+        let due = t.checkpoints_due(MonoMillis(10_600), 10);
+        assert!(due.iter().any(|c| c.name == "long"), "{due:?}");
         t.on_cleared(&ticket);
         assert_eq!(
-            t.refresh("long", MonoMillis(2100))
+            t.refresh("long", MonoMillis(10_700))
                 .unwrap()
                 .clear
                 .map(|c| c.seq),
             Some(2)
         );
         t.on_cleared(&ClearTicket { seq: 2, ..ticket });
-        assert_eq!(t.refresh("long", MonoMillis(2200)).unwrap().clear, None);
+        assert_eq!(t.refresh("long", MonoMillis(10_800)).unwrap().clear, None);
 
         // A new leader promotes a checkpointed lease with remaining + extension, and the first
         // refresh after promote must clear the checkpoint.
         let mut next = LeaseTracker::new(cfg);
         next.promote(
             MonoMillis(50_000),
+            clock(0, 50_000),
             [LeaseFacts {
                 name: "long".into(),
                 revision: Revision(3),
                 ttl_ms: 10_000,
                 checkpoint_ms: Some(4_000),
+                checkpoint_clock_ms: None,
             }],
         );
-        assert_eq!(next.remaining("long", MonoMillis(50_000)), Some(5_000));
+        assert_eq!(next.remaining("long", MonoMillis(50_000)), Some(5_004));
         assert!(
             next.refresh("long", MonoMillis(50_001))
                 .unwrap()
                 .clear
                 .is_some()
+        );
+    }
+
+    #[test]
+    fn a_new_leader_ages_a_checkpoint_by_the_lease_clock() {
+        let cfg = TrackerConfig {
+            checkpoints: true,
+            ..CFG
+        };
+        // Stamped at clock 10_000 with 3_000 left. This node applied clock 12_000 at its local
+        // 500 and promotes at its local 1_000: the clock reads 12_500, so 500 ms are left.
+        let mut t = LeaseTracker::new(cfg);
+        t.promote(
+            MonoMillis(1_000),
+            clock(12_000, 500),
+            [LeaseFacts {
+                checkpoint_ms: Some(3_000),
+                checkpoint_clock_ms: Some(10_000),
+                ..facts("a", 5_000)
+            }],
+        );
+        assert_eq!(t.remaining("a", MonoMillis(1_000)), Some(500));
+        assert_eq!(t.clock_at(MonoMillis(1_600)), 13_100);
+        // A checkpoint in force is not re-recorded at promote (aging keeps it exact).
+        assert!(t.checkpoints_due(MonoMillis(1_000), 10).is_empty());
+        // Fully aged: nothing left (and no underflow).
+        let mut t = LeaseTracker::new(cfg);
+        t.promote(
+            MonoMillis(0),
+            clock(99_000, 0),
+            [LeaseFacts {
+                checkpoint_ms: Some(3_000),
+                checkpoint_clock_ms: Some(10_000),
+                ..facts("a", 5_000)
+            }],
+        );
+        assert_eq!(t.remaining("a", MonoMillis(0)), Some(0));
+    }
+
+    #[test]
+    fn back_to_back_failovers_do_not_extend_an_abandoned_lease() {
+        // Leaders change every 900 ms of true time, each promoting 300 ms after the previous
+        // one applied its checkpoints. The lease is never refreshed: without the promote
+        // checkpoint and the clock, each leader would grant the full TTL again.
+        let cfg = TrackerConfig {
+            checkpoints: true,
+            ..CFG
+        };
+        let mut log = crate::domain::kv::KvState::new();
+        log.apply(&Command::RegisterLease {
+            name: "a".into(),
+            ttl_ms: 3_000,
+        });
+        let mut now = 0u64; // true time; every node's monotonic clock reads it + its offset
+        let mut seen = clock(0, 0);
+        let mut gone_at = None;
+        for round in 0..20u64 {
+            let offset = round * 7_777;
+            let local = |t: u64| MonoMillis(t + offset);
+            let mut t = LeaseTracker::new(cfg);
+            // This node saw the latest stamp when it was applied (true time seen.seen_at).
+            let reading = clock(seen.value, seen.seen_at.0 + offset);
+            t.promote(local(now), reading, log.lease_facts());
+            let due = t.checkpoints_due(local(now), 10);
+            if !due.is_empty() {
+                log.apply(&checkpoint_command(due));
+                seen = clock(log.lease_clock_ms(), now);
+            }
+            let end = now + 900;
+            while now < end {
+                now += 10;
+                let expired = t.expired(local(now), 10);
+                if !expired.is_empty() {
+                    log.apply(&expire_command(&expired));
+                    gone_at.get_or_insert(now);
+                }
+            }
+            if gone_at.is_some() {
+                break;
+            }
+            now += 300; // the election
+        }
+        let gone_at = gone_at.expect("the abandoned lease was never expired");
+        // Abandoned at 0 with ttl 3 s: one extension, one drift margin and the elections it
+        // could not see are all it may add.
+        assert!(gone_at >= 3_000, "expired early, at {gone_at}");
+        assert!(
+            gone_at <= 3_000 + 1_000 + 3 + 300 + 20,
+            "expired at {gone_at}"
         );
     }
 }

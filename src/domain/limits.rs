@@ -13,16 +13,24 @@ pub const DEFAULT_MAX_VALUE_BYTES: usize = 1 << 20;
 /// The largest lease name, in bytes.
 pub const MAX_LEASE_NAME_BYTES: usize = 1024;
 
+/// The default largest number of leases (members included): about 0.5 GB of state and tracker
+/// on each node, and an expiry of all of them at once still paced within an election timeout
+/// per batch.
+pub const DEFAULT_MAX_LEASES: usize = 200_000;
+
 /// Size limits in force on this node.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Limits {
     pub max_value_bytes: usize,
+    /// Registrations are refused once the state holds this many leases.
+    pub max_leases: usize,
 }
 
 impl Default for Limits {
     fn default() -> Self {
         Limits {
             max_value_bytes: DEFAULT_MAX_VALUE_BYTES,
+            max_leases: DEFAULT_MAX_LEASES,
         }
     }
 }
@@ -36,9 +44,26 @@ pub enum InvalidInput {
     /// Input over a size limit.
     #[error("{0}")]
     TooLarge(String),
+    /// The cluster holds as many leases as it may: retry after some were removed.
+    #[error("{0}")]
+    TooManyLeases(String),
 }
 
 impl Limits {
+    /// One more lease fits beside `current` ones. Checked at the edge against the node's view
+    /// of the state, so concurrent registrations may pass it by a few: the limit protects the
+    /// cluster from runaway clients, it is not an exact quota.
+    pub fn check_lease_count(&self, current: usize) -> Result<(), InvalidInput> {
+        if current >= self.max_leases {
+            return Err(InvalidInput::TooManyLeases(format!(
+                "the cluster holds {current} leases; the limit is {} (--max-leases): revoke \
+                 unused leases, or raise the limit",
+                self.max_leases
+            )));
+        }
+        Ok(())
+    }
+
     /// A key is a non-empty UTF-8 string of at most [`MAX_KEY_BYTES`] bytes.
     pub fn check_key(&self, key: &str) -> Result<(), InvalidInput> {
         if key.is_empty() {
@@ -108,12 +133,28 @@ mod tests {
 
     #[test]
     fn values_at_and_over_the_limit() {
-        let l = Limits { max_value_bytes: 4 };
+        let l = Limits {
+            max_value_bytes: 4,
+            ..Limits::default()
+        };
         assert!(l.check_value("").is_ok());
         assert!(l.check_value("abcd").is_ok());
         assert!(matches!(
             l.check_value("abcde"),
             Err(InvalidInput::TooLarge(_))
+        ));
+    }
+
+    #[test]
+    fn lease_count_at_and_over_the_limit() {
+        let l = Limits {
+            max_leases: 2,
+            ..Limits::default()
+        };
+        assert!(l.check_lease_count(1).is_ok());
+        assert!(matches!(
+            l.check_lease_count(2),
+            Err(InvalidInput::TooManyLeases(_))
         ));
     }
 }

@@ -57,6 +57,9 @@ impl From<InvalidInput> for ApiError {
         match e {
             InvalidInput::Invalid(m) => ApiError::invalid(m),
             InvalidInput::TooLarge(m) => ApiError::too_large(m),
+            InvalidInput::TooManyLeases(m) => {
+                ApiError::new(StatusCode::TOO_MANY_REQUESTS, "too_many_leases", m)
+            }
         }
     }
 }

@@ -32,6 +32,8 @@ pub async fn register(
 ) -> Result<(StatusCode, Json<LeaseGranted>), ApiError> {
     state.limits.check_lease_name(&req.name)?;
     state.leases.hub().config().check_ttl(req.ttl_ms)?;
+    let leases = state.consensus.view().with_state(|kv| kv.leases().len());
+    state.limits.check_lease_count(leases)?;
     let cmd = Command::RegisterLease {
         name: req.name.clone(),
         ttl_ms: req.ttl_ms,

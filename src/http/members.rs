@@ -29,6 +29,8 @@ pub async fn register(
 ) -> Result<(StatusCode, Json<MemberRegistered>), ApiError> {
     check_member_id(&req.id)?;
     state.leases.hub().config().check_ttl(req.ttl_ms)?;
+    let leases = state.consensus.view().with_state(|kv| kv.leases().len());
+    state.limits.check_lease_count(leases)?;
     if req.address.is_empty() || req.address.len() > 1024 {
         return Err(ApiError::invalid("address must be 1 to 1024 bytes"));
     }

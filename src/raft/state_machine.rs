@@ -62,6 +62,8 @@ pub struct AppliedBatch {
     /// A snapshot replaced the whole state: what happened between the previous mark and this
     /// one is unknown (no events describe it).
     pub reset: bool,
+    /// The lease clock after this batch (the lease tracker notes when it advances).
+    pub lease_clock_ms: u64,
 }
 
 /// Receives every applied batch, in order, before the proposers are answered (the lease tracker,
@@ -273,8 +275,14 @@ impl StateMachine {
         lease_changes: Vec<LeaseChange>,
         reset: bool,
     ) {
+        let lease_clock_ms = self
+            .kv
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .lease_clock_ms();
         let batch = AppliedBatch {
             reset,
+            lease_clock_ms,
             mark: AppliedMark {
                 log_index: self.last_applied.map(|l| l.index).unwrap_or(0),
                 term: self.last_applied.map(|l| l.leader_id.term).unwrap_or(0),

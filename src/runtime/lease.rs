@@ -29,8 +29,8 @@ use tokio_util::task::TaskTracker;
 use crate::clock::Clock;
 use crate::domain::command::{Cause, LeaseChange, Response};
 use crate::domain::lease::{
-    LeaseTracker, RefreshError, TrackerConfig, checkpoint_command, clear_command, expire_command,
-    should_track,
+    ClockReading, LeaseTracker, RefreshError, TrackerConfig, checkpoint_command, clear_command,
+    expire_command, should_track,
 };
 use crate::domain::limits::InvalidInput;
 use crate::metrics::Histogram;
@@ -44,8 +44,11 @@ pub const MAX_TTL_MS: u64 = 7 * 24 * 3600 * 1000;
 pub const DEFAULT_MIN_TTL_MS: u64 = 1000;
 /// Leases per `ExpireLeases` or `CheckpointLeases` entry.
 pub const BATCH: usize = 1000;
-/// Long leases are checkpointed this often (those with a longer TTL).
-pub const DEFAULT_CHECKPOINT_INTERVAL_MS: u64 = 60_000;
+/// Expiry and checkpoint entries proposed but not yet applied, at most. A mass expiry (100,000
+/// leases at once) is paced through the log a few batches at a time instead of being queued
+/// whole: heartbeats and client writes keep their place, and no follower receives one
+/// enormous burst to apply.
+pub const MAX_IN_FLIGHT: usize = 2;
 
 /// Lease settings of a node.
 #[derive(Clone, Copy, Debug)]
@@ -64,9 +67,10 @@ impl LeaseConfig {
             min_ttl_ms: min_ttl_ms.max(election_max_ms.saturating_mul(3) / 2),
             max_ttl_ms: MAX_TTL_MS,
             tracker: TrackerConfig {
-                promote_extension_ms: election_max_ms,
+                // A margin only (the promote argument needs none): see domain::lease.
+                promote_extension_ms: election_max_ms / 10,
                 retry_ms: election_max_ms.saturating_mul(2),
-                checkpoint_interval_ms: DEFAULT_CHECKPOINT_INTERVAL_MS,
+                checkpoints: true,
             },
         }
     }
@@ -119,9 +123,11 @@ pub struct LeaseMetrics {
 
 /// The tracker and what feeds it; the apply-path observer.
 pub struct LeaseHub {
-    clock: Arc<dyn Clock>,
+    time: Arc<dyn Clock>,
     cfg: LeaseConfig,
     tracker: Mutex<LeaseTracker>,
+    /// When this node saw the lease clock advance (`None`: not since it started).
+    clock: Mutex<Option<ClockReading>>,
     /// Woken when something may have moved the next wake-up earlier.
     wake: Notify,
     pub metrics: LeaseMetrics,
@@ -130,9 +136,10 @@ pub struct LeaseHub {
 impl LeaseHub {
     pub fn new(clock: Arc<dyn Clock>, cfg: LeaseConfig) -> Self {
         LeaseHub {
-            clock,
+            time: clock,
             cfg,
             tracker: Mutex::new(LeaseTracker::new(cfg.tracker)),
+            clock: Mutex::new(None),
             wake: Notify::new(),
             metrics: LeaseMetrics::default(),
         }
@@ -150,14 +157,40 @@ impl LeaseHub {
     pub fn tracked(&self) -> usize {
         self.tracker().len()
     }
+
+    /// This node's reading of the lease clock, given the state's current value: when it saw
+    /// that value applied, or now if it has not seen it advance since it started (later is
+    /// always safe, see domain::lease).
+    fn clock_reading(&self, value: u64, now: crate::domain::types::MonoMillis) -> ClockReading {
+        match *self.clock.lock().unwrap_or_else(|p| p.into_inner()) {
+            Some(seen) if seen.value == value => seen,
+            _ => ClockReading {
+                value,
+                seen_at: now,
+            },
+        }
+    }
 }
 
 impl ApplyObserver for LeaseHub {
     fn on_applied(&self, batch: &AppliedBatch) {
+        {
+            let mut seen = self.clock.lock().unwrap_or_else(|p| p.into_inner());
+            let advanced = match *seen {
+                Some(s) => batch.lease_clock_ms > s.value || batch.reset,
+                None => true,
+            };
+            if advanced {
+                *seen = Some(ClockReading {
+                    value: batch.lease_clock_ms,
+                    seen_at: self.time.mono(),
+                });
+            }
+        }
         if batch.lease_changes.is_empty() {
             return;
         }
-        let now = self.clock.mono();
+        let now = self.time.mono();
         let m = &self.metrics;
         {
             let mut t = self.tracker();
@@ -187,6 +220,19 @@ impl ApplyObserver for LeaseHub {
     }
 }
 
+/// A proposal slot: freed (and the driver woken) when the proposal's task ends.
+struct ProposalSlot {
+    in_flight: Arc<std::sync::atomic::AtomicUsize>,
+    hub: Arc<LeaseHub>,
+}
+
+impl Drop for ProposalSlot {
+    fn drop(&mut self) {
+        self.in_flight.fetch_sub(1, Ordering::AcqRel);
+        self.hub.wake.notify_one();
+    }
+}
+
 /// Lease calls and the driver loop.
 pub struct LeaseService {
     hub: Arc<LeaseHub>,
@@ -194,6 +240,8 @@ pub struct LeaseService {
     tasks: TaskTracker,
     /// The term this node tracks leases in; 0 when it does not.
     tracking: watch::Sender<u64>,
+    /// Expiry and checkpoint proposals not yet applied (see [`MAX_IN_FLIGHT`]).
+    in_flight: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl LeaseService {
@@ -203,6 +251,7 @@ impl LeaseService {
             consensus,
             tasks,
             tracking: watch::channel(0).0,
+            in_flight: Arc::default(),
         }
     }
 
@@ -246,21 +295,25 @@ impl LeaseService {
     /// Refresh on this node as leader.
     pub async fn refresh_here(&self, name: &str) -> Result<RefreshAck, LeaseError> {
         self.until_tracking().await?;
-        let now = self.hub.clock.mono();
-        let (refreshed, clear) = {
+        let now = self.hub.time.mono();
+        let decided = {
             let mut t = self.hub.tracker();
-            let refreshed = t.refresh(name, now).map_err(|e| match e {
-                RefreshError::NotPrimary => LeaseError::from(ConsensusError::NotLeader),
-                RefreshError::NotFound => LeaseError::NotFound {
-                    name: name.to_string(),
-                },
-            })?;
-            // Enqueued under the lock: ordered after every checkpoint decided before it.
-            let clear = refreshed.clear.clone().map(|ticket| {
-                let cmd = clear_command(&ticket);
-                (ticket, self.consensus.submit(cmd))
-            });
-            (refreshed, clear)
+            match t.refresh(name, now) {
+                Err(e) => Err(e),
+                Ok(refreshed) => {
+                    // Enqueued under the lock: ordered after every checkpoint decided before it.
+                    let clear = refreshed.clear.clone().map(|ticket| {
+                        let cmd = clear_command(&ticket);
+                        (ticket, self.consensus.submit(cmd))
+                    });
+                    Ok((refreshed, clear))
+                }
+            }
+        };
+        let (refreshed, clear) = match decided {
+            Ok(d) => d,
+            Err(RefreshError::NotPrimary) => return Err(ConsensusError::NotLeader.into()),
+            Err(RefreshError::NotFound) => return Err(self.not_found(name).await),
         };
         if let Some((ticket, committed)) = clear {
             committed.await?;
@@ -273,7 +326,7 @@ impl LeaseService {
         let remaining = self
             .hub
             .tracker()
-            .remaining(name, self.hub.clock.mono())
+            .remaining(name, self.hub.time.mono())
             .unwrap_or(0);
         Ok(RefreshAck {
             name: name.to_string(),
@@ -282,12 +335,32 @@ impl LeaseService {
         })
     }
 
-    /// Remaining times on this node as leader.
+    /// "No such lease", said only by a leader that has just confirmed with a quorum that it
+    /// still leads: a deposed or isolated leader that still believes it leads does not know the
+    /// leases its successor registered, and must not deny them (it answers `NoQuorum`, or
+    /// `NotLeader` so that the caller forwards).
+    async fn not_found(&self, name: &str) -> LeaseError {
+        match self.consensus.confirm_leadership().await {
+            Ok(()) => LeaseError::NotFound {
+                name: name.to_string(),
+            },
+            Err(e) => e.into(),
+        }
+    }
+
+    /// Remaining times on this node as leader. `None` (untracked) is an answer only once a
+    /// quorum confirmed this node still leads, for the reason given at [`Self::not_found`].
     pub async fn remaining_here(&self, names: &[String]) -> Result<Vec<Option<u64>>, LeaseError> {
         self.until_tracking().await?;
-        let now = self.hub.clock.mono();
-        let t = self.hub.tracker();
-        Ok(names.iter().map(|n| t.remaining(n, now)).collect())
+        let now = self.hub.time.mono();
+        let remaining: Vec<Option<u64>> = {
+            let t = self.hub.tracker();
+            names.iter().map(|n| t.remaining(n, now)).collect()
+        };
+        if remaining.iter().any(Option::is_none) {
+            self.consensus.confirm_leadership().await?;
+        }
+        Ok(remaining)
     }
 
     /// Promote or demote the tracker to match this node's leadership.
@@ -298,14 +371,17 @@ impl LeaseService {
         let want = should_track(leader_term.is_some(), term, applied_term);
         let current = *self.tracking.borrow();
         if want && current != term {
-            let now = self.hub.clock.mono();
+            let now = self.hub.time.mono();
             let mut t = self.hub.tracker();
             // Read the leases and promote under the tracker lock: the apply path reports each
             // change only after it is visible in the state, and waits for this lock to do so,
             // so no registration or removal falls between the read and the promote.
-            let facts = self.consensus.view().with_state(|kv| kv.lease_facts());
+            let (facts, clock) = self
+                .consensus
+                .view()
+                .with_state(|kv| (kv.lease_facts(), kv.lease_clock_ms()));
             let n = facts.len();
-            t.promote(now, facts);
+            t.promote(now, self.hub.clock_reading(clock, now), facts);
             drop(t);
             self.tracking.send_replace(term);
             tracing::info!(term, leases = n, "tracking leases as leader");
@@ -316,21 +392,42 @@ impl LeaseService {
         }
     }
 
-    /// Propose what is due; returns the time until the next wake-up.
+    /// Whether a proposal slot is free (see [`MAX_IN_FLIGHT`]). Only the driver takes slots,
+    /// so a free slot stays free until it takes it.
+    fn slot_free(&self) -> bool {
+        self.in_flight.load(Ordering::Acquire) < MAX_IN_FLIGHT
+    }
+
+    /// Take a proposal slot for a proposal about to be submitted.
+    fn take_slot(&self) -> ProposalSlot {
+        self.in_flight.fetch_add(1, Ordering::AcqRel);
+        ProposalSlot {
+            in_flight: self.in_flight.clone(),
+            hub: self.hub.clone(),
+        }
+    }
+
+    /// Propose what is due, as far as free slots allow; returns the time until the next
+    /// wake-up (`None` while everything due waits for a slot: a freed slot wakes the loop).
     fn fire_due(self: &Arc<Self>) -> Option<Duration> {
-        let now = self.hub.clock.mono();
+        let now = self.hub.time.mono();
         let mut t = self.hub.tracker();
         loop {
+            if !self.slot_free() {
+                return None;
+            }
             let expired = t.expired(now, BATCH);
             if expired.is_empty() {
                 break;
             }
+            let slot = self.take_slot();
             let applied = self.consensus.submit(expire_command(&expired));
             let this = self.clone();
             self.tasks.spawn(async move {
+                let _slot = slot;
                 match applied.await {
                     Ok(Response::LeasesExpired { expired: gone, .. }) => {
-                        let done = this.hub.clock.mono();
+                        let done = this.hub.time.mono();
                         let mut h = this.hub.metrics.lateness.lock().unwrap_or_else(|p| p.into_inner());
                         for e in expired.iter().filter(|e| gone.contains(&e.name)) {
                             h.observe(e.deadline.until(done) as f64 / 1000.0);
@@ -343,12 +440,17 @@ impl LeaseService {
             });
         }
         loop {
+            if !self.slot_free() {
+                return None;
+            }
             let due = t.checkpoints_due(now, BATCH);
             if due.is_empty() {
                 break;
             }
+            let slot = self.take_slot();
             let applied = self.consensus.submit(checkpoint_command(due));
             self.tasks.spawn(async move {
+                let _slot = slot;
                 if let Err(e) = applied.await {
                     tracing::warn!(error = %e, "lease checkpoint not applied");
                 }

@@ -302,6 +302,7 @@ mod tests {
             events,
             lease_changes: vec![],
             reset: false,
+            lease_clock_ms: 0,
         }
     }
 
@@ -383,6 +384,7 @@ mod tests {
                 revision: Revision(90),
             },
             reset: true,
+            lease_clock_ms: 0,
             ..AppliedBatch::default()
         });
         assert_eq!(
@@ -424,6 +426,7 @@ mod revision_tests {
             }],
             lease_changes: vec![],
             reset: false,
+            lease_clock_ms: 0,
         });
         assert!(rx.has_changed().unwrap());
         assert_eq!(*rx.borrow_and_update(), Revision(1));
