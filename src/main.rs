@@ -325,6 +325,9 @@ struct BenchArgs {
     /// put, get (linearizable), get-local, lease-grant, lease-refresh, flease-acquire,
     /// flease-contended, paxoslease-acquire, paxoslease-contended; or an experiment: watch
     /// (wake-up latency at --watchers), expiry (lateness of --leases never refreshed),
+    /// expiry-churn (the same, registered over --duration seconds while scripts/lease-churn.sh
+    /// kills leaders), mass-expiry (--leases expiring together: write stall, leader changes,
+    /// apply lag),
     /// lease-memory (resident bytes per lease with one key, at --leases), flease-memory and
     /// paxoslease-memory (resident bytes per idle resource, at --resources; serve with a lease
     /// time longer than the run so that no cell is collected meanwhile).
@@ -975,6 +978,28 @@ async fn run_bench(args: BenchArgs) -> Result<(), ClientError> {
         }
         "expiry" => {
             let r = experiments::expiry_lateness(
+                &args.conn.endpoints,
+                args.leases,
+                args.ttl_ms,
+                args.connections,
+            )
+            .await?;
+            print_result(&r, args.conn.json);
+            return Ok(());
+        }
+        "expiry-churn" => {
+            let r = leasecore::bench::churn::expiry_under_churn(
+                &args.conn.endpoints,
+                args.leases,
+                args.ttl_ms,
+                Duration::from_secs_f64(args.duration.max(0.1)),
+            )
+            .await?;
+            print_result(&r, args.conn.json);
+            return Ok(());
+        }
+        "mass-expiry" => {
+            let r = leasecore::bench::churn::mass_expiry(
                 &args.conn.endpoints,
                 args.leases,
                 args.ttl_ms,
