@@ -20,7 +20,7 @@ use leasecore::domain::command::{Cause, EventKind};
 use leasecore::domain::flease::{FleaseConfig, Protocol};
 use leasecore::domain::limits::DEFAULT_MAX_VALUE_BYTES;
 use leasecore::domain::types::NodeId;
-use leasecore::node::{Node, NodeConfig, RaftTimings};
+use leasecore::node::{EXIT_FATAL, EXIT_REFUSED, Node, NodeConfig, NodeError, RaftTimings};
 use leasecore::runtime::flease::LeaseView;
 use leasecore::wire::LeaseInfo;
 use serde::Serialize;
@@ -445,6 +445,7 @@ async fn serve(args: ServeArgs) -> ExitCode {
                 .unwrap_or_else(|_| "info,openraft=warn,sled=warn".into()),
         )
         .init();
+    leasecore::node::exit_on_panic();
     let data = args
         .data
         .unwrap_or_else(|| PathBuf::from(format!("leasecore-data/node-{}", args.id)));
@@ -468,12 +469,25 @@ async fn serve(args: ServeArgs) -> ExitCode {
     );
     let node = match Node::start(cfg).await {
         Ok(node) => node,
+        Err(e @ NodeError::Refused(_)) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(EXIT_REFUSED);
+        }
         Err(e) => {
             eprintln!("error: {e}");
             return ExitCode::FAILURE;
         }
     };
-    shutdown_signal().await;
+    let failed = node.cancelled();
+    let fatal = tokio::select! {
+        _ = shutdown_signal() => false,
+        _ = failed.cancelled() => true,
+    };
+    if fatal {
+        eprintln!("error: the Raft core stopped; the node exits (see the log above)");
+        node.shutdown().await;
+        return ExitCode::from(EXIT_FATAL);
+    }
     tracing::info!("signal received; shutting down");
     node.shutdown().await;
     ExitCode::SUCCESS
