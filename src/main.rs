@@ -5,6 +5,9 @@
 //! `LEASECORE_ENDPOINTS`) and fail over between them. Output is for people; `--json` prints the
 //! server's documents as they are.
 
+#[path = "cli/snapshot.rs"]
+mod cli_snapshot;
+
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -118,6 +121,13 @@ enum Command {
     },
     /// Drive a running cluster with load and report throughput and latency.
     Bench(BenchArgs),
+    /// Back up a running cluster, inspect a backup, seed a new cluster from one.
+    Snapshot {
+        #[command(subcommand)]
+        cmd: cli_snapshot::SnapshotCmd,
+        #[command(flatten)]
+        conn: ConnArgs,
+    },
 }
 
 #[derive(Args)]
@@ -424,6 +434,9 @@ fn main() -> ExitCode {
                 report(agent(cfg, verbose, &conn).await)
             }
             Command::Bench(args) => report(run_bench(args).await),
+            Command::Snapshot { cmd, conn } => {
+                cli_snapshot::run(cmd, &conn.endpoints, conn.json).await
+            }
         }
     })
 }
