@@ -205,3 +205,94 @@ async fn a_wiped_node_refuses_to_rejoin_and_comes_back_whole_when_replaced() {
         assert!(p.0.try_wait().unwrap().is_none(), "every node still runs");
     }
 }
+
+/// The same with in-process nodes: the guard refuses, and when it is bypassed (the old
+/// behaviour) the damage is contained: a node whose Raft core fails stops, and no node serves
+/// a partial state.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn bypassing_the_guard_never_leaves_a_node_serving_partial_data() {
+    use leasecore::domain::bootstrap::Refusal;
+    use leasecore::node::{Node, NodeError};
+
+    let mut c = common::TestCluster::start_with(3, 100).await;
+    c.leader().await;
+    const KEYS: usize = 300;
+    let all = c.client();
+    for chunk in (0..KEYS).collect::<Vec<_>>().chunks(25) {
+        let puts = chunk.iter().map(|i| {
+            let all = &all;
+            async move {
+                all.put(&format!("k/{i:04}"), "v", None, None)
+                    .await
+                    .unwrap()
+            }
+        });
+        futures::future::join_all(puts).await;
+    }
+    let node2 = c.client_of(2);
+    eventually(Duration::from_secs(20), "node 2 has every key", || async {
+        (local_keys(&node2).await?.len() == KEYS).then_some(())
+    })
+    .await;
+    c.stop(2).await;
+    remove_dir(&c.data_dir(2));
+
+    let mut guarded = c.config(2, false);
+    guarded.peer_probe = Duration::from_secs(2);
+    match Node::start(guarded).await {
+        Err(NodeError::Refused(Refusal::ClusterExists { .. })) => {}
+        Err(e) => panic!("unexpected error: {e}"),
+        Ok(_) => panic!("a wiped node must not start as the member it was"),
+    }
+
+    // Bypassed: whatever openraft does with the reverted follower, node 2 either catches up
+    // whole, serves nothing, or stops; it never answers with part of the data.
+    let bypassed = Node::start(c.config(2, false)).await.unwrap();
+    let stopped = bypassed.cancelled();
+    let deadline = std::time::Instant::now() + Duration::from_secs(8);
+    let mut outcome = "served nothing";
+    while std::time::Instant::now() < deadline {
+        if stopped.is_cancelled() {
+            outcome = "stopped";
+            break;
+        }
+        if let Some(keys) = local_keys(&node2).await {
+            assert!(
+                keys.is_empty() || keys.len() == KEYS,
+                "node 2 serves {} of {KEYS} keys",
+                keys.len()
+            );
+            if keys.len() == KEYS {
+                outcome = "caught up";
+                break;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    eprintln!("bypassed guard: node 2 {outcome}");
+    // In a debug build the leader's core may panic on the reverted follower (openraft's
+    // assertion that follower logs never go backwards): that node must have stopped.
+    for (id, node) in c
+        .nodes
+        .iter()
+        .map(|(id, n)| (*id, n))
+        .chain([(2, &bypassed)])
+    {
+        let failed = node
+            .consensus()
+            .raft()
+            .with_raft_state(|_| ())
+            .await
+            .is_err();
+        if failed {
+            let stopped = node.cancelled();
+            eventually(Duration::from_secs(5), "a failed node stops", || async {
+                stopped.is_cancelled().then_some(())
+            })
+            .await;
+            eprintln!("node {id}: its Raft core failed and the node stopped");
+        }
+    }
+    bypassed.shutdown().await;
+    c.shutdown().await;
+}
