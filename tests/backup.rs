@@ -191,3 +191,72 @@ fn a_damaged_backup_is_refused_everywhere() {
     assert!(!restore.status.success());
     assert!(!dir.exists(), "nothing written from a bad backup");
 }
+
+/// Two of three nodes gone for good: the survivor cannot elect a leader, so a linearizable
+/// backup is refused, but a local one from the survivor seeds a new single-node cluster.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn quorum_lost_recover_from_the_survivor() {
+    let mut src = TestCluster::start(3).await;
+    src.leader().await;
+    let c = src.client();
+    for i in 0..20 {
+        c.put(&format!("k/{i:02}"), "v", None, None).await.unwrap();
+    }
+    // Everything is applied on node 3 (the survivor) before the others go.
+    let survivor = src.client_of(3);
+    let before = eventually(Duration::from_secs(10), "node 3 applied all", || async {
+        let list = survivor.list("k/", None, true).await.ok()?;
+        (list.items.len() == 20).then_some(list)
+    })
+    .await;
+    src.stop(1).await;
+    src.stop(2).await;
+
+    let tmp = tempfile::TempDir::new().unwrap();
+    let file = tmp.path().join("survivor.lcb");
+    let linear = cli(&[
+        "snapshot",
+        "save",
+        path_str(&file),
+        "--endpoints",
+        &src.url(3),
+    ]);
+    assert!(!linear.status.success(), "no quorum, no linearizable backup");
+    assert!(!file.exists(), "a failed save leaves no file");
+    ok(cli(&[
+        "snapshot",
+        "save",
+        path_str(&file),
+        "--local",
+        "--endpoints",
+        &src.url(3),
+    ]));
+    src.shutdown().await;
+
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap().to_string();
+    let dir = tmp.path().join("new-1");
+    ok(cli(&[
+        "snapshot",
+        "restore",
+        path_str(&file),
+        "--data",
+        path_str(&dir),
+        "--id",
+        "1",
+        "--peers",
+        &format!("1={addr}"),
+    ]));
+    let mut cfg = NodeConfig::new(1, &dir);
+    cfg.listen = addr.clone();
+    cfg.peers = BTreeMap::from([(1, addr.clone())]);
+    let node = Node::start_on(cfg, l).await.unwrap();
+    let restored = Client::new(&[format!("http://{addr}")]).unwrap();
+    let after = eventually(Duration::from_secs(20), "the new cluster serves", || async {
+        restored.list("k/", None, false).await.ok()
+    })
+    .await;
+    assert_eq!(after.items, before.items);
+    assert_eq!(after.revision, before.revision);
+    node.shutdown().await;
+}

@@ -24,7 +24,13 @@ use leasecore::storage::backup::{self, BackupHeader};
 #[derive(Subcommand)]
 pub enum SnapshotCmd {
     /// Save a consistent backup of the running cluster to FILE.
-    Save { file: PathBuf },
+    Save {
+        file: PathBuf,
+        /// Back up the first answering node's own applied state, without a quorum round (when
+        /// quorum is lost for good; see the README's disaster recovery).
+        #[arg(long)]
+        local: bool,
+    },
     /// Verify a backup and print what it holds.
     Status { file: PathBuf },
     /// Write a data dir for node --id of a new cluster (--peers) from a backup.
@@ -45,7 +51,7 @@ pub enum SnapshotCmd {
 /// Run one snapshot command; `endpoints` are the nodes `save` may ask.
 pub async fn run(cmd: SnapshotCmd, endpoints: &[String], json: bool) -> ExitCode {
     let result = match cmd {
-        SnapshotCmd::Save { file } => save(&file, endpoints).await,
+        SnapshotCmd::Save { file, local } => save(&file, endpoints, local).await,
         SnapshotCmd::Status { file } => std::fs::read(&file)
             .map_err(|e| format!("reading {}: {e}", file.display()))
             .and_then(|bytes| {
@@ -105,7 +111,7 @@ fn print_header(h: &BackupHeader, json: bool) {
 }
 
 /// Fetch a backup from the first endpoint that serves one, verify it, write it atomically.
-async fn save(file: &Path, endpoints: &[String]) -> Result<BackupHeader, String> {
+async fn save(file: &Path, endpoints: &[String], local: bool) -> Result<BackupHeader, String> {
     let http = reqwest::Client::builder()
         // A large state takes a while to encode and send; bounded all the same.
         .timeout(Duration::from_secs(600))
@@ -114,7 +120,10 @@ async fn save(file: &Path, endpoints: &[String]) -> Result<BackupHeader, String>
         .map_err(|e| e.to_string())?;
     let mut errors = Vec::new();
     for ep in endpoints {
-        let url = format!("{}/v1/snapshot", ep.trim_end_matches('/'));
+        let mut url = format!("{}/v1/snapshot", ep.trim_end_matches('/'));
+        if local {
+            url.push_str("?consistency=local");
+        }
         let resp = match http.get(&url).send().await {
             Ok(r) => r,
             Err(e) => {

@@ -9,13 +9,29 @@ use axum::extract::State;
 use axum::http::header;
 use axum::response::IntoResponse;
 
+use serde::Deserialize;
+
 use super::AppState;
+use super::extract::ApiQuery;
+use super::kv::Consistency;
 use super::error::ApiError;
 use crate::raft::backup;
 use crate::raft::consensus::ConsensusError;
 
-pub async fn save(State(state): State<AppState>) -> Result<impl IntoResponse, ApiError> {
-    state.consensus.read_barrier().await?;
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SnapshotQuery {
+    #[serde(default)]
+    consistency: Consistency,
+}
+
+pub async fn save(
+    State(state): State<AppState>,
+    ApiQuery(q): ApiQuery<SnapshotQuery>,
+) -> Result<impl IntoResponse, ApiError> {
+    if q.consistency == Consistency::Linearizable {
+        state.consensus.read_barrier().await?;
+    }
     let view = state.consensus.view().clone();
     let node_id = state.consensus.cluster_view().node_id;
     // The blocking task fails only when the runtime is going away: nothing was done.
