@@ -44,7 +44,10 @@ running() {
   for f in "$DIR"/node-*.pid; do
     [ -e "$f" ] || continue
     pid=$(cat "$f")
-    if kill -0 "$pid" 2>/dev/null; then echo "$pid"; fi
+    # A recycled pid is not our node: it must also be a `leasecore serve`.
+    if kill -0 "$pid" 2>/dev/null && ps -p "$pid" -o args= 2>/dev/null | grep -q ' serve '; then
+      echo "$pid"
+    fi
   done
 }
 
