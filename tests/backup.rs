@@ -221,7 +221,10 @@ async fn quorum_lost_recover_from_the_survivor() {
         "--endpoints",
         &src.url(3),
     ]);
-    assert!(!linear.status.success(), "no quorum, no linearizable backup");
+    assert!(
+        !linear.status.success(),
+        "no quorum, no linearizable backup"
+    );
     assert!(!file.exists(), "a failed save leaves no file");
     ok(cli(&[
         "snapshot",
@@ -252,9 +255,11 @@ async fn quorum_lost_recover_from_the_survivor() {
     cfg.peers = BTreeMap::from([(1, addr.clone())]);
     let node = Node::start_on(cfg, l).await.unwrap();
     let restored = Client::new(&[format!("http://{addr}")]).unwrap();
-    let after = eventually(Duration::from_secs(20), "the new cluster serves", || async {
-        restored.list("k/", None, false).await.ok()
-    })
+    let after = eventually(
+        Duration::from_secs(20),
+        "the new cluster serves",
+        || async { restored.list("k/", None, false).await.ok() },
+    )
     .await;
     assert_eq!(after.items, before.items);
     assert_eq!(after.revision, before.revision);

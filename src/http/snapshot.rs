@@ -12,9 +12,9 @@ use axum::response::IntoResponse;
 use serde::Deserialize;
 
 use super::AppState;
+use super::error::ApiError;
 use super::extract::ApiQuery;
 use super::kv::Consistency;
-use super::error::ApiError;
 use crate::raft::backup;
 use crate::raft::consensus::ConsensusError;
 
