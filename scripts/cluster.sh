@@ -38,6 +38,35 @@ start_node() {
   echo "$n" >"$DIR/size"
 }
 
+# The pids of nodes still running from an earlier start (pid files whose process is alive).
+running() {
+  local f pid
+  for f in "$DIR"/node-*.pid; do
+    [ -e "$f" ] || continue
+    pid=$(cat "$f")
+    # A recycled pid is not our node: it must also be a `leasecore serve`.
+    if kill -0 "$pid" 2>/dev/null && ps -p "$pid" -o args= 2>/dev/null | grep -q ' serve '; then
+      echo "$pid"
+    fi
+  done
+}
+
+# Every node started by this run must still be alive: one that lost its port ("address in use")
+# or refused to start has exited, and a leader answering on the port proves nothing about it.
+check_alive() {
+  local id pid dead=0
+  for id in "$@"; do
+    pid=$(cat "$DIR/node-$id.pid")
+    if ! kill -0 "$pid" 2>/dev/null; then
+      echo "node $id exited; last lines of $DIR/node-$id.log:" >&2
+      tail -n 5 "$DIR/node-$id.log" >&2
+      rm -f "$DIR/node-$id.pid"
+      dead=1
+    fi
+  done
+  [ "$dead" = 0 ]
+}
+
 wait_ready() {
   local deadline=$((SECONDS + 30))
   until curl -fsS "http://127.0.0.1:$BASE_PORT/v1/cluster" 2>/dev/null | grep -q '"leader_id":[0-9]'; do
@@ -49,9 +78,19 @@ wait_ready() {
 case "${1:-}" in
   start)
     n=${2:-3}
+    if [ -n "$(running)" ]; then
+      echo "a cluster is already running from $DIR (pids $(running | tr '\n' ' '));" \
+        "run '$0 stop' first" >&2
+      exit 1
+    fi
     build
     for id in $(seq 1 "$n"); do start_node "$id" "$n"; done
     wait_ready
+    if ! check_alive $(seq 1 "$n"); then
+      echo "the cluster did not start cleanly; stopping the nodes that did" >&2
+      "$0" stop >/dev/null
+      exit 1
+    fi
     echo "leasecore: $n nodes on 127.0.0.1:$BASE_PORT..$((BASE_PORT + n - 1)); logs in $DIR/"
     echo "try: curl -s -XPUT localhost:$BASE_PORT/v1/kv/hello -d '{\"value\":\"world\"}'"
     ;;
@@ -76,6 +115,10 @@ case "${1:-}" in
     kill -KILL "$(cat "$DIR/node-$2.pid")" && rm -f "$DIR/node-$2.pid"
     ;;
   restart)
+    if [ -e "$DIR/node-$2.pid" ] && kill -0 "$(cat "$DIR/node-$2.pid")" 2>/dev/null; then
+      echo "node $2 is already running (pid $(cat "$DIR/node-$2.pid"))" >&2
+      exit 1
+    fi
     start_node "$2" "$(cat "$DIR/size")"
     ;;
   *)

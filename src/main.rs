@@ -5,6 +5,9 @@
 //! `LEASECORE_ENDPOINTS`) and fail over between them. Output is for people; `--json` prints the
 //! server's documents as they are.
 
+#[path = "cli/snapshot.rs"]
+mod cli_snapshot;
+
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -20,7 +23,7 @@ use leasecore::domain::command::{Cause, EventKind};
 use leasecore::domain::flease::{FleaseConfig, Protocol};
 use leasecore::domain::limits::{DEFAULT_MAX_LEASES, DEFAULT_MAX_VALUE_BYTES};
 use leasecore::domain::types::NodeId;
-use leasecore::node::{Node, NodeConfig, RaftTimings};
+use leasecore::node::{EXIT_FATAL, EXIT_REFUSED, Node, NodeConfig, NodeError, RaftTimings};
 use leasecore::runtime::flease::LeaseView;
 use leasecore::wire::LeaseInfo;
 use serde::Serialize;
@@ -118,6 +121,13 @@ enum Command {
     },
     /// Drive a running cluster with load and report throughput and latency.
     Bench(BenchArgs),
+    /// Back up a running cluster, inspect a backup, seed a new cluster from one.
+    Snapshot {
+        #[command(subcommand)]
+        cmd: cli_snapshot::SnapshotCmd,
+        #[command(flatten)]
+        conn: ConnArgs,
+    },
 }
 
 #[derive(Args)]
@@ -430,6 +440,9 @@ fn main() -> ExitCode {
                 report(agent(cfg, verbose, &conn).await)
             }
             Command::Bench(args) => report(run_bench(args).await),
+            Command::Snapshot { cmd, conn } => {
+                cli_snapshot::run(cmd, &conn.endpoints, conn.json).await
+            }
         }
     })
 }
@@ -451,6 +464,7 @@ async fn serve(args: ServeArgs) -> ExitCode {
                 .unwrap_or_else(|_| "info,openraft=warn,sled=warn".into()),
         )
         .init();
+    leasecore::node::exit_on_panic();
     let data = args
         .data
         .unwrap_or_else(|| PathBuf::from(format!("leasecore-data/node-{}", args.id)));
@@ -475,12 +489,25 @@ async fn serve(args: ServeArgs) -> ExitCode {
     );
     let node = match Node::start(cfg).await {
         Ok(node) => node,
+        Err(e @ NodeError::Refused(_)) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(EXIT_REFUSED);
+        }
         Err(e) => {
             eprintln!("error: {e}");
             return ExitCode::FAILURE;
         }
     };
-    shutdown_signal().await;
+    let failed = node.cancelled();
+    let fatal = tokio::select! {
+        _ = shutdown_signal() => false,
+        _ = failed.cancelled() => true,
+    };
+    if fatal {
+        eprintln!("error: the Raft core stopped; the node exits (see the log above)");
+        node.shutdown().await;
+        return ExitCode::from(EXIT_FATAL);
+    }
     tracing::info!("signal received; shutting down");
     node.shutdown().await;
     ExitCode::SUCCESS

@@ -4,6 +4,10 @@
 //! server and the drivers, and forms the initial cluster when asked to. Every task it starts is
 //! spawned on one `TaskTracker` and stopped by one `CancellationToken`.
 //!
+//! A node whose data dir is empty asks its peers first and refuses to rejoin a running cluster
+//! as the member it was (`domain::bootstrap`). A Raft core that fails stops the node: it never
+//! keeps serving half-alive.
+//!
 //! # Shutdown order (designed, not incidental)
 //! 1. cancel: the HTTP server stops accepting and drivers return;
 //! 2. `raft.shutdown()`: in-flight proposals fail with `shutting_down` rather than hang;
@@ -22,6 +26,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::clock::{Clock, SystemClock};
+use crate::domain::bootstrap::{DataDir, Refusal, may_start};
 use crate::domain::flease::FleaseConfig;
 use crate::domain::history::HistoryLimits;
 use crate::domain::limits::Limits;
@@ -34,6 +39,7 @@ use crate::raft::consensus::{Consensus, ConsensusError, ConsensusTimeouts};
 use crate::raft::log_store::LogStore;
 use crate::raft::network::{Faults, NetworkFactory, PeerClient};
 use crate::raft::state_machine::{Observers, StateMachine};
+use crate::runtime::bootstrap::probe_peers;
 use crate::runtime::election::ElectionWatchdog;
 use crate::runtime::flease::FleaseService;
 use crate::runtime::lease::{DEFAULT_MIN_TTL_MS, LeaseConfig, LeaseHub, LeaseService};
@@ -88,6 +94,10 @@ pub struct NodeConfig {
     pub history: HistoryLimits,
     /// Flease timing (validated at start).
     pub flease: FleaseConfig,
+    /// With an empty data dir, how long to wait for the peers to say whether a cluster already
+    /// runs (see `domain::bootstrap`); zero skips the question (in-process test clusters whose
+    /// peers are bound but not yet serving).
+    pub peer_probe: Duration,
 }
 
 impl NodeConfig {
@@ -107,6 +117,7 @@ impl NodeConfig {
             min_lease_ttl_ms: DEFAULT_MIN_TTL_MS,
             history: HistoryLimits::default(),
             flease: FleaseConfig::default(),
+            peer_probe: Duration::from_secs(2),
         }
     }
 
@@ -156,7 +167,38 @@ pub enum NodeError {
     Raft(String),
     #[error("forming the cluster: {0}")]
     Initialize(#[from] ConsensusError),
+    /// The data dir is empty and starting would rejoin a running cluster as a member that lost
+    /// its data (`leasecore serve` exits with [`EXIT_REFUSED`]).
+    #[error("refusing to start: {0}")]
+    Refused(Refusal),
 }
+
+/// The exit code of `leasecore serve` when it refuses to start ([`NodeError::Refused`]).
+pub const EXIT_REFUSED: u8 = 3;
+/// The exit code of `leasecore serve` when the Raft core failed (a panic, a storage error).
+pub const EXIT_FATAL: u8 = 70;
+
+/// Make any panic stop the process: one clear line, exit code [`EXIT_FATAL`].
+///
+/// openraft runs its core on a spawned task; a panic there (tokio catches it) would otherwise
+/// leave a process whose HTTP server still answers `/health` while nothing applies. For the
+/// binary only: in-process test clusters keep the default hook (and rely on `stop_on_fatal`).
+pub fn exit_on_panic() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        default(info);
+        let at = info
+            .location()
+            .map(|l| format!("{}:{}", l.file(), l.line()))
+            .unwrap_or_default();
+        tracing::error!(at, "panic: {info}; the node exits with code {EXIT_FATAL}");
+        eprintln!("fatal: panic at {at}; the node exits with code {EXIT_FATAL}");
+        std::process::exit(i32::from(EXIT_FATAL));
+    }));
+}
+
+/// The file in the data dir that names the node it belongs to.
+const IDENTITY_FILE: &str = "node-id";
 
 /// A running node.
 pub struct Node {
@@ -216,6 +258,22 @@ impl Node {
         let db = tokio::task::spawn_blocking(move || storage::open_db(&dir, cache))
             .await
             .map_err(|e| NodeError::Raft(e.to_string()))??;
+        check_identity(&cfg)?;
+        let empty = |tree: &str| -> Result<bool, storage::StorageError> {
+            Ok(db.open_tree(tree)?.is_empty())
+        };
+        let data = if empty(storage::TREE_RAFT)? && empty(storage::TREE_STATE)? {
+            DataDir::Empty
+        } else {
+            DataDir::Existing
+        };
+        if data == DataDir::Empty && !cfg.peer_probe.is_zero() {
+            let reports = probe_peers(cfg.id, &cfg.peers, cfg.peer_probe).await;
+            if let Err(refusal) = may_start(cfg.id, data, cfg.join, &reports) {
+                return Err(NodeError::Refused(refusal));
+            }
+        }
+        write_identity(&cfg)?;
         let log_store = LogStore::open(&db)?;
         let committed = log_store.committed_index();
         let clock: Arc<dyn Clock> = Arc::new(SystemClock::new());
@@ -277,6 +335,7 @@ impl Node {
                 }
             }
         });
+        tasks.spawn(stop_on_fatal(consensus.clone(), cancel.clone()));
         let election_max = Duration::from_millis(cfg.timings.election_max_ms);
         tasks.spawn(
             ElectionWatchdog {
@@ -365,6 +424,62 @@ impl Node {
             tracing::error!(error = %e, "final flush failed");
         }
         tracing::info!(id = self.id, "node stopped");
+    }
+}
+
+/// A data dir belongs to one node id: starting node 2 on node 1's data would make it vote and
+/// answer as a member it is not.
+fn check_identity(cfg: &NodeConfig) -> Result<(), NodeError> {
+    let path = cfg.data_dir.join(IDENTITY_FILE);
+    match std::fs::read_to_string(&path) {
+        Ok(s) if s.trim() == cfg.id.to_string() => Ok(()),
+        Ok(s) => Err(NodeError::Config(format!(
+            "{} belongs to node {}, not node {}",
+            cfg.data_dir.display(),
+            s.trim(),
+            cfg.id
+        ))),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(NodeError::Config(format!(
+            "reading {}: {e}",
+            path.display()
+        ))),
+    }
+}
+
+fn write_identity(cfg: &NodeConfig) -> Result<(), NodeError> {
+    let path = cfg.data_dir.join(IDENTITY_FILE);
+    if path.exists() {
+        return Ok(());
+    }
+    std::fs::write(&path, format!("{}\n", cfg.id))
+        .map_err(|e| NodeError::Config(format!("writing {}: {e}", path.display())))
+}
+
+/// A Raft core that stopped (a panic inside openraft, a storage error) leaves a node that can
+/// only serve stale reads: stop the whole node instead (the binary then exits non-zero).
+async fn stop_on_fatal(consensus: Consensus, cancel: CancellationToken) {
+    let mut metrics = consensus.raft().metrics();
+    loop {
+        let failed = metrics.borrow().running_state.clone().err();
+        if let Some(fatal) = failed {
+            if !matches!(fatal, openraft::error::Fatal::Stopped) {
+                tracing::error!(error = %fatal, "the Raft core stopped; stopping the node");
+                cancel.cancel();
+            }
+            return;
+        }
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            changed = metrics.changed() => if changed.is_err() {
+                // The core is gone without saying why (a panic drops its metrics sender).
+                if !cancel.is_cancelled() {
+                    tracing::error!("the Raft core exited; stopping the node");
+                    cancel.cancel();
+                }
+                return;
+            },
+        }
     }
 }
 

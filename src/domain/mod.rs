@@ -11,6 +11,7 @@
 //!
 //! # Layout
 //! - [`types`]: newtypes shared by every layer (revisions, time).
+//! - [`bootstrap`]: may a node with an empty data dir start (lost-data protection).
 //! - [`command`]: the Raft log vocabulary: `Command` in, `Response` and `Event` out.
 //! - [`limits`]: input validation shared by the HTTP edge and the CLI.
 //! - [`history`]: `EventHistory`, the bounded recent changes that watches read.
@@ -18,6 +19,7 @@
 //! - [`lease`]: `LeaseTracker`, the leader-only lease deadlines.
 //! - [`members`]: membership as leased keys (`members/{id}`): layout and record.
 
+pub mod bootstrap;
 pub mod command;
 pub mod flease;
 pub mod history;

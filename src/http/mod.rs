@@ -16,6 +16,7 @@ pub mod kv;
 pub mod leases;
 pub mod members;
 pub mod peer;
+pub mod snapshot;
 pub mod watch;
 
 use std::sync::Arc;
@@ -151,6 +152,7 @@ pub fn route_table() -> Vec<RouteSpec> {
             get(flease::paxos_get),
         ),
         spec("GET", "/v1/cluster", Public, get(cluster::status)),
+        spec("GET", "/v1/snapshot", Public, get(snapshot::save)),
         spec("POST", "/v1/cluster/nodes", Public, post(cluster::add_node)),
         spec(
             "DELETE",

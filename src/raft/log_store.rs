@@ -229,6 +229,25 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 }
 
+/// Seed an empty log with `last` as its purged and committed id (a restore): the log then
+/// starts right after a snapshot at `last`, which the state machine holds.
+pub(crate) fn seed(db: &sled::Db, last: LogId) -> Result<(), crate::storage::StorageError> {
+    let tree = db.open_tree(TREE_RAFT)?;
+    let corrupt = |e: serde_json::Error| crate::storage::StorageError::Corrupt {
+        what: "log mark".into(),
+        detail: e.to_string(),
+    };
+    let mut batch = sled::Batch::default();
+    batch.insert(KEY_PURGED, serde_json::to_vec(&last).map_err(corrupt)?);
+    batch.insert(
+        KEY_COMMITTED,
+        serde_json::to_vec(&Some(last)).map_err(corrupt)?,
+    );
+    tree.apply_batch(batch)?;
+    db.flush()?;
+    Ok(())
+}
+
 /// The first key past every entry key.
 fn entries_end() -> Vec<u8> {
     vec![ENTRY + 1]

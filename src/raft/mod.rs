@@ -11,6 +11,7 @@
 //! - [`consensus`]: [`Consensus`], the handle the HTTP layer and the drivers use: propose a
 //!   command (forwarding to the leader), confirm leadership for reads, change membership.
 
+pub mod backup;
 pub mod consensus;
 pub mod log_store;
 pub mod network;

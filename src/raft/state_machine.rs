@@ -521,3 +521,51 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
         })
     }
 }
+
+/// The snapshot payload of `kv`: what openraft snapshots, and backups, carry.
+pub fn encode_payload(kv: KvSnapshot) -> serde_json::Result<Vec<u8>> {
+    serde_json::to_vec(&SnapshotPayload { kv })
+}
+
+/// The state in a snapshot payload.
+pub fn decode_payload(bytes: &[u8]) -> serde_json::Result<KvSnapshot> {
+    serde_json::from_slice::<SnapshotPayload>(bytes).map(|p| p.kv)
+}
+
+/// Seed an empty data dir with `kv` as the applied state at `meta.last_log_id` (a restore):
+/// the state tree as `apply` would have left it, and the snapshot file openraft serves to
+/// peers that need it. Written in one batch, then flushed.
+pub(crate) fn seed(
+    db: &sled::Db,
+    dir: &std::path::Path,
+    meta: &SnapshotMeta,
+    payload: &[u8],
+    kv: &KvSnapshot,
+) -> Result<(), crate::storage::StorageError> {
+    fn enc<T: Serialize>(v: &T) -> Result<Vec<u8>, crate::storage::StorageError> {
+        serde_json::to_vec(v).map_err(|e| crate::storage::StorageError::Corrupt {
+            what: "restored record".into(),
+            detail: e.to_string(),
+        })
+    }
+    let state = db.open_tree(TREE_STATE)?;
+    let mut batch = sled::Batch::default();
+    for (key, value) in &kv.keys {
+        batch.insert(state_key(key), enc(value)?);
+    }
+    for (name, lease) in &kv.leases {
+        batch.insert(lease_key(name), enc(lease)?);
+    }
+    batch.insert(KEY_APPLIED, enc(&meta.last_log_id)?);
+    batch.insert(KEY_MEMBERSHIP, enc(&meta.last_membership)?);
+    batch.insert(KEY_REVISION, enc(&kv.revision)?);
+    state.apply_batch(batch)?;
+    SnapshotFile::new(dir)
+        .write(&enc(meta)?, payload)
+        .map_err(|e| crate::storage::StorageError::Corrupt {
+            what: "snapshot file".into(),
+            detail: e.to_string(),
+        })?;
+    db.flush()?;
+    Ok(())
+}

@@ -21,6 +21,7 @@ use thiserror::Error;
 pub const TREE_RAFT: &str = "raft";
 /// Tree holding the applied key-value state and the state machine's marks.
 pub const TREE_STATE: &str = "state";
+pub mod backup;
 pub mod snapshot_file;
 
 /// A storage failure: the node cannot go on safely and stops.

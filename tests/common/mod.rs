@@ -132,6 +132,8 @@ impl TestCluster {
         cfg.timings = RaftTimings::default();
         cfg.snapshot_threshold = self.snapshot_threshold;
         cfg.cache_bytes = 16 << 20;
+        // Peers are bound before they serve: asking them would only wait out the timeout.
+        cfg.peer_probe = std::time::Duration::ZERO;
         if let Some(m) = self.max_value_bytes {
             cfg.limits.max_value_bytes = m;
         }

@@ -1,0 +1,159 @@
+//! May a node start as the member it claims to be? The rule for a node with an empty data dir.
+//!
+//! A node that lost its data dir also lost its vote and its log. Raft's safety rests on both
+//! being durable: started again as the same member, it could vote twice in one term, and the
+//! leader (whose replication progress still says the follower holds the log up to some index)
+//! would treat the empty follower as caught up. openraft 0.9 assumes a follower's log never goes
+//! backwards: the follower then accepts the log tail on a commit index it does not have, and
+//! applying that tail panics (`handle_apply_result`, unwrap on `None`) after serving partial
+//! data. So, as etcd does with member ids and `--initial-cluster-state`:
+//!
+//! - a node with data restarts from it (nothing to decide);
+//! - a node with an empty data dir asked to form a cluster (`--peers`, no `--join`) first asks its
+//!   peers; if a cluster already runs (a peer knows a leader), it refuses to start: the operator
+//!   removes the member and adds it back with `--join` (it then catches up by snapshot, as a
+//!   learner, before it votes);
+//! - a node with an empty data dir started with `--join` refuses while a peer still lists it as a
+//!   member (the leader would keep its stale progress): remove it first.
+//!
+//! # Invariants
+//! - Pure: the caller gathers the reports (bounded wait) and acts on the decision.
+//! - An unreachable peer proves nothing: with no report of a running cluster, the node proceeds
+//!   (a brand-new cluster forms while its nodes come up one by one).
+
+use super::types::NodeId;
+
+/// What one peer said about the cluster it belongs to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PeerReport {
+    /// The peer's own id.
+    pub peer: NodeId,
+    /// The leader it knows, if any.
+    pub leader_id: Option<NodeId>,
+    /// Its current term.
+    pub term: u64,
+    /// The ids in its membership (voters and learners).
+    pub members: Vec<NodeId>,
+}
+
+/// What the data dir holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DataDir {
+    /// No vote, no log entry, no applied state: never started, or wiped.
+    Empty,
+    /// Holds Raft state: the node restarts from it.
+    Existing,
+}
+
+/// Why a node must not start.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Refusal {
+    /// A cluster is running and this node, with an empty data dir, was asked to form one.
+    ClusterExists { peer: NodeId, leader: NodeId },
+    /// This node joins with an empty data dir but a peer still lists it as a member.
+    StillMember { peer: NodeId },
+}
+
+impl std::fmt::Display for Refusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Refusal::ClusterExists { peer, leader } => write!(
+                f,
+                "the data dir is empty but a cluster already runs (node {peer} reports leader \
+                 {leader}): this node may have lost its data and must not rejoin as the member it \
+                 was. Remove it (`leasecore cluster remove ID`), then start it with --join and add \
+                 it (`leasecore cluster add ID HOST:PORT`); it catches up from a snapshot before it \
+                 votes"
+            ),
+            Refusal::StillMember { peer } => write!(
+                f,
+                "the data dir is empty but node {peer} still lists this node as a member: remove \
+                 it first (`leasecore cluster remove ID`), then add it again \
+                 (`leasecore cluster add ID HOST:PORT`)"
+            ),
+        }
+    }
+}
+
+/// Decide whether node `me` may start.
+pub fn may_start(
+    me: NodeId,
+    data: DataDir,
+    join: bool,
+    reports: &[PeerReport],
+) -> Result<(), Refusal> {
+    if data == DataDir::Existing {
+        return Ok(());
+    }
+    let others = reports.iter().filter(|r| r.peer != me);
+    if join {
+        return match others.into_iter().find(|r| r.members.contains(&me)) {
+            Some(r) => Err(Refusal::StillMember { peer: r.peer }),
+            None => Ok(()),
+        };
+    }
+    for r in others {
+        if let Some(leader) = r.leader_id {
+            return Err(Refusal::ClusterExists {
+                peer: r.peer,
+                leader,
+            });
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report(peer: NodeId, leader: Option<NodeId>, members: &[NodeId]) -> PeerReport {
+        PeerReport {
+            peer,
+            leader_id: leader,
+            term: leader.map_or(0, |_| 3),
+            members: members.to_vec(),
+        }
+    }
+
+    #[test]
+    fn a_node_with_data_always_restarts() {
+        let r = [report(1, Some(1), &[1, 2, 3])];
+        assert_eq!(may_start(2, DataDir::Existing, false, &r), Ok(()));
+        assert_eq!(may_start(2, DataDir::Existing, true, &r), Ok(()));
+    }
+
+    #[test]
+    fn an_empty_node_forms_a_new_cluster_when_no_peer_knows_a_leader() {
+        // Peers unreachable, or up but still electing their first leader.
+        assert_eq!(may_start(2, DataDir::Empty, false, &[]), Ok(()));
+        let r = [report(1, None, &[1, 2, 3]), report(3, None, &[])];
+        assert_eq!(may_start(2, DataDir::Empty, false, &r), Ok(()));
+    }
+
+    #[test]
+    fn an_empty_node_refuses_to_bootstrap_into_a_running_cluster() {
+        let r = [report(1, None, &[]), report(3, Some(1), &[1, 2, 3])];
+        assert_eq!(
+            may_start(2, DataDir::Empty, false, &r),
+            Err(Refusal::ClusterExists { peer: 3, leader: 1 })
+        );
+    }
+
+    #[test]
+    fn its_own_report_does_not_count() {
+        let r = [report(2, Some(2), &[2])];
+        assert_eq!(may_start(2, DataDir::Empty, false, &r), Ok(()));
+    }
+
+    #[test]
+    fn an_empty_joiner_waits_to_be_added_unless_still_a_member() {
+        let removed = [report(1, Some(1), &[1, 3])];
+        assert_eq!(may_start(2, DataDir::Empty, true, &removed), Ok(()));
+        let listed = [report(1, Some(1), &[1, 2, 3])];
+        assert_eq!(
+            may_start(2, DataDir::Empty, true, &listed),
+            Err(Refusal::StillMember { peer: 1 })
+        );
+    }
+}

@@ -1,0 +1,90 @@
+//! `scripts/cluster.sh`, run as users run it (with the test's binary and its own directory and
+//! ports): a second `start` must not orphan the running cluster.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+fn script(dir: &Path, base_port: u16, args: &[&str]) -> Output {
+    Command::new("bash")
+        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/cluster.sh"))
+        .args(args)
+        .env("LEASECORE_BIN", env!("CARGO_BIN_EXE_leasecore"))
+        .env("LEASECORE_CLUSTER_DIR", dir)
+        .env("LEASECORE_BASE_PORT", base_port.to_string())
+        .output()
+        .expect("run scripts/cluster.sh")
+}
+
+/// A base port with `n` free consecutive ports after it.
+fn free_range(n: u16) -> u16 {
+    let seed = std::process::id() as u16;
+    for attempt in 0..200u16 {
+        let base = 20_000 + (seed.wrapping_add(attempt.wrapping_mul(97)) % 30_000);
+        let held: Vec<_> = (0..n)
+            .map_while(|i| std::net::TcpListener::bind(("127.0.0.1", base + i)).ok())
+            .collect();
+        if held.len() == n as usize {
+            return base;
+        }
+    }
+    panic!("no free port range");
+}
+
+fn pids(dir: &Path) -> Vec<String> {
+    (1..=3)
+        .map(|id| std::fs::read_to_string(dir.join(format!("node-{id}.pid"))).unwrap())
+        .collect()
+}
+
+fn alive(pid: &str) -> bool {
+    Command::new("kill")
+        .args(["-0", pid.trim()])
+        .stderr(std::process::Stdio::null())
+        .status()
+        .unwrap()
+        .success()
+}
+
+#[test]
+fn starting_twice_refuses_and_keeps_the_running_cluster() {
+    let tmp = tempfile::TempDir::new().unwrap();
+    let dir = tmp.path().join("cluster");
+    let base = free_range(3);
+    let first = script(&dir, base, &["start", "3"]);
+    assert!(
+        first.status.success(),
+        "first start: {}",
+        String::from_utf8_lossy(&first.stderr)
+    );
+    let before = pids(&dir);
+    assert!(before.iter().all(|p| alive(p)));
+
+    let second = script(&dir, base, &["start", "3"]);
+    let err = String::from_utf8_lossy(&second.stderr);
+    assert!(!second.status.success(), "a second start must fail");
+    assert!(err.contains("already running"), "{err}");
+    // The first cluster is still the one the pid files name, and still runs.
+    assert_eq!(pids(&dir), before);
+    assert!(before.iter().all(|p| alive(p)));
+
+    let stop = script(&dir, base, &["stop"]);
+    assert!(stop.status.success());
+    assert!(before.iter().all(|p| !alive(p)), "stop stops every node");
+}
+
+#[test]
+fn a_node_that_cannot_bind_fails_the_start() {
+    let tmp = tempfile::TempDir::new().unwrap();
+    let dir = tmp.path().join("cluster");
+    let base = free_range(3);
+    // Someone else holds node 2's port: node 2 dies with "address in use".
+    let _squatter = std::net::TcpListener::bind(("127.0.0.1", base + 1)).unwrap();
+    let out = script(&dir, base, &["start", "3"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "a start with a dead node must fail");
+    assert!(err.contains("node 2 exited"), "{err}");
+    // Nothing is left running.
+    for id in [1, 3] {
+        assert!(!dir.join(format!("node-{id}.pid")).exists());
+    }
+}

@@ -1,0 +1,298 @@
+//! A node that lost its data dir, with the real binary: it refuses to rejoin as the member it
+//! was (it would vote twice in a term and serve a partial state), and the documented
+//! replacement procedure (remove, start with --join, add) brings it back whole.
+// Tests wait for processes against real deadlines.
+#![allow(clippy::disallowed_methods)]
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use common::eventually;
+use leasecore::client::Client;
+use leasecore::node::EXIT_REFUSED;
+
+/// A node process, killed (SIGKILL) when dropped.
+struct Proc(Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+struct Cluster {
+    dir: tempfile::TempDir,
+    addrs: Vec<String>,
+}
+
+impl Cluster {
+    fn new(n: usize) -> Cluster {
+        // Ports the OS just handed out; released a moment before the nodes bind them.
+        let listeners: Vec<_> = (0..n)
+            .map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap())
+            .collect();
+        let addrs = listeners
+            .iter()
+            .map(|l| l.local_addr().unwrap().to_string())
+            .collect();
+        Cluster {
+            dir: tempfile::TempDir::new().unwrap(),
+            addrs,
+        }
+    }
+
+    fn peers(&self) -> String {
+        let list: Vec<String> = (0..self.addrs.len())
+            .map(|i| format!("{}={}", i + 1, self.addrs[i]))
+            .collect();
+        list.join(",")
+    }
+
+    fn data(&self, id: usize) -> PathBuf {
+        self.dir.path().join(format!("node-{id}"))
+    }
+
+    fn spawn(&self, id: usize, extra: &[&str]) -> Proc {
+        let log = std::fs::File::create(self.dir.path().join(format!("node-{id}.log"))).unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_leasecore"))
+            .args(["serve", "--id", &id.to_string()])
+            .args(["--listen", &self.addrs[id - 1]])
+            .arg("--data")
+            .arg(self.data(id))
+            .args(["--peers", &self.peers(), "--snapshot-threshold", "200"])
+            .args(extra)
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("spawn the leasecore binary");
+        Proc(child)
+    }
+
+    fn url(&self, id: usize) -> String {
+        format!("http://{}", self.addrs[id - 1])
+    }
+
+    fn client(&self, ids: &[usize]) -> Client {
+        let eps: Vec<String> = ids.iter().map(|i| self.url(*i)).collect();
+        Client::new(&eps).unwrap()
+    }
+
+    fn log(&self, id: usize) -> String {
+        std::fs::read_to_string(self.dir.path().join(format!("node-{id}.log"))).unwrap_or_default()
+    }
+}
+
+/// Every key under `k/` as (key, value, mod_revision), read locally from one node.
+async fn local_keys(c: &Client) -> Option<Vec<(String, String, u64)>> {
+    let list = c.list("k/", None, true).await.ok()?;
+    Some(
+        list.items
+            .into_iter()
+            .map(|kv| (kv.key, kv.value, kv.mod_revision.0))
+            .collect(),
+    )
+}
+
+/// Wait for the process to exit, up to `timeout`.
+async fn wait_exit(p: &mut Proc, timeout: Duration) -> Option<ExitStatus> {
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if let Some(status) = p.0.try_wait().unwrap() {
+            return Some(status);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    None
+}
+
+fn remove_dir(path: &Path) {
+    std::fs::remove_dir_all(path).unwrap();
+    assert!(!path.exists());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_wiped_node_refuses_to_rejoin_and_comes_back_whole_when_replaced() {
+    let c = Cluster::new(3);
+    let mut procs: Vec<Option<Proc>> = (1..=3).map(|id| Some(c.spawn(id, &[]))).collect();
+    let all = c.client(&[1, 2, 3]);
+    eventually(Duration::from_secs(30), "a leader", || async {
+        all.cluster_status().await.ok()?.leader_id
+    })
+    .await;
+
+    // Past several snapshots (threshold 200): the early entries are gone from every log.
+    const KEYS: usize = 700;
+    for chunk in (0..KEYS).collect::<Vec<_>>().chunks(25) {
+        let puts = chunk.iter().map(|i| {
+            let all = &all;
+            async move {
+                all.put(&format!("k/{i:04}"), &format!("v{i}"), None, None)
+                    .await
+                    .unwrap()
+            }
+        });
+        futures::future::join_all(puts).await;
+    }
+    let survivors = c.client(&[1, 3]);
+    let expected = eventually(Duration::from_secs(30), "node 2 has every key", || async {
+        let keys = local_keys(&c.client(&[2])).await?;
+        (keys.len() == KEYS).then_some(keys)
+    })
+    .await;
+
+    // SIGKILL node 2 and lose its disk.
+    drop(procs[1].take());
+    remove_dir(&c.data(2));
+
+    // Same flags as before: it must refuse (exit code 3, a clear message), never serve.
+    let mut again = c.spawn(2, &[]);
+    let status = wait_exit(&mut again, Duration::from_secs(20)).await;
+    let log = c.log(2);
+    assert_eq!(
+        status.and_then(|s| s.code()),
+        Some(i32::from(EXIT_REFUSED)),
+        "a wiped node must refuse to rejoin as the member it was; log:\n{log}"
+    );
+    assert!(
+        log.contains("cluster remove"),
+        "the message says what to do: {log}"
+    );
+    assert!(
+        local_keys(&c.client(&[2])).await.is_none(),
+        "nothing answers on its port"
+    );
+
+    // Started with --join while still a member: refused too (the leader's progress is stale).
+    let mut joining = c.spawn(2, &["--join"]);
+    let status = wait_exit(&mut joining, Duration::from_secs(20)).await;
+    assert_eq!(
+        status.and_then(|s| s.code()),
+        Some(i32::from(EXIT_REFUSED)),
+        "log:\n{}",
+        c.log(2)
+    );
+
+    // The replacement procedure: remove, start with --join, add.
+    survivors.remove_node(2).await.unwrap();
+    remove_dir(&c.data(2));
+    procs[1] = Some(c.spawn(2, &["--join"]));
+    let node2 = c.client(&[2]);
+    eventually(Duration::from_secs(20), "node 2 serves", || async {
+        node2.cluster_status().await.ok()
+    })
+    .await;
+    survivors.add_node(2, &c.addrs[1]).await.unwrap();
+    let view = survivors.cluster_status().await.unwrap();
+    assert!(view.nodes.iter().any(|n| n.id == 2 && n.voter), "{view:?}");
+    // Caught up by snapshot: every key, with its revisions, not only the log tail.
+    let got = eventually(
+        Duration::from_secs(30),
+        "node 2 holds every key",
+        || async {
+            let keys = local_keys(&node2).await?;
+            (keys.len() == KEYS).then_some(keys)
+        },
+    )
+    .await;
+    assert_eq!(got, expected);
+    // And it takes part: a write commits with node 2 among the voters.
+    all.put("k/after", "x", None, None).await.unwrap();
+    for p in procs.iter_mut().flatten() {
+        assert!(p.0.try_wait().unwrap().is_none(), "every node still runs");
+    }
+}
+
+/// The same with in-process nodes: the guard refuses, and when it is bypassed (the old
+/// behaviour) the damage is contained: a node whose Raft core fails stops, and no node serves
+/// a partial state.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn bypassing_the_guard_never_leaves_a_node_serving_partial_data() {
+    use leasecore::domain::bootstrap::Refusal;
+    use leasecore::node::{Node, NodeError};
+
+    let mut c = common::TestCluster::start_with(3, 100).await;
+    c.leader().await;
+    const KEYS: usize = 300;
+    let all = c.client();
+    for chunk in (0..KEYS).collect::<Vec<_>>().chunks(25) {
+        let puts = chunk.iter().map(|i| {
+            let all = &all;
+            async move {
+                all.put(&format!("k/{i:04}"), "v", None, None)
+                    .await
+                    .unwrap()
+            }
+        });
+        futures::future::join_all(puts).await;
+    }
+    let node2 = c.client_of(2);
+    eventually(Duration::from_secs(20), "node 2 has every key", || async {
+        (local_keys(&node2).await?.len() == KEYS).then_some(())
+    })
+    .await;
+    c.stop(2).await;
+    remove_dir(&c.data_dir(2));
+
+    let mut guarded = c.config(2, false);
+    guarded.peer_probe = Duration::from_secs(2);
+    match Node::start(guarded).await {
+        Err(NodeError::Refused(Refusal::ClusterExists { .. })) => {}
+        Err(e) => panic!("unexpected error: {e}"),
+        Ok(_) => panic!("a wiped node must not start as the member it was"),
+    }
+
+    // Bypassed: whatever openraft does with the reverted follower, node 2 either catches up
+    // whole, serves nothing, or stops; it never answers with part of the data.
+    let bypassed = Node::start(c.config(2, false)).await.unwrap();
+    let stopped = bypassed.cancelled();
+    let deadline = std::time::Instant::now() + Duration::from_secs(8);
+    let mut outcome = "served nothing";
+    while std::time::Instant::now() < deadline {
+        if stopped.is_cancelled() {
+            outcome = "stopped";
+            break;
+        }
+        if let Some(keys) = local_keys(&node2).await {
+            assert!(
+                keys.is_empty() || keys.len() == KEYS,
+                "node 2 serves {} of {KEYS} keys",
+                keys.len()
+            );
+            if keys.len() == KEYS {
+                outcome = "caught up";
+                break;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    eprintln!("bypassed guard: node 2 {outcome}");
+    // In a debug build the leader's core may panic on the reverted follower (openraft's
+    // assertion that follower logs never go backwards): that node must have stopped.
+    for (id, node) in c
+        .nodes
+        .iter()
+        .map(|(id, n)| (*id, n))
+        .chain([(2, &bypassed)])
+    {
+        let failed = node
+            .consensus()
+            .raft()
+            .with_raft_state(|_| ())
+            .await
+            .is_err();
+        if failed {
+            let stopped = node.cancelled();
+            eventually(Duration::from_secs(5), "a failed node stops", || async {
+                stopped.is_cancelled().then_some(())
+            })
+            .await;
+            eprintln!("node {id}: its Raft core failed and the node stopped");
+        }
+    }
+    bypassed.shutdown().await;
+    c.shutdown().await;
+}
