@@ -37,6 +37,7 @@ use crate::raft::state_machine::{Observers, StateMachine};
 use crate::runtime::election::ElectionWatchdog;
 use crate::runtime::flease::FleaseService;
 use crate::runtime::lease::{DEFAULT_MIN_TTL_MS, LeaseConfig, LeaseHub, LeaseService};
+use crate::runtime::quorum::QuorumWatchdog;
 use crate::runtime::watch::WatchHub;
 use crate::storage;
 
@@ -88,6 +89,9 @@ pub struct NodeConfig {
     pub history: HistoryLimits,
     /// Flease timing (validated at start).
     pub flease: FleaseConfig,
+    /// How long adding a node waits for it to answer and catch up before it is promoted to
+    /// voter; on timeout it stays a learner (add it again to resume waiting).
+    pub catch_up_ms: u64,
 }
 
 impl NodeConfig {
@@ -107,6 +111,7 @@ impl NodeConfig {
             min_lease_ttl_ms: DEFAULT_MIN_TTL_MS,
             history: HistoryLimits::default(),
             flease: FleaseConfig::default(),
+            catch_up_ms: 10_000,
         }
     }
 
@@ -115,7 +120,8 @@ impl NodeConfig {
             // Long enough to ride out one election (lease + timeout), short enough to answer.
             leader_wait: Duration::from_millis(3 * self.timings.election_max_ms),
             request: Duration::from_secs(10),
-            catch_up: Duration::from_secs(120),
+            catch_up: Duration::from_millis(self.catch_up_ms),
+            election_timeout: Duration::from_millis(self.timings.election_max_ms),
         }
     }
 
@@ -284,6 +290,15 @@ impl Node {
                 check_every: election_max / 2,
                 stall_after: election_max * 4,
                 jitter_max: election_max,
+            }
+            .run(cancel.clone()),
+        );
+        tasks.spawn(
+            QuorumWatchdog {
+                port: consensus.clone(),
+                clock: clock.clone(),
+                check_every: Duration::from_millis(cfg.timings.heartbeat_ms),
+                election_timeout: election_max,
             }
             .run(cancel.clone()),
         );

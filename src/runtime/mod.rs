@@ -8,6 +8,7 @@
 //! - [`batch`]: [`batch::RoundBatcher`], which lets many concurrent callers share one quorum
 //!   round (linearizable reads now, lease refreshes later).
 //! - [`election`]: the election watchdog against openraft 0.9's election stall.
+//! - [`quorum`]: the quorum watchdog: a leader that lost its quorum steps down.
 //! - [`lease`]: the lease tracker's shell: apply-path observer, refresh, the expiry driver.
 //! - [`watch`]: the watch hub: event history fed by apply, wake-ups by key and prefix.
 //! - [`flease`]: Flease rounds over the peer port, the local acceptor, membership re-arming.
@@ -20,4 +21,5 @@ pub mod batch;
 pub mod election;
 pub mod flease;
 pub mod lease;
+pub mod quorum;
 pub mod watch;
