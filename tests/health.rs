@@ -278,3 +278,37 @@ async fn cluster_status_exits_non_zero_without_a_leader() {
     assert!(!not_ready.status.success(), "{not_ready:?}");
     c.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_add_that_lost_the_leader_half_way_never_answers_no_leader() {
+    let c = TestCluster::start_tweaked(3, |cfg| cfg.catch_up_ms = 5000).await;
+    let leader = c.leader().await;
+    let via = [1u64, 2, 3].into_iter().find(|id| *id != leader).unwrap();
+    let url = c.url(via);
+    let add = tokio::spawn(async move {
+        send(
+            http()
+                .post(format!("{url}/v1/cluster/nodes"))
+                .json(&json!({"id": 4, "address": DEAD_ADDRESS})),
+        )
+        .await
+    });
+    // The learner is in the membership: something was done.
+    eventually(Duration::from_secs(10), "the learner is added", || async {
+        let v = c.nodes[&leader].consensus().cluster_view();
+        v.nodes.iter().any(|n| n.id == 4).then_some(())
+    })
+    .await;
+    // The leader loses its quorum (and steps down) while the learner "catches up".
+    c.partition(leader);
+    let (status, body) = add.await.unwrap();
+    assert!(
+        status == 202 || body["error"]["code"] == json!("outcome_unknown"),
+        "a change that was applied must not answer as if nothing was done: {status} {body}"
+    );
+    if status == 202 {
+        assert_eq!(body["voter"], json!(false), "{body}");
+    }
+    c.heal();
+    c.shutdown().await;
+}

@@ -701,7 +701,14 @@ impl Consensus {
             });
         }
         if m.state != ServerState::Leader {
-            return Err(after_learner(ConsensusError::NotLeader));
+            // The learner's entry committed (add_learner returned) and no promotion was
+            // proposed: the outcome is known, and it is not "nothing was done".
+            return Ok(AdminOutcome::Learner {
+                message: format!(
+                    "node {id} stays a learner: this node lost the leadership while it was \
+                     catching up; add it again to promote it, or remove it"
+                ),
+            });
         }
         if !settled || !caught_up(&m, id, membership_index) {
             let matched = replicated_index(&m, id);
