@@ -136,6 +136,9 @@ impl NodeConfig {
             install_snapshot_timeout: 60_000,
             snapshot_policy: SnapshotPolicy::LogsSinceLast(self.snapshot_threshold.max(1)),
             max_in_snapshot_log_to_keep: (self.snapshot_threshold / 2).min(1000),
+            // Only openraft's blocking add_learner reads this, and leasecore does not use it:
+            // a learner is promoted by `domain::health::learner_caught_up`, which also
+            // requires that it answered (a lag threshold alone passes a dead node).
             replication_lag_threshold: self.snapshot_threshold.max(1) * 2,
             max_payload_entries: 512,
             ..Default::default()

@@ -163,6 +163,11 @@ pub async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
             is_leader,
         ),
         (
+            "leasecore_ready",
+            "1 if this node is ready (as /readyz judges, without its wait for apply).",
+            if v.ready { 1.0 } else { 0.0 },
+        ),
+        (
             "leasecore_raft_term",
             "The current Raft term.",
             v.term as f64,
