@@ -312,3 +312,40 @@ async fn an_add_that_lost_the_leader_half_way_never_answers_no_leader() {
     c.heal();
     c.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_healthy_leader_under_write_load_never_steps_down_or_refuses() {
+    let c = TestCluster::start(3).await;
+    let leader = c.leader().await;
+    let term = c.nodes[&leader].consensus().cluster_view().term;
+    let client = std::sync::Arc::new(c.client_of(leader));
+    let value = "v".repeat(1024);
+    let mut writers = Vec::new();
+    for w in 0..32 {
+        let (client, value) = (client.clone(), value.clone());
+        writers.push(tokio::spawn(async move {
+            let deadline = Instant::now() + Duration::from_secs(3);
+            let mut i = 0u64;
+            while Instant::now() < deadline {
+                client
+                    .put(&format!("load/{w}/{i}"), &value, None, None)
+                    .await
+                    .unwrap();
+                i += 1;
+            }
+            i
+        }));
+    }
+    let mut puts = 0;
+    for w in writers {
+        puts += w.await.unwrap();
+    }
+    let view = c.nodes[&leader].consensus().cluster_view();
+    assert_eq!(view.term, term, "a leader change under load: {view:?}");
+    assert!(c.nodes[&leader].consensus().is_leader());
+    eprintln!(
+        "{puts} puts in 3 s; quorum acknowledged {:?} ms ago",
+        view.quorum_ack_ms
+    );
+    c.shutdown().await;
+}
