@@ -272,6 +272,17 @@ async fn cluster_status_exits_non_zero_without_a_leader() {
     assert!(ok.status.success(), "{ok:?}");
     let lonely = run(c.url(2), &[]).await;
     assert!(!lonely.status.success(), "{lonely:?}");
+    // Given several endpoints, it shows the leader's view, with each member's reachability.
+    let both = run(format!("{},{}", c.url(2), c.url(1)), &[]).await;
+    assert!(both.status.success(), "{both:?}");
+    let table = String::from_utf8_lossy(&both.stdout);
+    assert!(table.contains("reachable"), "{table}");
+    assert!(
+        table
+            .lines()
+            .any(|l| l.contains("voter (leader)") && l.contains("yes")),
+        "{table}"
+    );
     let ready = run(c.url(1), &["--ready"]).await;
     assert!(ready.status.success(), "{ready:?}");
     let not_ready = run(c.url(2), &["--ready"]).await;

@@ -1,8 +1,9 @@
 //! `leasecore cluster status` and `cluster add`: what the operator (and the compose
 //! healthcheck) sees of the cluster's health.
 //!
-//! - `cluster status` prints the answering node's view: leader, indexes, and per member its
-//!   role, reachability, last contact and replication lag (as etcd's `endpoint status`). It
+//! - `cluster status` prints a node's view: leader, indexes, and per member its role,
+//!   reachability, last contact and replication lag (as etcd's `endpoint status`). Given
+//!   several endpoints it prefers the leader's view (the only one that knows every member). It
 //!   exits non-zero when that node knows no leader.
 //! - `cluster status --ready` asks every endpoint's `/readyz` (no failover: each endpoint is
 //!   judged on its own) and exits non-zero unless all are ready. The container image has no
@@ -21,7 +22,7 @@ pub async fn status(endpoints: &[String], json: bool, ready: bool) -> Result<(),
     if ready {
         return readiness(endpoints, json).await;
     }
-    let view = Client::new(endpoints)?.cluster_status().await?;
+    let view = best_view(endpoints).await?;
     if json {
         println!(
             "{}",
@@ -37,6 +38,31 @@ pub async fn status(endpoints: &[String], json: bool, ready: bool) -> Result<(),
             view.node_id
         ))),
     }
+}
+
+/// The leader's view if one of the endpoints is the leader (only the leader knows every
+/// member's reachability and lag), else the first view any endpoint gives.
+async fn best_view(endpoints: &[String]) -> Result<ClusterView, ClientError> {
+    if endpoints.len() > 1 {
+        let mut first = None;
+        for ep in endpoints {
+            let Ok(client) = Client::with_timeout(std::slice::from_ref(ep), Duration::from_secs(2))
+            else {
+                continue;
+            };
+            match client.cluster_status().await {
+                Ok(v) if v.leader_id == Some(v.node_id) && v.state == "leader" => return Ok(v),
+                Ok(v) => {
+                    first.get_or_insert(v);
+                }
+                Err(_) => {}
+            }
+        }
+        if let Some(v) = first {
+            return Ok(v);
+        }
+    }
+    Client::new(endpoints)?.cluster_status().await
 }
 
 /// `cluster add ID ADDRESS`.
