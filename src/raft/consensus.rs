@@ -601,7 +601,18 @@ impl Consensus {
         match req {
             AdminRequest::AddNode { id, address } => {
                 let existing = membership.get_node(&id).map(|n| n.addr.clone());
-                let is_voter = voters.contains(&id);
+                // A voter of the configuration being entered counts as a voter only once the
+                // joint configuration is left: adding it again finishes the change.
+                let is_voter = voters.contains(&id) && membership.get_joint_config().len() == 1;
+                if existing.as_deref() == Some(address.as_str())
+                    && voters.contains(&id)
+                    && !is_voter
+                {
+                    let ids = BTreeSet::from([id]);
+                    self.change_membership(ChangeMembers::AddVoterIds(ids))
+                        .await?;
+                    return Ok(AdminOutcome::Done);
+                }
                 self.add_node_here(id, address, existing, is_voter).await
             }
             AdminRequest::RemoveNode { id } => {
