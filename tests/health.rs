@@ -304,10 +304,20 @@ async fn an_add_that_lost_the_leader_half_way_never_answers_no_leader() {
         )
         .await
     });
-    // The learner is in the membership: something was done.
+    // The learner is in the membership, committed: something was done.
     eventually(Duration::from_secs(10), "the learner is added", || async {
-        let v = c.nodes[&leader].consensus().cluster_view();
-        v.nodes.iter().any(|n| n.id == 4).then_some(())
+        let node = &c.nodes[&leader];
+        let v = node.consensus().cluster_view();
+        let entry = node
+            .consensus()
+            .raft()
+            .metrics()
+            .borrow()
+            .membership_config
+            .log_id()
+            .map(|l| l.index);
+        let committed = entry.is_some_and(|i| i <= v.commit_index);
+        (v.nodes.iter().any(|n| n.id == 4) && committed).then_some(())
     })
     .await;
     // The leader loses its quorum (and steps down) while the learner "catches up".
@@ -357,6 +367,64 @@ async fn a_healthy_leader_under_write_load_never_steps_down_or_refuses() {
     eprintln!(
         "{puts} puts in 3 s; quorum acknowledged {:?} ms ago",
         view.quorum_ack_ms
+    );
+    c.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_learner_still_catching_up_can_be_removed_at_once() {
+    let c = TestCluster::start_tweaked(3, |cfg| cfg.catch_up_ms = 8000).await;
+    let leader = c.leader().await;
+    let url = c.url(leader);
+    let started = Instant::now();
+    let add = tokio::spawn({
+        let url = url.clone();
+        async move {
+            send(
+                http()
+                    .post(format!("{url}/v1/cluster/nodes"))
+                    .json(&json!({"id": 4, "address": DEAD_ADDRESS})),
+            )
+            .await
+        }
+    });
+    eventually(Duration::from_secs(10), "the learner is added", || async {
+        let v = c.nodes[&leader].consensus().cluster_view();
+        v.nodes.iter().any(|n| n.id == 4).then_some(())
+    })
+    .await;
+    // The add is still waiting for node 4, and removing it works: at most a retryable 409
+    // while the learner's own entry commits (one change at a time), never a 400.
+    let body = eventually(Duration::from_secs(5), "node 4 is removed", || async {
+        let (status, body) = send(http().delete(format!("{url}/v1/cluster/nodes/4"))).await;
+        match status {
+            200 => Some(body),
+            409 => {
+                assert_eq!(
+                    body["error"]["code"],
+                    json!("membership_change_in_progress")
+                );
+                None
+            }
+            _ => panic!("removing a learner that catches up: {status} {body}"),
+        }
+    })
+    .await;
+    assert!(!has_node(&body, 4), "{body}");
+    // And the waiting add ends at once, saying what happened.
+    let (status, body) = add.await.unwrap();
+    assert_eq!(status, 202, "{body}");
+    assert_eq!(body["voter"], json!(false), "{body}");
+    assert!(
+        body["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("removed")),
+        "{body}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(6),
+        "{:?}",
+        started.elapsed()
     );
     c.shutdown().await;
 }

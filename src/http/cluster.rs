@@ -44,14 +44,16 @@ pub async fn add_node(
         })
         .await?;
     let id = req.id;
-    let (status, message) = match outcome {
-        AdminOutcome::Done => (StatusCode::OK, None),
-        AdminOutcome::Learner { message } => (StatusCode::ACCEPTED, Some(message)),
+    // What this node's view must show before answering (a forwarded change reaches it a
+    // moment after the leader): the node as a voter, as a learner, or gone.
+    let (status, message, expect) = match outcome {
+        AdminOutcome::Done => (StatusCode::OK, None, Some(true)),
+        AdminOutcome::Learner { message } => (StatusCode::ACCEPTED, Some(message), Some(false)),
+        AdminOutcome::Removed { message } => (StatusCode::ACCEPTED, Some(message), None),
     };
-    let voter_now = status == StatusCode::OK;
     let view = state
         .consensus
-        .view_once(|v| v.nodes.iter().any(|n| n.id == id && n.voter == voter_now))
+        .view_once(|v| v.nodes.iter().find(|n| n.id == id).map(|n| n.voter) == expect)
         .await;
     let voter = view.nodes.iter().any(|n| n.id == id && n.voter);
     Ok((

@@ -97,6 +97,8 @@ pub enum AdminOutcome {
     /// The node was added but stays a learner: it did not answer or catch up in time. It can
     /// be removed, or added again to resume waiting.
     Learner { message: String },
+    /// The node was added as a learner, then removed (by another call) while it caught up.
+    Removed { message: String },
 }
 
 /// A cluster membership request, forwarded to the leader.
@@ -707,7 +709,7 @@ impl Consensus {
         let settled = matches!(tokio::time::timeout(wait, judged).await, Ok(Ok(_)));
         let m = raft.metrics().borrow().clone();
         if m.membership_config.membership().get_node(&id).is_none() {
-            return Ok(AdminOutcome::Learner {
+            return Ok(AdminOutcome::Removed {
                 message: format!("node {id} was removed while it was catching up"),
             });
         }
