@@ -8,7 +8,9 @@
 //! 1. cancel: the HTTP server stops accepting and drivers return;
 //! 2. `raft.shutdown()`: in-flight proposals fail with `shutting_down` rather than hang;
 //! 3. wait for every tracked task (bounded), so nothing outlives the node;
-//! 4. flush sled, then drop it, releasing the directory lock for a restart.
+//! 4. wait (bounded) until openraft's state-machine task has dropped the state machine: it runs
+//!    in its own task, which may end after `raft.shutdown()` returns, and holds sled open;
+//! 5. flush sled, then drop it, releasing the directory lock for a restart.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -178,6 +180,8 @@ pub struct Node {
     watch: Arc<WatchHub>,
     flease: Arc<FleaseService>,
     db: sled::Db,
+    /// Completes when openraft has dropped the state machine (see the shutdown order).
+    state_machine_dropped: tokio::sync::oneshot::Receiver<()>,
     cancel: CancellationToken,
     tasks: TaskTracker,
 }
@@ -236,7 +240,9 @@ impl Node {
         let start_revision = storage_revision(&db)?;
         let watch_hub = Arc::new(WatchHub::new(cfg.history, start_revision, cancel.clone()));
         let observers = Observers(vec![lease_hub.clone(), watch_hub.clone()]);
-        let (state_machine, view) = StateMachine::open(&db, &cfg.data_dir, Arc::new(observers))?;
+        let (mut state_machine, view) =
+            StateMachine::open(&db, &cfg.data_dir, Arc::new(observers))?;
+        let state_machine_dropped = state_machine.dropped();
 
         let peers = PeerClient::new();
         let faults = peers.faults();
@@ -315,6 +321,7 @@ impl Node {
             watch: watch_hub,
             flease,
             db,
+            state_machine_dropped,
             cancel,
             tasks,
         };
@@ -378,6 +385,12 @@ impl Node {
             .is_err()
         {
             tracing::warn!("tasks still running 10 s after shutdown began");
+        }
+        if tokio::time::timeout(Duration::from_secs(10), self.state_machine_dropped)
+            .await
+            .is_err()
+        {
+            tracing::warn!("the state machine still held 10 s after shutdown began");
         }
         if let Err(e) = self.db.flush_async().await {
             tracing::error!(error = %e, "final flush failed");

@@ -862,9 +862,20 @@ impl Consensus {
 
     /// What this node knows of its own health, now.
     pub fn health(&self) -> NodeHealth {
-        let m = self.inner.raft.metrics().borrow().clone();
+        let m = self.inner.raft.metrics();
+        let m = m.borrow();
         let ages = self.inner.peers.contacts().ages();
         let applied = self.inner.view.applied().log_index;
+        self.health_of(&m, &ages, applied)
+    }
+
+    /// [`Consensus::health`] from readings already taken.
+    fn health_of(
+        &self,
+        m: &openraft::RaftMetrics<NodeId, BasicNode>,
+        ages: &BTreeMap<NodeId, u64>,
+        applied: u64,
+    ) -> NodeHealth {
         let is_leader = m.state == ServerState::Leader && m.current_leader == Some(self.inner.id);
         NodeHealth {
             node_id: self.inner.id,
@@ -945,7 +956,10 @@ impl Consensus {
                 }
             })
             .collect();
-        let readiness = self.readiness();
+        let readiness = health::readiness(
+            &self.health_of(&m, &ages, applied.log_index),
+            self.election_timeout_ms(),
+        );
         let state = match m.state {
             ServerState::Leader => "leader",
             ServerState::Follower => "follower",
