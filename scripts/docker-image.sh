@@ -5,7 +5,7 @@
 #
 # The image is FROM scratch: the release binary, the shared libraries ldd says it links, the
 # dynamic loader, and a minimal /etc (nsswitch.conf, passwd, group). No shell, no package manager;
-# the healthcheck in docker-compose.yml uses the binary itself (`leasecore cluster status`).
+# the healthcheck in docker-compose.yml uses the binary itself (`leasecore cluster status --ready`).
 #
 # Name resolution: peers are reached as http://nodeN:7001 through reqwest, which resolves names
 # with glibc's getaddrinfo. getaddrinfo reads /etc/nsswitch.conf and loads the libnss_* modules
@@ -108,7 +108,7 @@ ENV PATH=/usr/local/bin \
 VOLUME /data
 EXPOSE 7001
 HEALTHCHECK --interval=5s --timeout=3s --start-period=10s --retries=5 \
-  CMD ["/usr/local/bin/leasecore", "cluster", "status", "--endpoints", "http://127.0.0.1:7001"]
+  CMD ["/usr/local/bin/leasecore", "cluster", "status", "--ready", "--endpoints", "http://127.0.0.1:7001"]
 ENTRYPOINT ["/usr/local/bin/leasecore"]
 CMD ["serve"]
 EOF

@@ -29,6 +29,9 @@ use leasecore::wire::LeaseInfo;
 use serde::Serialize;
 use std::sync::Arc;
 
+#[path = "cli/cluster_health.rs"]
+mod cluster_health;
+
 #[derive(Parser)]
 #[command(
     name = "leasecore",
@@ -322,8 +325,13 @@ fn parse_meta(s: &str) -> Result<(String, String), String> {
 
 #[derive(Subcommand)]
 enum ClusterCmd {
-    /// Show the leader, terms, indexes and members.
-    Status,
+    /// Show the leader, terms, indexes and members (reachability, last contact, lag). Exits
+    /// non-zero when the node knows no leader.
+    Status {
+        /// Only ask each endpoint's /readyz; exit non-zero unless all are ready (healthchecks).
+        #[arg(long)]
+        ready: bool,
+    },
     /// Add a node (it must be running with --join): learner first, then voter.
     Add { id: NodeId, address: String },
     /// Remove a node from the membership.
@@ -948,8 +956,12 @@ async fn agent(cfg: AgentConfig, verbose: bool, conn: &ConnArgs) -> Result<(), C
 async fn cluster(cmd: ClusterCmd, conn: &ConnArgs) -> Result<(), ClientError> {
     let client = Client::new(&conn.endpoints)?;
     let view = match cmd {
-        ClusterCmd::Status => client.cluster_status().await?,
-        ClusterCmd::Add { id, address } => client.add_node(id, &address).await?,
+        ClusterCmd::Status { ready } => {
+            return cluster_health::status(&conn.endpoints, conn.json, ready).await;
+        }
+        ClusterCmd::Add { id, address } => {
+            return cluster_health::add(&conn.endpoints, conn.json, id, &address).await;
+        }
         ClusterCmd::Remove { id } => client.remove_node(id).await?,
     };
     if conn.json {

@@ -12,7 +12,9 @@
 //! 1. cancel: the HTTP server stops accepting and drivers return;
 //! 2. `raft.shutdown()`: in-flight proposals fail with `shutting_down` rather than hang;
 //! 3. wait for every tracked task (bounded), so nothing outlives the node;
-//! 4. flush sled, then drop it, releasing the directory lock for a restart.
+//! 4. wait (bounded) until openraft's state-machine task has dropped the state machine: it runs
+//!    in its own task, which may end after `raft.shutdown()` returns, and holds sled open;
+//! 5. flush sled, then drop it, releasing the directory lock for a restart.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -43,6 +45,7 @@ use crate::runtime::bootstrap::probe_peers;
 use crate::runtime::election::ElectionWatchdog;
 use crate::runtime::flease::FleaseService;
 use crate::runtime::lease::{DEFAULT_MIN_TTL_MS, LeaseConfig, LeaseHub, LeaseService};
+use crate::runtime::quorum::QuorumWatchdog;
 use crate::runtime::watch::WatchHub;
 use crate::storage;
 
@@ -98,6 +101,9 @@ pub struct NodeConfig {
     /// runs (see `domain::bootstrap`); zero skips the question (in-process test clusters whose
     /// peers are bound but not yet serving).
     pub peer_probe: Duration,
+    /// How long adding a node waits for it to answer and catch up before it is promoted to
+    /// voter; on timeout it stays a learner (add it again to resume waiting).
+    pub catch_up_ms: u64,
 }
 
 impl NodeConfig {
@@ -118,6 +124,7 @@ impl NodeConfig {
             history: HistoryLimits::default(),
             flease: FleaseConfig::default(),
             peer_probe: Duration::from_secs(2),
+            catch_up_ms: 10_000,
         }
     }
 
@@ -126,7 +133,8 @@ impl NodeConfig {
             // Long enough to ride out one election (lease + timeout), short enough to answer.
             leader_wait: Duration::from_millis(3 * self.timings.election_max_ms),
             request: Duration::from_secs(10),
-            catch_up: Duration::from_secs(120),
+            catch_up: Duration::from_millis(self.catch_up_ms),
+            election_timeout: Duration::from_millis(self.timings.election_max_ms),
         }
     }
 
@@ -141,6 +149,9 @@ impl NodeConfig {
             install_snapshot_timeout: 60_000,
             snapshot_policy: SnapshotPolicy::LogsSinceLast(self.snapshot_threshold.max(1)),
             max_in_snapshot_log_to_keep: (self.snapshot_threshold / 2).min(1000),
+            // Only openraft's blocking add_learner reads this, and leasecore does not use it:
+            // a learner is promoted by `domain::health::learner_caught_up`, which also
+            // requires that it answered (a lag threshold alone passes a dead node).
             replication_lag_threshold: self.snapshot_threshold.max(1) * 2,
             max_payload_entries: 512,
             ..Default::default()
@@ -211,6 +222,8 @@ pub struct Node {
     watch: Arc<WatchHub>,
     flease: Arc<FleaseService>,
     db: sled::Db,
+    /// Completes when openraft has dropped the state machine (see the shutdown order).
+    state_machine_dropped: tokio::sync::oneshot::Receiver<()>,
     cancel: CancellationToken,
     tasks: TaskTracker,
 }
@@ -285,7 +298,9 @@ impl Node {
         let start_revision = storage_revision(&db)?;
         let watch_hub = Arc::new(WatchHub::new(cfg.history, start_revision, cancel.clone()));
         let observers = Observers(vec![lease_hub.clone(), watch_hub.clone()]);
-        let (state_machine, view) = StateMachine::open(&db, &cfg.data_dir, Arc::new(observers))?;
+        let (mut state_machine, view) =
+            StateMachine::open(&db, &cfg.data_dir, Arc::new(observers))?;
+        let state_machine_dropped = state_machine.dropped();
 
         let peers = PeerClient::new();
         let faults = peers.faults();
@@ -346,6 +361,15 @@ impl Node {
             }
             .run(cancel.clone()),
         );
+        tasks.spawn(
+            QuorumWatchdog {
+                port: consensus.clone(),
+                clock: clock.clone(),
+                check_every: Duration::from_millis(cfg.timings.heartbeat_ms),
+                election_timeout: election_max,
+            }
+            .run(cancel.clone()),
+        );
 
         let node = Node {
             faults,
@@ -356,6 +380,7 @@ impl Node {
             watch: watch_hub,
             flease,
             db,
+            state_machine_dropped,
             cancel,
             tasks,
         };
@@ -419,6 +444,12 @@ impl Node {
             .is_err()
         {
             tracing::warn!("tasks still running 10 s after shutdown began");
+        }
+        if tokio::time::timeout(Duration::from_secs(10), self.state_machine_dropped)
+            .await
+            .is_err()
+        {
+            tracing::warn!("the state machine still held 10 s after shutdown began");
         }
         if let Err(e) = self.db.flush_async().await {
             tracing::error!(error = %e, "final flush failed");

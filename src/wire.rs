@@ -82,6 +82,17 @@ pub struct AddNodeRequest {
     pub address: String,
 }
 
+/// Answer of `POST /v1/cluster/nodes`: the cluster view after the change, whether the node is
+/// a voter, and (when it stayed a learner: status 202) why.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct AddNodeResponse {
+    #[serde(flatten)]
+    pub view: crate::raft::consensus::ClusterView,
+    pub voter: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
 /// The error document: `{"error": {"code", "message", ...details}}`.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct ErrorBody {

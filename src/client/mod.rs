@@ -348,6 +348,26 @@ impl Client {
             .await
     }
 
+    /// Add a node; the answer says whether it became a voter, and why not.
+    pub async fn add_node_detailed(
+        &self,
+        id: NodeId,
+        address: &str,
+    ) -> Result<crate::wire::AddNodeResponse, ClientError> {
+        let body = AddNodeRequest {
+            id,
+            address: address.to_string(),
+        };
+        self.call(Method::POST, "/v1/cluster/nodes", Some(&body))
+            .await
+    }
+
+    /// `GET /readyz` of the first endpoint that answers: `Ok` with the document if that node
+    /// is ready, the `not_ready` error otherwise.
+    pub async fn readyz(&self) -> Result<Value, ClientError> {
+        self.call(Method::GET, "/readyz", None::<&()>).await
+    }
+
     /// Remove a node from the cluster.
     pub async fn remove_node(&self, id: NodeId) -> Result<ClusterView, ClientError> {
         self.call(

@@ -18,10 +18,12 @@
 //! - [`kv`]: `KvState`, the replicated key-value state machine (keys and leases).
 //! - [`lease`]: `LeaseTracker`, the leader-only lease deadlines.
 //! - [`members`]: membership as leased keys (`members/{id}`): layout and record.
+//! - [`health`]: readiness, quorum loss, peer reachability, learner catch-up.
 
 pub mod bootstrap;
 pub mod command;
 pub mod flease;
+pub mod health;
 pub mod history;
 pub mod kv;
 pub mod lease;

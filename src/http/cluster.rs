@@ -1,4 +1,12 @@
-//! `/v1/cluster`: membership status and changes, `/health` and `/metrics`.
+//! `/v1/cluster`: membership status and changes; `/health`, `/livez`, `/readyz` and `/metrics`.
+//!
+//! - `/livez`: the process is up and its Raft core runs (etcd's livez).
+//! - `/readyz`: the node knows a leader it heard from within an election timeout (itself, with
+//!   a fresh quorum acknowledgement, if it leads) and has applied what it knows to be committed
+//!   (`domain::health::readiness`); 503 `not_ready` with the reason otherwise (etcd's readyz).
+//!   A node only briefly behind on apply is given a bounded moment to catch up before it is
+//!   judged, so that readiness does not flap under load.
+//! - `/health`: always 200 (for old scripts), with `"status": "ok"` only when ready.
 
 use axum::Json;
 use axum::extract::State;
@@ -9,19 +17,26 @@ use serde_json::{Value, json};
 use super::AppState;
 use super::error::ApiError;
 use super::extract::{ApiJson, ApiPath};
-use crate::raft::consensus::{AdminRequest, ClusterView};
-use crate::wire::AddNodeRequest;
+use crate::domain::health::NotReady;
+use crate::raft::consensus::{AdminOutcome, AdminRequest, ClusterView};
+use crate::wire::{AddNodeRequest, AddNodeResponse};
+use axum::http::StatusCode;
+
+/// How long `/readyz` lets a node that is only behind on apply catch up before judging it.
+const READY_APPLY_WAIT: std::time::Duration = std::time::Duration::from_millis(500);
 
 pub async fn status(State(state): State<AppState>) -> Json<ClusterView> {
     Json(state.consensus.cluster_view())
 }
 
+/// 200 when the node is a voter; 202 when it was added but stays a learner (it did not answer
+/// or catch up in time): the answer says why, and the node can be removed or added again.
 pub async fn add_node(
     State(state): State<AppState>,
     ApiJson(req): ApiJson<AddNodeRequest>,
-) -> Result<Json<ClusterView>, ApiError> {
+) -> Result<(StatusCode, Json<AddNodeResponse>), ApiError> {
     check_address(&req.address)?;
-    state
+    let outcome = state
         .consensus
         .admin(AdminRequest::AddNode {
             id: req.id,
@@ -29,11 +44,26 @@ pub async fn add_node(
         })
         .await?;
     let id = req.id;
+    // What this node's view must show before answering (a forwarded change reaches it a
+    // moment after the leader): the node as a voter, as a learner, or gone.
+    let (status, message, expect) = match outcome {
+        AdminOutcome::Done => (StatusCode::OK, None, Some(true)),
+        AdminOutcome::Learner { message } => (StatusCode::ACCEPTED, Some(message), Some(false)),
+        AdminOutcome::Removed { message } => (StatusCode::ACCEPTED, Some(message), None),
+    };
     let view = state
         .consensus
-        .view_once(|v| v.nodes.iter().any(|n| n.id == id && n.voter))
+        .view_once(|v| v.nodes.iter().find(|n| n.id == id).map(|n| n.voter) == expect)
         .await;
-    Ok(Json(view))
+    let voter = view.nodes.iter().any(|n| n.id == id && n.voter);
+    Ok((
+        status,
+        Json(AddNodeResponse {
+            view,
+            voter,
+            message,
+        }),
+    ))
 }
 
 pub async fn remove_node(
@@ -69,12 +99,56 @@ fn check_address(addr: &str) -> Result<(), ApiError> {
 
 pub async fn health(State(state): State<AppState>) -> Json<Value> {
     let view = state.consensus.cluster_view();
-    Json(json!({
-        "status": "ok",
+    let mut doc = json!({
+        "status": if view.ready { "ok" } else { "not_ready" },
         "node_id": view.node_id,
         "state": view.state,
         "leader_id": view.leader_id,
-    }))
+        "ready": view.ready,
+    });
+    if let Some(why) = view.not_ready {
+        doc["not_ready"] = json!(why);
+    }
+    Json(doc)
+}
+
+/// The process is alive: it answers, and its Raft core has not stopped.
+pub async fn livez(State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
+    let running = state
+        .consensus
+        .raft()
+        .metrics()
+        .borrow()
+        .running_state
+        .is_ok();
+    if !running {
+        return Err(crate::raft::consensus::ConsensusError::ShuttingDown.into());
+    }
+    Ok(Json(
+        json!({"status": "alive", "node_id": state.consensus.id()}),
+    ))
+}
+
+/// The node is ready to serve (see the module docs).
+pub async fn readyz(State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
+    let consensus = &state.consensus;
+    let mut verdict = consensus.readiness();
+    if let Err(NotReady::Applying { commit_index, .. }) = verdict {
+        consensus
+            .view()
+            .wait_applied(commit_index, READY_APPLY_WAIT)
+            .await;
+        verdict = consensus.readiness();
+    }
+    verdict?;
+    let view = consensus.cluster_view();
+    Ok(Json(json!({
+        "status": "ready",
+        "node_id": view.node_id,
+        "state": view.state,
+        "leader_id": view.leader_id,
+        "applied_index": view.applied_index,
+    })))
 }
 
 pub async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
@@ -89,6 +163,11 @@ pub async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
             "leasecore_is_leader",
             "1 if this node is the Raft leader.",
             is_leader,
+        ),
+        (
+            "leasecore_ready",
+            "1 if this node is ready (as /readyz judges, without its wait for apply).",
+            if v.ready { 1.0 } else { 0.0 },
         ),
         (
             "leasecore_raft_term",

@@ -9,6 +9,7 @@ use axum::response::{IntoResponse, Response};
 use serde_json::{Map, Value, json};
 
 use crate::domain::command::KvError;
+use crate::domain::health::NotReady;
 use crate::domain::limits::InvalidInput;
 use crate::raft::consensus::ConsensusError;
 use crate::runtime::lease::LeaseError;
@@ -109,7 +110,37 @@ impl From<ConsensusError> for ApiError {
             ConsensusError::NodeNotFound { id } => {
                 ApiError::not_found("node_not_found", message).with("id", id)
             }
+            // Nothing was done, and the same request may succeed later: a conflict with the
+            // change in flight, retryable (it carries Retry-After too).
+            ConsensusError::ChangeInProgress { .. } => ApiError::new(
+                StatusCode::CONFLICT,
+                "membership_change_in_progress",
+                message,
+            ),
         }
+    }
+}
+
+impl From<NotReady> for ApiError {
+    fn from(e: NotReady) -> Self {
+        let message = match &e {
+            NotReady::NoLeader => "no leader is known".to_string(),
+            NotReady::NoQuorum { .. } => {
+                "this node leads but no quorum acknowledged it within an election timeout".into()
+            }
+            NotReady::LeaderSilent { leader_id, .. } => {
+                format!("nothing heard from leader {leader_id} within an election timeout")
+            }
+            NotReady::Applying {
+                applied_index,
+                commit_index,
+            } => format!("applied up to {applied_index}, committed up to {commit_index}"),
+        };
+        let mut err = ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "not_ready", message);
+        if let Ok(Value::Object(details)) = serde_json::to_value(&e) {
+            err.details.extend(details);
+        }
+        err
     }
 }
 
@@ -128,7 +159,8 @@ impl From<LeaseError> for ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let retryable = self.status == StatusCode::SERVICE_UNAVAILABLE;
+        let retryable = self.status == StatusCode::SERVICE_UNAVAILABLE
+            || self.code == "membership_change_in_progress";
         let body = ErrorBody {
             error: ErrorDetail {
                 code: self.code.to_string(),
@@ -142,5 +174,34 @@ impl IntoResponse for ApiError {
                 .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
         }
         resp
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_membership_change_at_a_time_is_a_retryable_409_not_a_400() {
+        let e: ApiError = ConsensusError::ChangeInProgress {
+            message: "m".into(),
+        }
+        .into();
+        assert_eq!(e.status, StatusCode::CONFLICT);
+        assert_eq!(e.code, "membership_change_in_progress");
+        let resp = e.into_response();
+        assert!(resp.headers().contains_key(header::RETRY_AFTER));
+    }
+
+    #[test]
+    fn not_ready_is_a_503_with_its_reason() {
+        let e: ApiError = NotReady::NoQuorum {
+            quorum_ack_age_ms: Some(1500),
+        }
+        .into();
+        assert_eq!(e.status, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(e.code, "not_ready");
+        assert_eq!(e.details["reason"], "no_quorum");
+        assert_eq!(e.details["quorum_ack_age_ms"], 1500);
     }
 }

@@ -89,6 +89,8 @@ pub fn route_table() -> Vec<RouteSpec> {
     use Audience::{Peer, Public};
     vec![
         spec("GET", "/health", Public, get(cluster::health)),
+        spec("GET", "/livez", Public, get(cluster::livez)),
+        spec("GET", "/readyz", Public, get(cluster::readyz)),
         spec("GET", "/metrics", Public, get(cluster::metrics)),
         spec("GET", "/v1/kv", Public, get(kv::list)),
         spec("PUT", "/v1/kv/{*key}", Public, put(kv::put)),

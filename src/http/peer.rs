@@ -18,7 +18,7 @@ use super::AppState;
 use super::error::ApiError;
 use super::extract::ApiJson;
 use crate::domain::command::{Command, Response};
-use crate::raft::consensus::{AdminRequest, ConsensusError};
+use crate::raft::consensus::{AdminOutcome, AdminRequest, ConsensusError};
 use crate::raft::network::decode_snapshot_frame;
 use crate::raft::{NodeId, TypeConfig};
 use crate::runtime::lease::{LeaseError, RefreshAck};
@@ -30,6 +30,11 @@ pub async fn append(
     // MessagePack (see raft::network): values travel as raw bytes.
     let req: AppendEntriesRequest<TypeConfig> = rmp_serde::from_slice(&body)
         .map_err(|e| ApiError::invalid(format!("undecodable append request: {e}")))?;
+    if req.vote.is_committed() {
+        // A leader's message: the follower's "last heard from my leader" (readiness).
+        let leader = req.vote.leader_id().node_id;
+        state.consensus.peers().contacts().heard_from(leader);
+    }
     Ok(Json(state.consensus.raft().append_entries(req).await))
 }
 
@@ -72,7 +77,7 @@ pub async fn read_index(State(state): State<AppState>) -> Json<Result<u64, Conse
 pub async fn admin(
     State(state): State<AppState>,
     ApiJson(req): ApiJson<AdminRequest>,
-) -> Json<Result<(), ConsensusError>> {
+) -> Json<Result<AdminOutcome, ConsensusError>> {
     Json(state.consensus.admin_here(req).await)
 }
 

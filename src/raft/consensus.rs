@@ -9,24 +9,39 @@
 //!   the caller then reads its local state. Concurrent callers share quorum rounds through a
 //!   [`RoundBatcher`]; a follower forwards one round to the leader for all its waiting callers.
 //! - membership changes (learner, then voter) and removal, forwarded to the leader likewise.
+//!   A node becomes a voter only after it answered and caught up (`domain::health::
+//!   learner_caught_up`), within a bounded wait; otherwise it stays a learner and the answer
+//!   says so ([`AdminOutcome::Learner`]). One change at a time: a change refused because
+//!   another has not committed yet is [`ConsensusError::ChangeInProgress`] (retry).
+//! - health: [`Consensus::health`] and [`Consensus::cluster_view`] snapshot what the node knows
+//!   (openraft's metrics, peer contacts, applied and committed indexes) for the pure rules of
+//!   `domain::health`; [`Consensus::step_down`] is the leader's way out when those rules say it
+//!   lost its quorum (see its docs for how, in openraft 0.9).
 //!
 //! # Invariants
 //! - A forwarded request whose delivery is uncertain is never retried: the caller gets
 //!   [`ConsensusError::OutcomeUnknown`]. Only a request that certainly did not reach the leader
 //!   (the connection was refused) is sent again, after the node learns of a new leader.
 //! - No lock is held across an await; all shared state is openraft's own (metrics) or atomics.
+//! - An error that says "nothing was done" (`NotLeader`, `NoLeader`, `NoQuorum`) is only ever
+//!   returned before the first step of an operation was taken. Once a step may have taken effect
+//!   (a learner was added, a joint configuration proposed), losing leadership is
+//!   [`ConsensusError::OutcomeUnknown`].
+//! - A leader that lost its quorum (`domain::health::leader_lost_quorum`) accepts no new
+//!   proposal: it answers [`ConsensusError::NoQuorum`] at once instead of queueing it.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use openraft::error::{
     ChangeMembershipError, CheckIsLeaderError, ClientWriteError, InitializeError, RaftError,
 };
-use openraft::{BasicNode, ChangeMembers, ServerState};
+use openraft::raft::VoteRequest;
+use openraft::{BasicNode, ChangeMembers, LogId, ServerState, Vote};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, oneshot};
@@ -35,6 +50,7 @@ use super::network::{PeerClient, routes};
 use super::state_machine::StateView;
 use super::{NodeId, Raft};
 use crate::domain::command::{Command, Response};
+use crate::domain::health::{self, NodeHealth};
 use crate::domain::types::Revision;
 use crate::runtime::batch::{RoundBatcher, RoundFuture};
 use crate::runtime::election::ElectionPort;
@@ -67,6 +83,22 @@ pub enum ConsensusError {
     /// A membership change named a node that is not in the cluster.
     #[error("node {id} is not in the cluster")]
     NodeNotFound { id: NodeId },
+    /// Another membership change has not committed yet: one change at a time. Retry later.
+    #[error("{message}")]
+    ChangeInProgress { message: String },
+}
+
+/// How a membership request ended (when it did not fail).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "outcome", rename_all = "snake_case")]
+pub enum AdminOutcome {
+    /// The change is in effect (the node is a voter, or is gone).
+    Done,
+    /// The node was added but stays a learner: it did not answer or catch up in time. It can
+    /// be removed, or added again to resume waiting.
+    Learner { message: String },
+    /// The node was added as a learner, then removed (by another call) while it caught up.
+    Removed { message: String },
 }
 
 /// A cluster membership request, forwarded to the leader.
@@ -83,6 +115,8 @@ pub struct MemberNode {
     pub id: NodeId,
     pub address: String,
     pub voter: bool,
+    #[serde(flatten, default)]
+    pub status: MemberStatus,
 }
 
 /// This node's view of the cluster.
@@ -97,6 +131,14 @@ pub struct ClusterView {
     pub last_log_index: u64,
     pub revision: Revision,
     pub nodes: Vec<MemberNode>,
+    /// Whether this node is ready (`domain::health::readiness`), and why not.
+    #[serde(default)]
+    pub ready: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub not_ready: Option<health::NotReady>,
+    /// On the leader: milliseconds since a quorum last acknowledged it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quorum_ack_ms: Option<u64>,
 }
 
 /// Whether a forwarded operation may be delivered twice.
@@ -129,6 +171,25 @@ pub struct ConsensusTimeouts {
     pub request: Duration,
     /// The deadline of a learner's catch-up when a node is added.
     pub catch_up: Duration,
+    /// The longest election timeout: a leader that heard from no quorum for longer has lost it,
+    /// and a follower that heard nothing from its leader for longer is not ready.
+    pub election_timeout: Duration,
+}
+
+/// The most entries a learner may lag behind the leader's log and still be promoted.
+const PROMOTE_MAX_LAG: u64 = 64;
+
+/// Per-member status in [`ClusterView`], as this node knows it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemberStatus {
+    /// Heard from within an election timeout (`None`: this node has no way to know).
+    pub reachable: Option<bool>,
+    /// Milliseconds since this node last heard from the member.
+    pub last_contact_ms: Option<u64>,
+    /// Entries of the leader's log the member has not acknowledged (known on the leader only).
+    pub lag: Option<u64>,
+    /// The last log index the member acknowledged (known on the leader only).
+    pub matched_index: Option<u64>,
 }
 
 /// The Raft handle of the node, as the rest of leasecore sees it. Cheap to clone.
@@ -144,6 +205,9 @@ struct Inner {
     view: StateView,
     committed: Arc<AtomicU64>,
     timeouts: ConsensusTimeouts,
+    /// Set when this node stepped down for lack of a quorum, cleared once it knows a leader
+    /// again: meanwhile there is no point waiting for a leader, the answer is `NoQuorum` now.
+    cut_off: Arc<AtomicBool>,
     /// Read rounds for local callers: confirm here if leader, else forward to the leader.
     reads: RoundBatcher<u64, ConsensusError>,
     /// Read rounds for forwarded callers: confirm here, never forward.
@@ -204,6 +268,13 @@ fn from_write_error(e: RaftError<NodeId, ClientWriteError<NodeId, BasicNode>>) -
             ChangeMembershipError::LearnerNotFound(l) => {
                 ConsensusError::NodeNotFound { id: l.node_id }
             }
+            ChangeMembershipError::InProgress(p) => ConsensusError::ChangeInProgress {
+                message: format!(
+                    "another membership change has not committed yet ({p}); one change at a \
+                     time: retry when it has (if it never does, a voter it needs is down: start \
+                     that node again)"
+                ),
+            },
             other => ConsensusError::InvalidMembership {
                 message: other.to_string(),
             },
@@ -226,6 +297,7 @@ fn any_read_round(
     me: NodeId,
     peers: PeerClient,
     timeouts: ConsensusTimeouts,
+    cut_off: Arc<AtomicBool>,
 ) -> RoundFuture<u64, ConsensusError> {
     Box::pin(async move {
         let mut stale = None;
@@ -242,6 +314,9 @@ fn any_read_round(
                         // A read round changes nothing, so any failure can be retried.
                         Err(_) => stale = Some(id),
                     }
+                }
+                LeaderRef::Unknown if cut_off.load(Ordering::Relaxed) => {
+                    return Err(ConsensusError::NoQuorum);
                 }
                 LeaderRef::Unknown => {}
             }
@@ -263,10 +338,11 @@ impl Consensus {
         timeouts: ConsensusTimeouts,
     ) -> (Self, ProposalQueue) {
         let (proposals, queue) = mpsc::unbounded_channel();
+        let cut_off = Arc::new(AtomicBool::new(false));
         let reads = {
-            let (raft, peers) = (raft.clone(), peers.clone());
+            let (raft, peers, cut_off) = (raft.clone(), peers.clone(), cut_off.clone());
             RoundBatcher::new(
-                move || any_read_round(raft.clone(), id, peers.clone(), timeouts),
+                move || any_read_round(raft.clone(), id, peers.clone(), timeouts, cut_off.clone()),
                 ConsensusError::ShuttingDown,
             )
         };
@@ -285,6 +361,7 @@ impl Consensus {
                 view,
                 committed,
                 timeouts,
+                cut_off,
                 reads,
                 leader_reads,
                 proposals,
@@ -300,10 +377,16 @@ impl Consensus {
         &self,
         cmd: Command,
     ) -> impl Future<Output = Result<Response, ConsensusError>> + Send + 'static {
+        // A leader cut off from its quorum could never commit it: say so now, having done
+        // nothing, rather than time out with the outcome in doubt.
+        let gated = self.quorum_lost();
         let (tx, rx) = oneshot::channel();
-        let sent = self.inner.proposals.send((cmd, tx)).is_ok();
+        let sent = !gated && self.inner.proposals.send((cmd, tx)).is_ok();
         let t = self.inner.timeouts.request;
         async move {
+            if gated {
+                return Err(ConsensusError::NoQuorum);
+            }
             if !sent {
                 return Err(ConsensusError::ShuttingDown);
             }
@@ -449,6 +532,9 @@ impl Consensus {
                         }
                     }
                 }
+                LeaderRef::Unknown if inner.cut_off.load(Ordering::Relaxed) => {
+                    return Err(E::from(ConsensusError::NoQuorum));
+                }
                 LeaderRef::Unknown => {}
             }
             if !wait_for_new_leader(&inner.raft, stale, inner.timeouts.leader_wait).await {
@@ -496,7 +582,7 @@ impl Consensus {
     }
 
     /// Apply a membership request from any node (forwarded to the leader).
-    pub async fn admin(&self, req: AdminRequest) -> Result<(), ConsensusError> {
+    pub async fn admin(&self, req: AdminRequest) -> Result<AdminOutcome, ConsensusError> {
         self.on_leader(routes::ADMIN, &req, Delivery::AtMostOnce, || {
             self.admin_here(req.clone())
         })
@@ -504,45 +590,32 @@ impl Consensus {
     }
 
     /// Apply a membership request on this node as leader.
-    pub async fn admin_here(&self, req: AdminRequest) -> Result<(), ConsensusError> {
+    pub async fn admin_here(&self, req: AdminRequest) -> Result<AdminOutcome, ConsensusError> {
         if !self.is_leader() {
             return Err(ConsensusError::NotLeader);
         }
-        let raft = &self.inner.raft;
-        let membership = raft.metrics().borrow().membership_config.clone();
+        if self.quorum_lost() {
+            return Err(ConsensusError::NoQuorum);
+        }
+        let membership = self.inner.raft.metrics().borrow().membership_config.clone();
         let membership = membership.membership();
         let voters: BTreeSet<NodeId> = membership.voter_ids().collect();
         match req {
             AdminRequest::AddNode { id, address } => {
-                if let Some(existing) = membership.get_node(&id) {
-                    if existing.addr != address {
-                        return Err(ConsensusError::InvalidMembership {
-                            message: format!(
-                                "node {id} is already in the cluster at {}; remove it first",
-                                existing.addr
-                            ),
-                        });
-                    }
-                    if voters.contains(&id) {
-                        return Ok(());
-                    }
+                let existing = membership.get_node(&id).map(|n| n.addr.clone());
+                // A voter of the configuration being entered counts as a voter only once the
+                // joint configuration is left: adding it again finishes the change.
+                let is_voter = voters.contains(&id) && membership.get_joint_config().len() == 1;
+                if existing.as_deref() == Some(address.as_str())
+                    && voters.contains(&id)
+                    && !is_voter
+                {
+                    let ids = BTreeSet::from([id]);
+                    self.change_membership(ChangeMembers::AddVoterIds(ids))
+                        .await?;
+                    return Ok(AdminOutcome::Done);
                 }
-                // Learner first: it catches up (by snapshot if the log was purged) without
-                // counting toward any quorum, then it is promoted.
-                let catch_up = raft.add_learner(id, BasicNode::new(address), true);
-                match tokio::time::timeout(self.inner.timeouts.catch_up, catch_up).await {
-                    Ok(r) => r.map_err(from_write_error)?,
-                    Err(_) => {
-                        return Err(ConsensusError::Timeout {
-                            ms: self.inner.timeouts.catch_up.as_millis() as u64,
-                        });
-                    }
-                };
-                let ids = BTreeSet::from([id]);
-                raft.change_membership(ChangeMembers::AddVoterIds(ids), false)
-                    .await
-                    .map_err(from_write_error)?;
-                Ok(())
+                self.add_node_here(id, address, existing, is_voter).await
             }
             AdminRequest::RemoveNode { id } => {
                 if membership.get_node(&id).is_none() {
@@ -559,15 +632,273 @@ impl Consensus {
                 } else {
                     ChangeMembers::RemoveNodes(ids)
                 };
-                let t = self.inner.timeouts.request;
-                match tokio::time::timeout(t, raft.change_membership(change, false)).await {
-                    Ok(r) => r.map(|_| ()).map_err(from_write_error),
-                    Err(_) => Err(ConsensusError::Timeout {
-                        ms: t.as_millis() as u64,
-                    }),
-                }
+                self.change_membership(change).await?;
+                Ok(AdminOutcome::Done)
             }
         }
+    }
+
+    /// Add `id` as a learner (unless it is one), wait (bounded) until it answered and caught
+    /// up, then promote it to voter. On timeout it stays a learner.
+    async fn add_node_here(
+        &self,
+        id: NodeId,
+        address: String,
+        existing: Option<String>,
+        is_voter: bool,
+    ) -> Result<AdminOutcome, ConsensusError> {
+        let raft = &self.inner.raft;
+        let membership_index = match existing {
+            Some(addr) if addr != address => {
+                return Err(ConsensusError::InvalidMembership {
+                    message: format!(
+                        "node {id} is already in the cluster at {addr}; remove it first"
+                    ),
+                });
+            }
+            Some(_) if is_voter => return Ok(AdminOutcome::Done),
+            // Already a learner (an earlier add that timed out): resume waiting. The
+            // membership that holds it is the current one.
+            Some(_) => {
+                let m = raft.metrics().borrow().membership_config.clone();
+                m.log_id().map(|l| l.index).unwrap_or(0)
+            }
+            // Learner first: it catches up (by snapshot if the log was purged) without
+            // counting toward any quorum. Not `blocking`: openraft's own wait judges "caught
+            // up" by a lag threshold alone, which a node that never answered passes while the
+            // log is short.
+            None => {
+                let t = self.inner.timeouts.request;
+                let add = raft.add_learner(id, BasicNode::new(address), false);
+                match tokio::time::timeout(t, add).await {
+                    Ok(Ok(resp)) => resp.log_id.index,
+                    // Refused before anything was written: the caller may retry elsewhere.
+                    Ok(Err(e)) => return Err(from_write_error(e)),
+                    Err(_) => {
+                        return Err(ConsensusError::Timeout {
+                            ms: t.as_millis() as u64,
+                        });
+                    }
+                }
+            }
+        };
+        // From here on the learner is in the membership: an error must not claim that nothing
+        // was done.
+        let after_learner = |e: ConsensusError| match e {
+            ConsensusError::NotLeader | ConsensusError::NoLeader => {
+                ConsensusError::OutcomeUnknown {
+                    detail: format!(
+                        "node {id} was added as a learner, then this node lost the leadership \
+                         while promoting it; check `GET /v1/cluster`"
+                    ),
+                }
+            }
+            ConsensusError::ChangeInProgress { message } => ConsensusError::ChangeInProgress {
+                message: format!("node {id} stays a learner: {message}"),
+            },
+            other => other,
+        };
+        let wait = self.inner.timeouts.catch_up;
+        let mut metrics = raft.metrics();
+        let judged = metrics.wait_for(|m| {
+            let gone = m.membership_config.membership().get_node(&id).is_none();
+            let deposed = m.state != ServerState::Leader;
+            gone || deposed || caught_up(m, id, membership_index)
+        });
+        // Only whether it settled: the metrics guard must not live across the awaits below.
+        let settled = matches!(tokio::time::timeout(wait, judged).await, Ok(Ok(_)));
+        let m = raft.metrics().borrow().clone();
+        if m.membership_config.membership().get_node(&id).is_none() {
+            return Ok(AdminOutcome::Removed {
+                message: format!("node {id} was removed while it was catching up"),
+            });
+        }
+        if m.state != ServerState::Leader {
+            // The learner's entry committed (add_learner returned) and no promotion was
+            // proposed: the outcome is known, and it is not "nothing was done".
+            return Ok(AdminOutcome::Learner {
+                message: format!(
+                    "node {id} stays a learner: this node lost the leadership while it was \
+                     catching up; add it again to promote it, or remove it"
+                ),
+            });
+        }
+        if !settled || !caught_up(&m, id, membership_index) {
+            let matched = replicated_index(&m, id);
+            return Ok(AdminOutcome::Learner {
+                message: format!(
+                    "node {id} stays a learner: within {} ms it did not answer and catch up \
+                     (acknowledged log index {}, leader at {}, membership entry {membership_index}); \
+                     remove it, or add it again to keep waiting",
+                    wait.as_millis(),
+                    matched.map_or("none".to_string(), |i| i.to_string()),
+                    m.last_log_index.unwrap_or(0),
+                ),
+            });
+        }
+        let ids = BTreeSet::from([id]);
+        self.change_membership(ChangeMembers::AddVoterIds(ids))
+            .await
+            .map_err(after_learner)?;
+        Ok(AdminOutcome::Done)
+    }
+
+    /// Propose a membership change (joint, then uniform), bounded by the request timeout.
+    async fn change_membership(
+        &self,
+        change: ChangeMembers<NodeId, BasicNode>,
+    ) -> Result<(), ConsensusError> {
+        let t = self.inner.timeouts.request;
+        let change = self.inner.raft.change_membership(change, false);
+        match tokio::time::timeout(t, change).await {
+            Ok(Ok(_)) => Ok(()),
+            // A leader change in the middle may leave the joint configuration proposed.
+            Ok(Err(e)) => Err(match from_write_error(e) {
+                ConsensusError::NotLeader => ConsensusError::OutcomeUnknown {
+                    detail: "this node lost the leadership during the membership change; \
+                             check `GET /v1/cluster`"
+                        .into(),
+                },
+                other => other,
+            }),
+            Err(_) => Err(ConsensusError::Timeout {
+                ms: t.as_millis() as u64,
+            }),
+        }
+    }
+
+    /// Whether this node leads but has not heard from a quorum within an election timeout.
+    /// (A leader not yet acknowledged since its election is judged by the quorum watchdog,
+    /// which knows how long it has led.)
+    pub fn quorum_lost(&self) -> bool {
+        let m = self.inner.raft.metrics();
+        let m = m.borrow();
+        m.state == ServerState::Leader
+            && m.millis_since_quorum_ack.is_some()
+            && health::leader_lost_quorum(
+                m.millis_since_quorum_ack,
+                0,
+                self.inner.timeouts.election_timeout.as_millis() as u64,
+            )
+    }
+
+    /// The term this node leads in and how long ago a quorum acknowledged it, if it leads.
+    pub fn leader_status(&self) -> Option<(u64, Option<u64>)> {
+        let m = self.inner.raft.metrics();
+        let m = m.borrow();
+        (m.state == ServerState::Leader).then_some((m.current_term, m.millis_since_quorum_ack))
+    }
+
+    /// Step down as leader: make this node a follower without a leader, so that it stops
+    /// serving writes and reads and the rest of the cluster (if it can reach a quorum) elects
+    /// another leader. Returns whether this node no longer leads.
+    ///
+    /// openraft 0.9 has no step-down call (a leader leaves only when a higher vote reaches it,
+    /// or when it is removed from the membership), and triggering an election would only make
+    /// it a candidate that keeps the old term's followers waiting. So the node hands its own
+    /// Raft core the vote request a peer would send: term + 1, for the smallest other voter,
+    /// with this node's own last log id. The core grants it (the log is as long, the term
+    /// higher), which persists the vote and turns this node into a follower. Why that voter:
+    /// a vote `(term + 1, v)` compares below any leader `(term + 1, w)` with `w >= v`, so this
+    /// node still accepts whichever real leader the others elect in that term; and granting it
+    /// promises nothing else (a real vote request from `v` is still checked against the log).
+    /// The cost: while cut off, the node campaigns in ever higher terms (openraft 0.9 has no
+    /// pre-vote), so healing the partition makes the majority's leader step down once.
+    pub async fn step_down(&self) -> bool {
+        let raft = &self.inner.raft;
+        let (term, vote, last_log_index, other_voter) = {
+            let m = raft.metrics();
+            let m = m.borrow();
+            if m.state != ServerState::Leader {
+                return true;
+            }
+            let other = m
+                .membership_config
+                .membership()
+                .voter_ids()
+                .filter(|v| *v != self.inner.id)
+                .min();
+            (m.current_term, m.vote, m.last_log_index, other)
+        };
+        let Some(other_voter) = other_voter else {
+            // The only voter is its own quorum: it cannot lose it.
+            return false;
+        };
+        // Every entry of this leader's log tail carries its own (committed) leader id.
+        let last_log_id = last_log_index.map(|i| LogId::new(vote.leader_id, i));
+        let req = VoteRequest::new(Vote::new(term + 1, other_voter), last_log_id);
+        match raft.vote(req).await {
+            Ok(resp) if resp.vote_granted => {
+                self.inner.cut_off.store(true, Ordering::Relaxed);
+                tracing::warn!(
+                    term,
+                    "no quorum acknowledged this leader within an election timeout; stepped down"
+                );
+                true
+            }
+            // A log entry appended meanwhile, or the leader lease: try again at the next check.
+            Ok(_) => false,
+            Err(e) => {
+                tracing::warn!(error = %e, "stepping down failed");
+                false
+            }
+        }
+    }
+
+    /// Forget that this node stepped down for lack of a quorum once it knows a leader again
+    /// (the quorum watchdog calls this at every check).
+    pub fn clear_cut_off_if_led(&self) {
+        if self.inner.cut_off.load(Ordering::Relaxed)
+            && self.inner.raft.metrics().borrow().current_leader.is_some()
+        {
+            self.inner.cut_off.store(false, Ordering::Relaxed);
+        }
+    }
+
+    /// The peer client (its contact record).
+    pub fn peers(&self) -> &PeerClient {
+        &self.inner.peers
+    }
+
+    /// What this node knows of its own health, now.
+    pub fn health(&self) -> NodeHealth {
+        let m = self.inner.raft.metrics();
+        let m = m.borrow();
+        let ages = self.inner.peers.contacts().ages();
+        let applied = self.inner.view.applied().log_index;
+        self.health_of(&m, &ages, applied)
+    }
+
+    /// [`Consensus::health`] from readings already taken.
+    fn health_of(
+        &self,
+        m: &openraft::RaftMetrics<NodeId, BasicNode>,
+        ages: &BTreeMap<NodeId, u64>,
+        applied: u64,
+    ) -> NodeHealth {
+        let is_leader = m.state == ServerState::Leader && m.current_leader == Some(self.inner.id);
+        NodeHealth {
+            node_id: self.inner.id,
+            leader_id: m.current_leader,
+            is_leader,
+            quorum_ack_age_ms: if is_leader {
+                m.millis_since_quorum_ack
+            } else {
+                None
+            },
+            leader_contact_age_ms: m.current_leader.and_then(|l| ages.get(&l).copied()),
+            applied_index: applied,
+            commit_index: self.inner.committed.load(Ordering::Relaxed).max(applied),
+        }
+    }
+
+    /// Whether this node is ready (`domain::health::readiness`), now.
+    pub fn readiness(&self) -> Result<(), health::NotReady> {
+        health::readiness(&self.health(), self.election_timeout_ms())
+    }
+
+    fn election_timeout_ms(&self) -> u64 {
+        self.inner.timeouts.election_timeout.as_millis() as u64
     }
 
     /// This node's view of the cluster once it satisfies `settled` (a change committed on the
@@ -591,14 +922,44 @@ impl Consensus {
         let applied = self.inner.view.applied();
         let membership = m.membership_config.membership();
         let voters: BTreeSet<NodeId> = membership.voter_ids().collect();
+        let ages = self.inner.peers.contacts().ages();
+        let et = self.election_timeout_ms();
+        let is_leader = m.state == ServerState::Leader;
+        let last_log_index = m.last_log_index.unwrap_or(0);
         let nodes = membership
             .nodes()
-            .map(|(id, node)| MemberNode {
-                id: *id,
-                address: node.addr.clone(),
-                voter: voters.contains(id),
+            .map(|(id, node)| {
+                let me = *id == self.inner.id;
+                let age = if me { Some(0) } else { ages.get(id).copied() };
+                // Only the leader talks to every member; elsewhere silence proves nothing
+                // about members other than the leader.
+                let knows = me || is_leader || m.current_leader == Some(*id);
+                let matched = if is_leader {
+                    if me {
+                        Some(last_log_index)
+                    } else {
+                        replicated_index(&m, *id)
+                    }
+                } else {
+                    None
+                };
+                MemberNode {
+                    id: *id,
+                    address: node.addr.clone(),
+                    voter: voters.contains(id),
+                    status: MemberStatus {
+                        reachable: knows.then(|| health::reachable(age, et)),
+                        last_contact_ms: age,
+                        lag: is_leader.then(|| last_log_index.saturating_sub(matched.unwrap_or(0))),
+                        matched_index: matched,
+                    },
+                }
             })
             .collect();
+        let readiness = health::readiness(
+            &self.health_of(&m, &ages, applied.log_index),
+            self.election_timeout_ms(),
+        );
         let state = match m.state {
             ServerState::Leader => "leader",
             ServerState::Follower => "follower",
@@ -620,8 +981,38 @@ impl Consensus {
             last_log_index: m.last_log_index.unwrap_or(0),
             revision: applied.revision,
             nodes,
+            ready: readiness.is_ok(),
+            not_ready: readiness.err(),
+            quorum_ack_ms: if is_leader {
+                m.millis_since_quorum_ack
+            } else {
+                None
+            },
         }
     }
+}
+
+/// The last log index the leader knows `id` acknowledged (leader's metrics only).
+fn replicated_index(m: &openraft::RaftMetrics<NodeId, BasicNode>, id: NodeId) -> Option<u64> {
+    m.replication
+        .as_ref()
+        .and_then(|r| r.get(&id))
+        .and_then(|l| l.as_ref())
+        .map(|l| l.index)
+}
+
+/// Whether learner `id`, added by the membership entry at `membership_index`, may be promoted.
+fn caught_up(
+    m: &openraft::RaftMetrics<NodeId, BasicNode>,
+    id: NodeId,
+    membership_index: u64,
+) -> bool {
+    health::learner_caught_up(
+        replicated_index(m, id),
+        membership_index,
+        m.last_log_index.unwrap_or(0),
+        PROMOTE_MAX_LAG,
+    )
 }
 
 /// Batches in flight at once: while they commit, new proposals gather into the next batch.
@@ -729,6 +1120,20 @@ fn no_leader_for_clients(e: ConsensusError) -> ConsensusError {
     }
 }
 
+impl crate::runtime::quorum::QuorumPort for Consensus {
+    fn leader_status(&self) -> Option<(u64, Option<u64>)> {
+        Consensus::leader_status(self)
+    }
+
+    fn step_down(&self) -> Pin<Box<dyn Future<Output = bool> + Send + '_>> {
+        Box::pin(Consensus::step_down(self))
+    }
+
+    fn clear_cut_off_if_led(&self) {
+        Consensus::clear_cut_off_if_led(self)
+    }
+}
+
 impl ElectionPort for Consensus {
     fn leader_known(&self) -> bool {
         self.inner.raft.metrics().borrow().current_leader.is_some()
@@ -747,5 +1152,42 @@ impl ElectionPort for Consensus {
         Box::pin(async move {
             let _ = self.inner.raft.trigger().elect().await;
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use openraft::error::InProgress;
+
+    #[test]
+    fn a_change_refused_because_another_is_in_flight_is_change_in_progress_not_invalid() {
+        let refused = RaftError::APIError(ClientWriteError::ChangeMembershipError(
+            ChangeMembershipError::InProgress(InProgress {
+                committed: None,
+                membership_log_id: None,
+            }),
+        ));
+        assert!(matches!(
+            from_write_error(refused),
+            ConsensusError::ChangeInProgress { .. }
+        ));
+    }
+
+    #[test]
+    fn admin_outcomes_and_the_new_error_travel_between_peers() {
+        let learner = AdminOutcome::Learner {
+            message: "m".into(),
+        };
+        let text = serde_json::to_string(&learner).unwrap();
+        assert_eq!(
+            serde_json::from_str::<AdminOutcome>(&text).unwrap(),
+            learner
+        );
+        let err = ConsensusError::ChangeInProgress {
+            message: "m".into(),
+        };
+        let text = serde_json::to_string(&err).unwrap();
+        assert_eq!(serde_json::from_str::<ConsensusError>(&text).unwrap(), err);
     }
 }

@@ -15,8 +15,12 @@
 //! Snapshots travel as one binary frame, `[u64 BE header length][JSON {vote, meta}][raw data]`,
 //! so that the data is not inflated into a JSON array of numbers.
 //!
+//! It also records, per peer, when this node last heard from it ([`Contacts`]): an answer to
+//! one of openraft's RPCs, or an AppendEntries the peer sent as leader. That record is a fact for
+//! the health rules (`domain::health`) to judge; the network never acts on it.
+//!
 //! # What it must not do
-//! Decide. It moves bytes and maps errors.
+//! Decide. It moves bytes, maps errors and records contact times.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -131,11 +135,41 @@ impl Faults {
     }
 }
 
+/// When this node last heard from each peer, on this process's monotonic clock.
+///
+/// Bounded by the membership: one entry per node id ever heard from (ids are few).
+#[derive(Default)]
+pub struct Contacts {
+    clock: crate::clock::SystemClock,
+    last: std::sync::Mutex<std::collections::BTreeMap<NodeId, crate::domain::types::MonoMillis>>,
+}
+
+impl Contacts {
+    /// Record that `id` was heard from just now.
+    pub fn heard_from(&self, id: NodeId) {
+        use crate::clock::Clock;
+        let now = self.clock.mono();
+        self.last
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(id, now);
+    }
+
+    /// Milliseconds since each peer was last heard from.
+    pub fn ages(&self) -> std::collections::BTreeMap<NodeId, u64> {
+        use crate::clock::Clock;
+        let now = self.clock.mono();
+        let last = self.last.lock().unwrap_or_else(|p| p.into_inner());
+        last.iter().map(|(id, t)| (*id, t.until(now))).collect()
+    }
+}
+
 /// The shared HTTP client for peer traffic.
 #[derive(Clone)]
 pub struct PeerClient {
     http: reqwest::Client,
     faults: Arc<Faults>,
+    contacts: Arc<Contacts>,
 }
 
 impl Default for PeerClient {
@@ -155,7 +189,13 @@ impl PeerClient {
         PeerClient {
             http,
             faults: Arc::default(),
+            contacts: Arc::default(),
         }
+    }
+
+    /// When each peer was last heard from.
+    pub fn contacts(&self) -> &Contacts {
+        &self.contacts
     }
 
     /// The fault injector of this client (tests only).
@@ -339,6 +379,7 @@ impl PeerConnection {
             .post_json(&self.addr, path, req, timeout)
             .await
             .map_err(|e| to_rpc_error(&e))?;
+        self.client.contacts.heard_from(self.target);
         answer.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e)))
     }
 }
@@ -365,6 +406,7 @@ impl RaftNetwork<TypeConfig> for PeerConnection {
             .post_bytes(&self.addr, routes::APPEND, MSGPACK, body, option.hard_ttl())
             .await
             .map_err(|e| to_rpc_error(&e))?;
+        self.client.contacts.heard_from(self.target);
         match answer {
             Ok(AppendEntriesResponse::Success) if cut => {
                 Ok(AppendEntriesResponse::PartialSuccess(last_sent))
@@ -403,6 +445,9 @@ impl RaftNetwork<TypeConfig> for PeerConnection {
             closed = cancel => return Err(StreamingError::Closed(closed)),
             answer = send => answer,
         };
+        if answer.is_ok() {
+            self.client.contacts.heard_from(self.target);
+        }
         match answer {
             Ok(Ok(resp)) => Ok(resp),
             Ok(Err(fatal)) => Err(StreamingError::RemoteError(RemoteError::new(

@@ -186,9 +186,21 @@ pub struct StateMachine {
     observer: Arc<dyn ApplyObserver>,
     /// Distinguishes snapshots built at the same log id.
     snapshot_seq: u64,
+    /// Dropped with the state machine: tells [`StateMachine::dropped`]'s receiver that this
+    /// handle on sled is gone.
+    drop_signal: Option<tokio::sync::oneshot::Sender<()>>,
 }
 
 impl StateMachine {
+    /// A receiver that completes when this state machine is dropped. openraft drops it in its
+    /// own state-machine task, which can outlive `Raft::shutdown()`; until then it holds sled
+    /// open (and its directory lock), so a node reopening the directory must wait for this.
+    pub fn dropped(&mut self) -> tokio::sync::oneshot::Receiver<()> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.drop_signal = Some(tx);
+        rx
+    }
+
     /// Load the persisted state from `db`; snapshots live in `dir`.
     pub fn open(
         db: &sled::Db,
@@ -264,6 +276,7 @@ impl StateMachine {
             applied_tx: Arc::new(applied_tx),
             observer,
             snapshot_seq: 0,
+            drop_signal: None,
         };
         Ok((sm, view))
     }

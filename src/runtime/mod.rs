@@ -9,6 +9,7 @@
 //!   round (linearizable reads now, lease refreshes later).
 //! - [`bootstrap`]: asks the peers whether a cluster runs (empty data dir at start).
 //! - [`election`]: the election watchdog against openraft 0.9's election stall.
+//! - [`quorum`]: the quorum watchdog: a leader that lost its quorum steps down.
 //! - [`lease`]: the lease tracker's shell: apply-path observer, refresh, the expiry driver.
 //! - [`watch`]: the watch hub: event history fed by apply, wake-ups by key and prefix.
 //! - [`flease`]: Flease rounds over the peer port, the local acceptor, membership re-arming.
@@ -22,4 +23,5 @@ pub mod bootstrap;
 pub mod election;
 pub mod flease;
 pub mod lease;
+pub mod quorum;
 pub mod watch;

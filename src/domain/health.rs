@@ -1,0 +1,285 @@
+//! Health rules: is this node ready to serve, has a leader lost its quorum, is a peer reachable,
+//! has a learner caught up enough to become a voter.
+//!
+//! Everything here is a pure function of a snapshot of what the node knows and of `now`
+//! (through ages in milliseconds, computed by the shell from its one clock). The shells
+//! (`raft::consensus`, `runtime::quorum`, `http::cluster`) read openraft's metrics and the peer
+//! contact record, call these rules, and act on the verdict; they decide nothing themselves.
+//!
+//! # Invariants
+//! - A leader that has not heard from a quorum within one election timeout is treated as having
+//!   lost it: by then the rest of the cluster may have elected another leader, so this node must
+//!   not accept writes, confirm reads, or call itself ready.
+//! - A node is ready only if it knows a leader it heard from within one election timeout (itself
+//!   with a fresh quorum acknowledgement, when it leads) and has applied everything it knows to be
+//!   committed. This is what `/readyz` and the compose healthcheck report.
+//! - A learner is promoted to voter only after it has acknowledged the membership entry that
+//!   added it (it answered) and is within `max_lag` entries of the leader's log: a node that
+//!   never answered can never count toward a quorum.
+//!
+//! # What it must not do
+//! Read a clock, or know about openraft: inputs are plain numbers.
+
+use serde::{Deserialize, Serialize};
+
+use super::types::{MonoMillis, NodeId};
+
+/// Why a node is not ready.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "reason", rename_all = "snake_case")]
+pub enum NotReady {
+    /// No leader is known.
+    NoLeader,
+    /// This node leads but has not heard from a quorum recently.
+    NoQuorum { quorum_ack_age_ms: Option<u64> },
+    /// This node follows a leader it has not heard from recently.
+    LeaderSilent {
+        leader_id: NodeId,
+        contact_age_ms: Option<u64>,
+    },
+    /// This node has not applied everything it knows to be committed.
+    Applying {
+        applied_index: u64,
+        commit_index: u64,
+    },
+}
+
+/// What a node knows about itself, as of one moment.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeHealth {
+    pub node_id: NodeId,
+    /// The leader this node knows, if any.
+    pub leader_id: Option<NodeId>,
+    /// Whether this node is that leader (and in the leader state).
+    pub is_leader: bool,
+    /// For a leader: ms since a quorum last acknowledged it (`None`: not yet since its election).
+    pub quorum_ack_age_ms: Option<u64>,
+    /// For a follower: ms since it last heard from its leader (`None`: unknown).
+    pub leader_contact_age_ms: Option<u64>,
+    pub applied_index: u64,
+    pub commit_index: u64,
+}
+
+/// Whether a leader has lost its quorum: no acknowledgement from a quorum for more than
+/// `election_timeout_ms`. `leading_for_ms` covers a leader that has never been acknowledged
+/// since it was elected (`quorum_ack_age_ms` is `None`): it gets one election timeout.
+pub fn leader_lost_quorum(
+    quorum_ack_age_ms: Option<u64>,
+    leading_for_ms: u64,
+    election_timeout_ms: u64,
+) -> bool {
+    match quorum_ack_age_ms {
+        Some(age) => age > election_timeout_ms,
+        None => leading_for_ms > election_timeout_ms,
+    }
+}
+
+/// Whether a node that knows `h` is ready to serve.
+pub fn readiness(h: &NodeHealth, election_timeout_ms: u64) -> Result<(), NotReady> {
+    let Some(leader_id) = h.leader_id else {
+        return Err(NotReady::NoLeader);
+    };
+    if h.is_leader {
+        // A fresh leader that no quorum has acknowledged yet is not ready either: it cannot
+        // commit or confirm a read until one does (a heartbeat later).
+        match h.quorum_ack_age_ms {
+            Some(age) if age <= election_timeout_ms => {}
+            other => {
+                return Err(NotReady::NoQuorum {
+                    quorum_ack_age_ms: other,
+                });
+            }
+        }
+    } else if leader_id == h.node_id {
+        // It names itself leader but is not in the leader state: it is stepping down.
+        return Err(NotReady::NoQuorum {
+            quorum_ack_age_ms: None,
+        });
+    } else {
+        match h.leader_contact_age_ms {
+            Some(age) if age <= election_timeout_ms => {}
+            other => {
+                return Err(NotReady::LeaderSilent {
+                    leader_id,
+                    contact_age_ms: other,
+                });
+            }
+        }
+    }
+    if h.applied_index < h.commit_index {
+        return Err(NotReady::Applying {
+            applied_index: h.applied_index,
+            commit_index: h.commit_index,
+        });
+    }
+    Ok(())
+}
+
+/// Whether a peer last heard from `contact_age_ms` ago counts as reachable.
+pub fn reachable(contact_age_ms: Option<u64>, election_timeout_ms: u64) -> bool {
+    contact_age_ms.is_some_and(|age| age <= election_timeout_ms)
+}
+
+/// Whether a learner may be promoted to voter: it acknowledged the membership entry that added
+/// it (at `membership_index`), and its acknowledged log (`matched`) is within `max_lag` entries
+/// of the leader's `last_log_index`.
+pub fn learner_caught_up(
+    matched: Option<u64>,
+    membership_index: u64,
+    last_log_index: u64,
+    max_lag: u64,
+) -> bool {
+    matched.is_some_and(|m| m >= membership_index && last_log_index.saturating_sub(m) <= max_lag)
+}
+
+/// How long this node has led in its current term: the shell feeds it every observation and
+/// it remembers when the current tenure began.
+#[derive(Clone, Debug, Default)]
+pub struct Tenure {
+    /// The term this node leads in and when it was first seen leading in it.
+    current: Option<(u64, MonoMillis)>,
+}
+
+impl Tenure {
+    /// Record an observation (`leading_term`: the term if this node leads now) and return for
+    /// how long it has led (0 when it does not lead).
+    pub fn observe(&mut self, leading_term: Option<u64>, now: MonoMillis) -> u64 {
+        match (leading_term, self.current) {
+            (None, _) => {
+                self.current = None;
+                0
+            }
+            (Some(term), Some((t, since))) if t == term => since.until(now),
+            (Some(term), _) => {
+                self.current = Some((term, now));
+                0
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const ET: u64 = 1000;
+
+    fn follower(contact: Option<u64>) -> NodeHealth {
+        NodeHealth {
+            node_id: 2,
+            leader_id: Some(1),
+            is_leader: false,
+            quorum_ack_age_ms: None,
+            leader_contact_age_ms: contact,
+            applied_index: 10,
+            commit_index: 10,
+        }
+    }
+
+    fn leader(ack: Option<u64>) -> NodeHealth {
+        NodeHealth {
+            node_id: 1,
+            leader_id: Some(1),
+            is_leader: true,
+            quorum_ack_age_ms: ack,
+            leader_contact_age_ms: None,
+            applied_index: 10,
+            commit_index: 10,
+        }
+    }
+
+    #[test]
+    fn a_leader_loses_its_quorum_after_one_election_timeout_without_acknowledgement() {
+        assert!(!leader_lost_quorum(Some(0), 5000, ET));
+        assert!(!leader_lost_quorum(Some(ET), 5000, ET));
+        assert!(leader_lost_quorum(Some(ET + 1), 5000, ET));
+        // Never acknowledged since its election: one election timeout of grace.
+        assert!(!leader_lost_quorum(None, ET, ET));
+        assert!(leader_lost_quorum(None, ET + 1, ET));
+    }
+
+    #[test]
+    fn a_leader_is_ready_only_with_a_fresh_quorum_acknowledgement() {
+        assert_eq!(readiness(&leader(Some(50)), ET), Ok(()));
+        assert_eq!(
+            readiness(&leader(Some(ET + 1)), ET),
+            Err(NotReady::NoQuorum {
+                quorum_ack_age_ms: Some(ET + 1)
+            })
+        );
+        assert_eq!(
+            readiness(&leader(None), ET),
+            Err(NotReady::NoQuorum {
+                quorum_ack_age_ms: None
+            })
+        );
+    }
+
+    #[test]
+    fn a_follower_is_ready_only_if_it_heard_from_its_leader_recently() {
+        assert_eq!(readiness(&follower(Some(100)), ET), Ok(()));
+        assert_eq!(
+            readiness(&follower(Some(ET + 1)), ET),
+            Err(NotReady::LeaderSilent {
+                leader_id: 1,
+                contact_age_ms: Some(ET + 1)
+            })
+        );
+        assert!(readiness(&follower(None), ET).is_err());
+        let mut no_leader = follower(Some(1));
+        no_leader.leader_id = None;
+        assert_eq!(readiness(&no_leader, ET), Err(NotReady::NoLeader));
+    }
+
+    #[test]
+    fn a_node_that_names_itself_leader_but_does_not_lead_is_not_ready() {
+        let mut h = leader(Some(1));
+        h.is_leader = false;
+        assert!(readiness(&h, ET).is_err());
+    }
+
+    #[test]
+    fn a_node_behind_its_known_commit_is_not_ready() {
+        let mut h = follower(Some(1));
+        h.applied_index = 9;
+        assert_eq!(
+            readiness(&h, ET),
+            Err(NotReady::Applying {
+                applied_index: 9,
+                commit_index: 10
+            })
+        );
+    }
+
+    #[test]
+    fn reachability_is_contact_within_an_election_timeout() {
+        assert!(reachable(Some(0), ET));
+        assert!(reachable(Some(ET), ET));
+        assert!(!reachable(Some(ET + 1), ET));
+        assert!(!reachable(None, ET));
+    }
+
+    #[test]
+    fn a_learner_that_never_answered_is_never_caught_up() {
+        // The log is short: a lag threshold alone would call it caught up.
+        assert!(!learner_caught_up(None, 5, 6, 100));
+        // It acknowledged entries, but not yet the one that added it.
+        assert!(!learner_caught_up(Some(4), 5, 6, 100));
+        assert!(learner_caught_up(Some(5), 5, 6, 100));
+        assert!(!learner_caught_up(Some(5), 5, 500, 100));
+        assert!(learner_caught_up(Some(400), 5, 500, 100));
+    }
+
+    #[test]
+    fn tenure_counts_from_the_first_observation_of_a_term() {
+        let mut t = Tenure::default();
+        assert_eq!(t.observe(None, MonoMillis(0)), 0);
+        assert_eq!(t.observe(Some(3), MonoMillis(100)), 0);
+        assert_eq!(t.observe(Some(3), MonoMillis(350)), 250);
+        // A new term starts a new tenure.
+        assert_eq!(t.observe(Some(4), MonoMillis(400)), 0);
+        assert_eq!(t.observe(Some(4), MonoMillis(500)), 100);
+        assert_eq!(t.observe(None, MonoMillis(600)), 0);
+        assert_eq!(t.observe(Some(4), MonoMillis(700)), 0);
+    }
+}
