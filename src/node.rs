@@ -324,6 +324,11 @@ impl Node {
             consensus.clone(),
             tasks.clone(),
         ));
+        {
+            // Registrations leave the leader stamped with its lease clock.
+            let hub = leases.hub_handle();
+            consensus.set_lease_stamper(Arc::new(move || hub.clock_now()));
+        }
         tasks.spawn(leases.clone().run(cancel.clone()));
         let flease = Arc::new(FleaseService::new(
             cfg.id,

@@ -144,7 +144,10 @@ impl Model {
                         name,
                         revision,
                         ttl_ms,
-                    } => self.trackers[l].on_registered(name, *revision, *ttl_ms, now),
+                        checkpointed,
+                    } => {
+                        self.trackers[l].on_registered(name, *revision, *ttl_ms, now, *checkpointed)
+                    }
                     leasecore::domain::command::LeaseChange::Removed { name, .. } => {
                         self.trackers[l].on_removed(name)
                     }
@@ -225,10 +228,17 @@ impl Model {
                 let name = NAMES[self.rng.random_range(0..NAMES.len())];
                 let ttl = TTLS[self.rng.random_range(0..TTLS.len())];
                 let sent = self.now.saturating_sub(self.rng.random_range(0..30));
+                // The leader stamps most registrations with its lease clock (not while it is
+                // not yet tracking, which the model does not distinguish: half of them, then).
+                let clock_ms = self
+                    .rng
+                    .random_bool(0.5)
+                    .then(|| self.trackers[l].clock_at(self.mono(l)));
                 if let Response::LeaseRegistered { revision } =
                     self.apply(&Command::RegisterLease {
                         name: name.into(),
                         ttl_ms: ttl,
+                        clock_ms,
                     })
                 {
                     self.ack(name, revision, sent, ttl);
@@ -342,6 +352,7 @@ fn the_checker_catches_an_unsafe_promote() {
     m.apply(&Command::RegisterLease {
         name: "a".into(),
         ttl_ms: 1500,
+        clock_ms: None,
     });
     // Refresh at the leader at true time 0 (sent at 0).
     let l = m.leader.unwrap();
@@ -394,9 +405,12 @@ fn abandoned_leases_are_bounded_under_leader_churn() {
         let mut m = Model::new(seed ^ 0x5eed);
         for (i, name) in NAMES.iter().enumerate() {
             let ttl = TTLS[i % TTLS.len()];
+            let l = m.leader.unwrap();
+            let clock_ms = (i % 2 == 0).then(|| m.trackers[l].clock_at(m.mono(l)));
             if let Response::LeaseRegistered { revision } = m.apply(&Command::RegisterLease {
                 name: (*name).into(),
                 ttl_ms: ttl,
+                clock_ms,
             }) {
                 m.ack(name, revision, m.now, ttl);
             }

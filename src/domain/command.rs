@@ -35,8 +35,15 @@ pub enum Command {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         prev_revision: Option<Revision>,
     },
-    /// Create a lease. The duplicate check happens here, at apply time.
-    RegisterLease { name: String, ttl_ms: u64 },
+    /// Create a lease. The duplicate check happens here, at apply time. `clock_ms`: the
+    /// leader's lease clock when it proposed the registration, which makes the registration a
+    /// checkpoint (`remaining = ttl` at that clock; see [`crate::domain::lease`]).
+    RegisterLease {
+        name: String,
+        ttl_ms: u64,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        clock_ms: Option<u64>,
+    },
     /// Delete a lease and its keys (a client's decision).
     RevokeLease { name: String },
     /// Delete leases and their keys (the leader's decision). Each names the incarnation it
@@ -57,6 +64,9 @@ pub enum Command {
         ttl_ms: u64,
         #[serde(default)]
         meta: BTreeMap<String, String>,
+        /// As for `RegisterLease`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        clock_ms: Option<u64>,
     },
 }
 
@@ -178,6 +188,8 @@ pub enum LeaseChange {
         name: String,
         revision: Revision,
         ttl_ms: u64,
+        /// Registered with a clock stamp: a checkpoint is in force from the start.
+        checkpointed: bool,
     },
     Removed {
         name: String,

@@ -193,7 +193,11 @@ impl KvState {
                 prev_revision,
             } => self.put(key, value, lease.as_deref(), *prev_revision),
             Command::Delete { key, prev_revision } => self.delete(key, *prev_revision),
-            Command::RegisterLease { name, ttl_ms } => self.register_lease(name, *ttl_ms),
+            Command::RegisterLease {
+                name,
+                ttl_ms,
+                clock_ms,
+            } => self.register_lease(name, *ttl_ms, *clock_ms),
             Command::RevokeLease { name } => self.revoke_lease(name),
             Command::ExpireLeases { leases } => self.expire_leases(leases),
             Command::CheckpointLeases { checkpoints } => self.checkpoint_leases(checkpoints),
@@ -202,7 +206,8 @@ impl KvState {
                 address,
                 ttl_ms,
                 meta,
-            } => self.register_member(id, address, *ttl_ms, meta),
+                clock_ms,
+            } => self.register_member(id, address, *ttl_ms, meta, *clock_ms),
             Command::Batch { commands } => {
                 let mut out = Applied {
                     response: Response::Empty,
@@ -228,12 +233,13 @@ impl KvState {
         address: &str,
         ttl_ms: u64,
         meta: &BTreeMap<String, String>,
+        clock_ms: Option<u64>,
     ) -> Applied {
         let name = member_key(id);
         if self.leases.contains_key(&name) {
             return rejected(KvError::MemberExists { id: id.to_string() });
         }
-        let mut registered = self.register_lease(&name, ttl_ms);
+        let mut registered = self.register_lease(&name, ttl_ms, clock_ms);
         let Response::LeaseRegistered {
             revision: lease_revision,
         } = registered.response
@@ -260,7 +266,8 @@ impl KvState {
         }
     }
 
-    fn register_lease(&mut self, name: &str, ttl_ms: u64) -> Applied {
+    /// A stamped registration is also a checkpoint: the full TTL, at the leader's lease clock.
+    fn register_lease(&mut self, name: &str, ttl_ms: u64, clock_ms: Option<u64>) -> Applied {
         if self.leases.contains_key(name) {
             return rejected(KvError::LeaseExists {
                 lease: name.to_string(),
@@ -274,10 +281,13 @@ impl KvState {
                 ttl_ms,
                 revision,
                 keys: BTreeSet::new(),
-                checkpoint_ms: None,
-                checkpoint_clock_ms: None,
+                checkpoint_ms: clock_ms.map(|_| ttl_ms),
+                checkpoint_clock_ms: clock_ms,
             },
         );
+        if let Some(clock) = clock_ms {
+            self.lease_clock_ms = self.lease_clock_ms.max(clock);
+        }
         self.dirty_leases.insert(name.to_string());
         Applied {
             response: Response::LeaseRegistered { revision },
@@ -286,6 +296,7 @@ impl KvState {
                 name: name.to_string(),
                 revision,
                 ttl_ms,
+                checkpointed: clock_ms.is_some(),
             }],
         }
     }
@@ -784,6 +795,7 @@ mod tests {
         Command::RegisterLease {
             name: name.into(),
             ttl_ms: 1000,
+            clock_ms: None,
         }
     }
 
@@ -808,6 +820,7 @@ mod tests {
             address: "h:1".into(),
             ttl_ms: 3000,
             meta: BTreeMap::new(),
+            clock_ms: None,
         };
         let out = kv.apply(&reg);
         assert_eq!(
@@ -870,7 +883,8 @@ mod tests {
             vec![LeaseChange::Registered {
                 name: "l".into(),
                 revision: Revision(1),
-                ttl_ms: 1000
+                ttl_ms: 1000,
+                checkpointed: false,
             }]
         );
         let dup = kv.apply(&register("l"));

@@ -372,8 +372,17 @@ impl LeaseTracker {
     }
 
     /// A lease was registered (from the apply path). Ignored unless primary; idempotent for a
-    /// lease already tracked at the same revision.
-    pub fn on_registered(&mut self, name: &str, revision: Revision, ttl_ms: u64, now: MonoMillis) {
+    /// lease already tracked at the same revision. `checkpointed`: the registration carried a
+    /// lease clock stamp, so it is a checkpoint in force (the first refresh must clear it, and
+    /// nothing needs recording until then).
+    pub fn on_registered(
+        &mut self,
+        name: &str,
+        revision: Revision,
+        ttl_ms: u64,
+        now: MonoMillis,
+        checkpointed: bool,
+    ) {
         if !self.primary {
             return;
         }
@@ -384,7 +393,17 @@ impl LeaseTracker {
         {
             return;
         }
-        self.insert(name, revision, ttl_ms, now.plus(ttl_ms), now, 0);
+        self.insert(
+            name,
+            revision,
+            ttl_ms,
+            now.plus(ttl_ms),
+            now,
+            u64::from(checkpointed),
+        );
+        if checkpointed {
+            self.unschedule_checkpoint(name);
+        }
     }
 
     /// A lease was removed (revoked or expired, from the apply path).
@@ -602,7 +621,7 @@ mod tests {
     #[test]
     fn expires_exactly_at_the_deadline_and_not_a_millisecond_before() {
         let mut t = primary();
-        t.on_registered("a", Revision(1), 3000, MonoMillis(100));
+        t.on_registered("a", Revision(1), 3000, MonoMillis(100), false);
         assert!(t.expired(MonoMillis(3099), 10).is_empty());
         assert_eq!(names(t.expired(MonoMillis(3100), 10)), ["a"]);
     }
@@ -636,7 +655,7 @@ mod tests {
     #[test]
     fn refresh_moves_the_deadline() {
         let mut t = primary();
-        t.on_registered("a", Revision(1), 1000, MonoMillis(0));
+        t.on_registered("a", Revision(1), 1000, MonoMillis(0), false);
         let r = t.refresh("a", MonoMillis(800)).unwrap();
         assert_eq!((r.ttl_ms, r.clear), (1000, None));
         assert!(t.expired(MonoMillis(1799), 10).is_empty());
@@ -647,7 +666,7 @@ mod tests {
     #[test]
     fn a_lease_decided_to_expire_refuses_refresh() {
         let mut t = primary();
-        t.on_registered("a", Revision(1), 1000, MonoMillis(0));
+        t.on_registered("a", Revision(1), 1000, MonoMillis(0), false);
         assert_eq!(names(t.expired(MonoMillis(1000), 10)), ["a"]);
         assert_eq!(
             t.refresh("a", MonoMillis(1001)),
@@ -659,22 +678,22 @@ mod tests {
     #[test]
     fn demote_clears_everything_and_followers_track_nothing() {
         let mut t = primary();
-        t.on_registered("a", Revision(1), 1000, MonoMillis(0));
+        t.on_registered("a", Revision(1), 1000, MonoMillis(0), false);
         t.demote();
         assert_eq!(t.refresh("a", MonoMillis(1)), Err(RefreshError::NotPrimary));
         assert!(t.expired(MonoMillis(99_999), 10).is_empty());
         assert_eq!(t.next_wakeup(), None);
         // A follower ignores registrations.
-        t.on_registered("b", Revision(2), 1000, MonoMillis(0));
+        t.on_registered("b", Revision(2), 1000, MonoMillis(0), false);
         assert!(t.is_empty());
     }
 
     #[test]
     fn next_wakeup_follows_earlier_registrations() {
         let mut t = primary();
-        t.on_registered("slow", Revision(1), 10_000, MonoMillis(0));
+        t.on_registered("slow", Revision(1), 10_000, MonoMillis(0), false);
         assert_eq!(t.next_wakeup(), Some(MonoMillis(10_000)));
-        t.on_registered("fast", Revision(2), 2_000, MonoMillis(100));
+        t.on_registered("fast", Revision(2), 2_000, MonoMillis(100), false);
         assert_eq!(t.next_wakeup(), Some(MonoMillis(2_100)));
         t.on_removed("fast");
         assert_eq!(t.next_wakeup(), Some(MonoMillis(10_000)));
@@ -688,7 +707,7 @@ mod tests {
             Err(RefreshError::NotFound)
         );
         for i in 0..5 {
-            t.on_registered(&format!("l{i}"), Revision(i), 100, MonoMillis(0));
+            t.on_registered(&format!("l{i}"), Revision(i), 100, MonoMillis(0), false);
         }
         assert_eq!(t.expired(MonoMillis(100), 3).len(), 3);
         assert_eq!(t.expired(MonoMillis(100), 3).len(), 2);
@@ -697,10 +716,10 @@ mod tests {
     #[test]
     fn registration_is_idempotent_per_revision_and_replaced_by_a_new_one() {
         let mut t = primary();
-        t.on_registered("a", Revision(1), 1000, MonoMillis(0));
-        t.on_registered("a", Revision(1), 1000, MonoMillis(500));
+        t.on_registered("a", Revision(1), 1000, MonoMillis(0), false);
+        t.on_registered("a", Revision(1), 1000, MonoMillis(500), false);
         assert_eq!(t.remaining("a", MonoMillis(0)), Some(1000));
-        t.on_registered("a", Revision(7), 1000, MonoMillis(500));
+        t.on_registered("a", Revision(7), 1000, MonoMillis(500), false);
         let e = t.expired(MonoMillis(1500), 10);
         assert_eq!(
             (e[0].revision, e[0].deadline),
@@ -716,8 +735,8 @@ mod tests {
         };
         let mut t = LeaseTracker::new(cfg);
         t.promote(MonoMillis(0), clock(0, 0), []);
-        t.on_registered("long", Revision(3), 10_000, MonoMillis(0));
-        t.on_registered("short", Revision(4), 3_000, MonoMillis(0));
+        t.on_registered("long", Revision(3), 10_000, MonoMillis(0), false);
+        t.on_registered("short", Revision(4), 3_000, MonoMillis(0), false);
         assert_eq!(t.next_wakeup(), Some(MonoMillis(1500)));
         // A healthy client (refreshing at a third of the TTL) is never idle: no checkpoint, no
         // log write.
@@ -828,6 +847,7 @@ mod tests {
         log.apply(&Command::RegisterLease {
             name: "a".into(),
             ttl_ms: 3_000,
+            clock_ms: None,
         });
         let mut now = 0u64; // true time; every node's monotonic clock reads it + its offset
         let mut seen = clock(0, 0);
@@ -866,5 +886,38 @@ mod tests {
             gone_at <= 3_000 + 1_000 + 3 + 300 + 20,
             "expired at {gone_at}"
         );
+    }
+
+    #[test]
+    fn a_stamped_registration_is_a_checkpoint() {
+        let cfg = TrackerConfig {
+            checkpoints: true,
+            ..CFG
+        };
+        let mut log = crate::domain::kv::KvState::new();
+        let mut t = LeaseTracker::new(cfg);
+        t.promote(MonoMillis(0), clock(0, 0), []);
+        let stamp = t.clock_at(MonoMillis(400));
+        let out = log.apply(&Command::RegisterLease {
+            name: "a".into(),
+            ttl_ms: 3000,
+            clock_ms: Some(stamp),
+        });
+        assert_eq!(log.lease_clock_ms(), 400);
+        let crate::domain::command::LeaseChange::Registered { checkpointed, .. } =
+            out.lease_changes[0]
+        else {
+            panic!("not a registration")
+        };
+        assert!(checkpointed);
+        t.on_registered("a", Revision(1), 3000, MonoMillis(450), checkpointed);
+        // Nothing to record: the registration is the checkpoint...
+        assert!(t.checkpoints_due(MonoMillis(10_000), 10).is_empty());
+        // ... and the first refresh must clear it before it is acknowledged.
+        assert!(t.refresh("a", MonoMillis(1000)).unwrap().clear.is_some());
+        // A leader that never saw a refresh ages it from the stamp: 3000 ms from clock 400.
+        let mut next = LeaseTracker::new(cfg);
+        next.promote(MonoMillis(77), clock(400, 50), log.lease_facts());
+        assert_eq!(next.remaining("a", MonoMillis(77)), Some(3000 - 27 + 2));
     }
 }

@@ -37,6 +37,8 @@ pub async fn register(
     let cmd = Command::RegisterLease {
         name: req.name.clone(),
         ttl_ms: req.ttl_ms,
+        // Stamped by the leader when it submits the entry.
+        clock_ms: None,
     };
     match propose(&state, cmd).await? {
         Response::LeaseRegistered { revision } => Ok((

@@ -45,6 +45,7 @@ pub async fn register(
         address: req.address,
         ttl_ms: req.ttl_ms,
         meta: req.meta,
+        clock_ms: None,
     };
     match propose(&state, cmd).await? {
         Response::MemberRegistered { revision, .. } => {

@@ -141,6 +141,9 @@ pub struct ClusterView {
     pub quorum_ack_ms: Option<u64>,
 }
 
+/// Reads this node's lease clock, if it tracks leases as leader.
+pub type LeaseStamper = Arc<dyn Fn() -> Option<u64> + Send + Sync>;
+
 /// Whether a forwarded operation may be delivered twice.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Delivery {
@@ -214,6 +217,8 @@ struct Inner {
     leader_reads: RoundBatcher<u64, ConsensusError>,
     /// Proposals, in order: the log receives them in the order they were enqueued.
     proposals: mpsc::UnboundedSender<Proposal>,
+    /// Reads the leader's lease clock for registrations (set once by the lease service).
+    lease_stamper: std::sync::OnceLock<LeaseStamper>,
 }
 
 /// A proposal waiting in the queue, with where its applied result goes.
@@ -365,9 +370,30 @@ impl Consensus {
                 reads,
                 leader_reads,
                 proposals,
+                lease_stamper: std::sync::OnceLock::new(),
             }),
         };
         (consensus, ProposalQueue { raft, queue })
+    }
+
+    /// Install the lease clock reader that stamps registrations on this node as leader (see
+    /// [`crate::domain::lease`]: a stamped registration is a checkpoint). Set once.
+    pub fn set_lease_stamper(&self, stamper: LeaseStamper) {
+        let _ = self.inner.lease_stamper.set(stamper);
+    }
+
+    /// A registration leaves the leader stamped with its lease clock, when it has one. Only
+    /// registrations call the stamper, so callers that submit other commands while holding the
+    /// lease tracker's lock (expiries, checkpoints, clears) never re-enter it.
+    fn stamp(&self, mut cmd: Command) -> Command {
+        if let Command::RegisterLease { clock_ms, .. } | Command::RegisterMember { clock_ms, .. } =
+            &mut cmd
+            && clock_ms.is_none()
+            && let Some(stamper) = self.inner.lease_stamper.get()
+        {
+            *clock_ms = stamper();
+        }
+        cmd
     }
 
     /// Enqueue a proposal, synchronously: proposals enqueued one after another (by any caller)
@@ -377,6 +403,7 @@ impl Consensus {
         &self,
         cmd: Command,
     ) -> impl Future<Output = Result<Response, ConsensusError>> + Send + 'static {
+        let cmd = self.stamp(cmd);
         // A leader cut off from its quorum could never commit it: say so now, having done
         // nothing, rather than time out with the outcome in doubt.
         let gated = self.quorum_lost();

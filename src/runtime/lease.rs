@@ -153,6 +153,13 @@ impl LeaseHub {
         self.tracker.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// The lease clock now, if this node tracks leases (the stamp of a registration it
+    /// proposes as leader).
+    pub fn clock_now(&self) -> Option<u64> {
+        let t = self.tracker();
+        t.is_primary().then(|| t.clock_at(self.time.mono()))
+    }
+
     /// The number of leases this node tracks (0 on followers).
     pub fn tracked(&self) -> usize {
         self.tracker().len()
@@ -200,8 +207,9 @@ impl ApplyObserver for LeaseHub {
                         name,
                         revision,
                         ttl_ms,
+                        checkpointed,
                     } => {
-                        t.on_registered(name, *revision, *ttl_ms, now);
+                        t.on_registered(name, *revision, *ttl_ms, now, *checkpointed);
                         m.granted.fetch_add(1, Ordering::Relaxed);
                     }
                     LeaseChange::Removed { name, cause } => {
@@ -257,6 +265,11 @@ impl LeaseService {
 
     pub fn hub(&self) -> &LeaseHub {
         &self.hub
+    }
+
+    /// A shared handle to the hub.
+    pub fn hub_handle(&self) -> Arc<LeaseHub> {
+        self.hub.clone()
     }
 
     /// Refresh a lease from any node (forwarded to the leader).
