@@ -88,6 +88,13 @@ pub struct KvState {
     dirty: BTreeSet<String>,
     /// Leases changed since the last [`KvState::take_dirty_leases`].
     dirty_leases: BTreeSet<String>,
+    /// Bytes of every live key and value (what the storage quota counts of the state).
+    data_bytes: u64,
+}
+
+/// The bytes a live key counts for.
+fn entry_bytes(key: &str, v: &Versioned) -> u64 {
+    (key.len() + v.value.len()) as u64
 }
 
 impl KvState {
@@ -98,13 +105,20 @@ impl KvState {
 
     /// Rebuild a state from a snapshot (or from the persisted keys).
     pub fn from_snapshot(snapshot: KvSnapshot) -> Self {
+        let data_bytes = snapshot.keys.iter().map(|(k, v)| entry_bytes(k, v)).sum();
         KvState {
             revision: snapshot.revision,
             keys: snapshot.keys,
             leases: snapshot.leases,
             dirty: BTreeSet::new(),
             dirty_leases: BTreeSet::new(),
+            data_bytes,
         }
+    }
+
+    /// Bytes of every live key and value.
+    pub fn data_bytes(&self) -> u64 {
+        self.data_bytes
     }
 
     /// The store revision.
@@ -400,7 +414,10 @@ impl KvState {
                 lease: lease.map(str::to_string),
             },
         };
-        self.keys.insert(key.to_string(), entry);
+        self.data_bytes += entry_bytes(key, &entry);
+        if let Some(old) = self.keys.insert(key.to_string(), entry) {
+            self.data_bytes = self.data_bytes.saturating_sub(entry_bytes(key, &old));
+        }
         self.dirty.insert(key.to_string());
         Applied {
             response: Response::Put { revision },
@@ -453,6 +470,7 @@ impl KvState {
     /// Remove a key at a new revision, returning its delete event; `None` if absent.
     fn remove_key(&mut self, key: &str, cause: Cause) -> Option<Event> {
         let old = self.keys.remove(key)?;
+        self.data_bytes = self.data_bytes.saturating_sub(entry_bytes(key, &old));
         let revision = self.revision.next();
         self.revision = revision;
         self.dirty.insert(key.to_string());
@@ -568,6 +586,21 @@ mod tests {
             key: key.into(),
             prev_revision: None,
         }
+    }
+
+    #[test]
+    fn data_bytes_follow_live_keys_and_values_and_survive_a_snapshot() {
+        let mut kv = KvState::new();
+        kv.apply(&put("ab", "123"));
+        assert_eq!(kv.data_bytes(), 5);
+        // An overwrite replaces the old value's bytes; it does not add to them.
+        kv.apply(&put("ab", "1"));
+        kv.apply(&put("c", ""));
+        assert_eq!(kv.data_bytes(), 4);
+        assert_eq!(KvState::from_snapshot(kv.snapshot()).data_bytes(), 4);
+        kv.apply(&del("ab"));
+        kv.apply(&del("missing"));
+        assert_eq!(kv.data_bytes(), 1);
     }
 
     #[test]

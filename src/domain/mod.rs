@@ -17,6 +17,7 @@
 //! - [`kv`]: `KvState`, the replicated key-value state machine (keys and leases).
 //! - [`lease`]: `LeaseTracker`, the leader-only lease deadlines.
 //! - [`members`]: membership as leased keys (`members/{id}`): layout and record.
+//! - [`resources`]: connection cap, storage quota, log compaction by bytes, peer addresses.
 
 pub mod command;
 pub mod flease;
@@ -25,4 +26,5 @@ pub mod kv;
 pub mod lease;
 pub mod limits;
 pub mod members;
+pub mod resources;
 pub mod types;

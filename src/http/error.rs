@@ -106,6 +106,12 @@ impl From<ConsensusError> for ApiError {
             ConsensusError::NodeNotFound { id } => {
                 ApiError::not_found("node_not_found", message).with("id", id)
             }
+            ConsensusError::QuotaExceeded {
+                used_bytes,
+                quota_bytes,
+            } => ApiError::new(StatusCode::INSUFFICIENT_STORAGE, "quota_exceeded", message)
+                .with("used_bytes", used_bytes)
+                .with("quota_bytes", quota_bytes),
         }
     }
 }

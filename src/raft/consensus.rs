@@ -35,6 +35,7 @@ use super::network::{PeerClient, routes};
 use super::state_machine::StateView;
 use super::{NodeId, Raft};
 use crate::domain::command::{Command, Response};
+use crate::domain::resources::Quota;
 use crate::domain::types::Revision;
 use crate::runtime::batch::{RoundBatcher, RoundFuture};
 use crate::runtime::election::ElectionPort;
@@ -67,6 +68,20 @@ pub enum ConsensusError {
     /// A membership change named a node that is not in the cluster.
     #[error("node {id} is not in the cluster")]
     NodeNotFound { id: NodeId },
+    /// The leader holds its storage quota: writes are refused (nothing was proposed) until
+    /// deletes bring it back under (reads, deletes and revokes still work).
+    #[error(
+        "the storage quota is exhausted ({used_bytes} of {quota_bytes} bytes): delete keys or revoke leases to write again"
+    )]
+    QuotaExceeded { used_bytes: u64, quota_bytes: u64 },
+}
+
+/// What the storage quota counts (the log's bytes; the state's come from the view), and the
+/// quota.
+#[derive(Clone, Debug, Default)]
+pub struct StorageUse {
+    pub log_bytes: Arc<AtomicU64>,
+    pub quota: Quota,
 }
 
 /// A cluster membership request, forwarded to the leader.
@@ -150,6 +165,7 @@ struct Inner {
     leader_reads: RoundBatcher<u64, ConsensusError>,
     /// Proposals, in order: the log receives them in the order they were enqueued.
     proposals: mpsc::UnboundedSender<Proposal>,
+    storage: StorageUse,
 }
 
 /// A proposal waiting in the queue, with where its applied result goes.
@@ -261,6 +277,7 @@ impl Consensus {
         view: StateView,
         committed: Arc<AtomicU64>,
         timeouts: ConsensusTimeouts,
+        storage: StorageUse,
     ) -> (Self, ProposalQueue) {
         let (proposals, queue) = mpsc::unbounded_channel();
         let reads = {
@@ -288,6 +305,7 @@ impl Consensus {
                 reads,
                 leader_reads,
                 proposals,
+                storage,
             }),
         };
         (consensus, ProposalQueue { raft, queue })
@@ -337,6 +355,22 @@ impl Consensus {
     /// The openraft handle (for the peer endpoints and the node's start-up and shutdown).
     pub fn raft(&self) -> &Raft {
         &self.inner.raft
+    }
+
+    /// The bytes this node holds, as the storage quota counts them: live keys and values plus
+    /// the stored Raft log.
+    pub fn storage_used(&self) -> u64 {
+        self.inner.view.data_bytes() + self.inner.storage.log_bytes.load(Ordering::Relaxed)
+    }
+
+    /// The stored Raft log's bytes.
+    pub fn log_bytes(&self) -> u64 {
+        self.inner.storage.log_bytes.load(Ordering::Relaxed)
+    }
+
+    /// The storage quota in force.
+    pub fn quota(&self) -> Quota {
+        self.inner.storage.quota
     }
 
     /// This node's id.
@@ -463,6 +497,15 @@ impl Consensus {
         if !self.is_leader() {
             return Err(ConsensusError::NotLeader);
         }
+        // The leader's own use decides for the cluster: every write goes through here.
+        let storage = &self.inner.storage;
+        storage
+            .quota
+            .admit(&cmd, self.storage_used())
+            .map_err(|e| ConsensusError::QuotaExceeded {
+                used_bytes: e.used_bytes,
+                quota_bytes: e.quota_bytes,
+            })?;
         self.submit(cmd).await
     }
 

@@ -7,6 +7,7 @@
 //! # Layout
 //! - [`batch`]: [`batch::RoundBatcher`], which lets many concurrent callers share one quorum
 //!   round (linearizable reads now, lease refreshes later).
+//! - [`compaction`]: snapshot and purge the log by bytes (openraft counts only entries).
 //! - [`election`]: the election watchdog against openraft 0.9's election stall.
 //! - [`lease`]: the lease tracker's shell: apply-path observer, refresh, the expiry driver.
 //! - [`watch`]: the watch hub: event history fed by apply, wake-ups by key and prefix.
@@ -17,6 +18,7 @@
 //! are; the shell itself is exercised end to end.
 
 pub mod batch;
+pub mod compaction;
 pub mod election;
 pub mod flease;
 pub mod lease;
