@@ -1,8 +1,9 @@
 //! A running node: wiring and ordered shutdown.
 //!
 //! `Node::start` opens sled, builds the state machine and log store, starts openraft, the two
-//! HTTP listeners (clients on `listen`, peers on `peer_listen`) and the drivers, and forms the initial cluster when asked to. Every task it starts is
-//! spawned on one `TaskTracker` and stopped by one `CancellationToken`.
+//! HTTP listeners (clients on `listen`, peers on `peer_listen`) and the drivers, and forms the
+//! initial cluster when asked to. Every task it starts is spawned on one `TaskTracker` and
+//! stopped by one `CancellationToken`.
 //!
 //! # Shutdown order (designed, not incidental)
 //! 1. cancel: the HTTP server stops accepting and drivers return;
@@ -72,8 +73,8 @@ pub struct NodeConfig {
     /// Where to listen for clients (`127.0.0.1:0` picks a free port).
     pub listen: String,
     /// Where to listen for peers (Raft, forwarded calls, Flease). Default: `listen` with the
-    /// port + [`PEER_PORT_OFFSET`](crate::domain::resources::PEER_PORT_OFFSET). Peers reach this node at its advertised address with the
-    /// port + [`PEER_PORT_OFFSET`](crate::domain::resources::PEER_PORT_OFFSET), whatever this says (see `domain::resources`).
+    /// port + 1000. Peers reach this node at its advertised address with the port + 1000,
+    /// whatever this says (see [`crate::domain::resources::peer_address`]).
     pub peer_listen: Option<String>,
     /// Connection cap and header timeout of the client listener.
     pub client_limits: ListenerLimits,
@@ -213,8 +214,8 @@ impl Node {
         Self::start_on_both(cfg, listener, peer).await
     }
 
-    /// Start on an already bound client listener; the peer listener binds
-    /// `cfg.peer_listen`, by default the bound client port + [`PEER_PORT_OFFSET`](crate::domain::resources::PEER_PORT_OFFSET).
+    /// Start on an already bound client listener; the peer listener binds `cfg.peer_listen`,
+    /// by default the bound client port + 1000.
     pub async fn start_on(
         cfg: NodeConfig,
         listener: tokio::net::TcpListener,
