@@ -15,8 +15,9 @@
 //! # Invariants
 //! - The table of connections ([`ConnTable`]) has one owner, a mutex held only for a table
 //!   update, never across an await.
-//! - A request in flight is never cut by eviction; at shutdown, in-flight requests get
-//!   [`DRAIN`] to finish before their connection is dropped.
+//! - A request in flight is never cut by eviction (an evicted connection is dropped at once:
+//!   it has none); at shutdown, in-flight requests get [`DRAIN`] to finish before their
+//!   connection is dropped.
 //!
 //! # What it must not do
 //! Decide which connection goes: [`ConnTable`] (pure) does.
@@ -44,8 +45,6 @@ use crate::domain::resources::{Admission, ConnId, ConnTable};
 
 /// How long in-flight requests get to finish when the node stops.
 pub const DRAIN: Duration = Duration::from_secs(5);
-/// How long an evicted connection gets to close by itself (it is idle or mid-header).
-const EVICT_GRACE: Duration = Duration::from_secs(1);
 
 /// The limits of one listener.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -254,11 +253,16 @@ async fn serve_conn(
     let result = tokio::select! {
         r = conn.as_mut() => r,
         _ = close.cancelled() => {
-            conn.as_mut().graceful_shutdown();
-            // Evicted (idle or mid-header): a moment to close cleanly. Shutdown: in-flight
-            // requests get the drain time. Then the connection is dropped.
-            let grace = if shutdown.is_cancelled() { DRAIN } else { EVICT_GRACE };
-            tokio::time::timeout(grace, conn.as_mut()).await.unwrap_or(Ok(()))
+            if shutdown.is_cancelled() {
+                // Shutdown: in-flight requests get the drain time, then the connection goes.
+                conn.as_mut().graceful_shutdown();
+                tokio::time::timeout(DRAIN, conn.as_mut()).await.unwrap_or(Ok(()))
+            } else {
+                // Evicted: it has no request in flight (idle, or its headers still
+                // incomplete), so it is dropped at once; waiting would let a fast flood hold
+                // far more than the cap while evicted connections linger.
+                Ok(())
+            }
         }
     };
     if let Err(e) = result {
