@@ -2,8 +2,8 @@
 //! port of its own, the storage quota, and log compaction by bytes.
 //!
 //! Numbers are small (a cap of 64, a quota of 64 KiB) so that CI runs them in seconds; the same
-//! code paths hold 20,000 connections and gigabytes in production (see the report in
-//! README.md's "Resource limits").
+//! code paths face 20,000 connections and gigabytes in production (`scripts/conn-flood.py`
+//! reproduces the connection flood against a running node).
 
 mod common;
 
