@@ -61,7 +61,12 @@ async fn idle_and_slowloris_connections_are_capped_and_closed_while_health_and_p
     let leader = c.leader().await;
     let follower = *c.addrs.keys().find(|id| **id != leader).unwrap();
     let addr = c.addrs[&follower].clone();
-    let http = reqwest::Client::new();
+    // No pooled connections: the node closes idle ones after 1.5 s, and a probe must not race
+    // that close.
+    let http = reqwest::Client::builder()
+        .pool_max_idle_per_host(0)
+        .build()
+        .unwrap();
     let base = c.url(follower);
 
     // Four times the cap of idle connections, and slowloris ones dribbling headers.
