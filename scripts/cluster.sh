@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Run a local leasecore cluster on loopback.
 #   scripts/cluster.sh start [N]   build, then start N nodes (default 3) on 127.0.0.1:7001..
+#                                  (client ports; each node's peer port is its client port + 1000)
 #   scripts/cluster.sh stop        stop them (SIGTERM, then SIGKILL after 10 s)
 #   scripts/cluster.sh status      show the cluster as node 1 sees it
 #   scripts/cluster.sh kill ID     SIGKILL one node (for failover experiments)
@@ -32,7 +33,9 @@ peers() {
 start_node() {
   local id=$1 n=$2
   mkdir -p "$DIR"
+  # The peer listener binds the client port + 1000 (--peer-listen); peers find it there.
   "$BIN" serve --id "$id" --listen "127.0.0.1:$((BASE_PORT + id - 1))" \
+    --peer-listen "127.0.0.1:$((BASE_PORT + id - 1 + 1000))" \
     --data "$DIR/node-$id" --peers "$(peers "$n")" >>"$DIR/node-$id.log" 2>&1 &
   echo $! >"$DIR/node-$id.pid"
   echo "$n" >"$DIR/size"
@@ -91,7 +94,7 @@ case "${1:-}" in
       "$0" stop >/dev/null
       exit 1
     fi
-    echo "leasecore: $n nodes on 127.0.0.1:$BASE_PORT..$((BASE_PORT + n - 1)); logs in $DIR/"
+    echo "leasecore: $n nodes on 127.0.0.1:$BASE_PORT..$((BASE_PORT + n - 1)) (peer ports $((BASE_PORT + 1000))..$((BASE_PORT + 999 + n))); logs in $DIR/"
     echo "try: curl -s -XPUT localhost:$BASE_PORT/v1/kv/hello -d '{\"value\":\"world\"}'"
     ;;
   stop)

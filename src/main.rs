@@ -29,6 +29,8 @@ use leasecore::wire::LeaseInfo;
 use serde::Serialize;
 use std::sync::Arc;
 
+#[path = "cli/resources.rs"]
+mod cli_resources;
 #[path = "cli/cluster_health.rs"]
 mod cluster_health;
 
@@ -138,7 +140,7 @@ struct ServeArgs {
     /// This node's id (stable across restarts).
     #[arg(long, env = "LEASECORE_ID", default_value_t = 1)]
     id: NodeId,
-    /// Address to listen on, for clients and peers alike.
+    /// Address to listen on for clients (peers use --peer-listen).
     #[arg(long, env = "LEASECORE_LISTEN", default_value = "127.0.0.1:7001")]
     listen: String,
     /// Address peers and clients reach this node at (default: this node's --peers entry, else
@@ -185,6 +187,8 @@ struct ServeArgs {
     /// Flease phase timeout, in milliseconds.
     #[arg(long, env = "LEASECORE_FLEASE_ROUND_MS", default_value_t = 500)]
     flease_round_ms: u64,
+    #[command(flatten)]
+    resources: cli_resources::ResourceArgs,
 }
 
 #[derive(Args, Clone)]
@@ -490,6 +494,7 @@ async fn serve(args: ServeArgs) -> ExitCode {
     cfg.limits.max_value_bytes = args.max_value_bytes;
     cfg.limits.max_leases = args.max_leases;
     cfg.cache_bytes = args.cache_mb << 20;
+    args.resources.apply(&mut cfg);
     cfg.flease = FleaseConfig::derived(
         args.flease_lease_ms,
         args.flease_eps_ms,

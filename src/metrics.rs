@@ -10,9 +10,11 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+use crate::http::listener::ConnStats;
 
 /// Upper bounds of the latency buckets, in seconds.
 const BUCKETS: [f64; 14] = [
@@ -68,6 +70,10 @@ pub struct Metrics {
     pub proposals: AtomicU64,
     /// Proposals that failed (no leader, timeout, ...), not counting domain rejections.
     pub proposals_failed: AtomicU64,
+    /// The client listener's connections.
+    pub client_conns: Arc<ConnStats>,
+    /// The peer listener's connections.
+    pub peer_conns: Arc<ConnStats>,
 }
 
 impl Metrics {
@@ -111,6 +117,20 @@ impl Metrics {
                 out,
                 "# HELP {name} {help}\n# TYPE {name} counter\n{name} {value}"
             );
+        }
+        for (port, stats) in [("client", &self.client_conns), ("peer", &self.peer_conns)] {
+            for (suffix, help, value) in stats.snapshot() {
+                let name = format!("leasecore_{port}_{suffix}");
+                let kind = if suffix.ends_with("_total") {
+                    "counter"
+                } else {
+                    "gauge"
+                };
+                let _ = writeln!(
+                    out,
+                    "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}"
+                );
+            }
         }
 
         let requests = self

@@ -1,8 +1,9 @@
 //! A running node: wiring and ordered shutdown.
 //!
-//! `Node::start` opens sled, builds the state machine and log store, starts openraft, the HTTP
-//! server and the drivers, and forms the initial cluster when asked to. Every task it starts is
-//! spawned on one `TaskTracker` and stopped by one `CancellationToken`.
+//! `Node::start` opens sled, builds the state machine and log store, starts openraft, the two
+//! HTTP listeners (clients on `listen`, peers on `peer_listen`) and the drivers, and forms the
+//! initial cluster when asked to. Every task it starts is spawned on one `TaskTracker` and
+//! stopped by one `CancellationToken`.
 //!
 //! A node whose data dir is empty asks its peers first and refuses to rejoin a running cluster
 //! as the member it was (`domain::bootstrap`). A Raft core that fails stops the node: it never
@@ -32,16 +33,19 @@ use crate::domain::bootstrap::{DataDir, Refusal, may_start};
 use crate::domain::flease::FleaseConfig;
 use crate::domain::history::HistoryLimits;
 use crate::domain::limits::Limits;
+use crate::domain::resources::{Quota, peer_address};
 use crate::domain::types::NodeId;
 use crate::domain::types::Revision;
+use crate::http::listener::{ListenerLimits, serve_limited};
 use crate::http::{self, AppState};
 use crate::metrics::Metrics;
 use crate::raft::Raft;
-use crate::raft::consensus::{Consensus, ConsensusError, ConsensusTimeouts};
+use crate::raft::consensus::{Consensus, ConsensusError, ConsensusTimeouts, StorageUse};
 use crate::raft::log_store::LogStore;
 use crate::raft::network::{Faults, NetworkFactory, PeerClient};
 use crate::raft::state_machine::{Observers, StateMachine};
 use crate::runtime::bootstrap::probe_peers;
+use crate::runtime::compaction::LogCompactor;
 use crate::runtime::election::ElectionWatchdog;
 use crate::runtime::flease::FleaseService;
 use crate::runtime::lease::{DEFAULT_MIN_TTL_MS, LeaseConfig, LeaseHub, LeaseService};
@@ -75,8 +79,20 @@ impl Default for RaftTimings {
 #[derive(Clone, Debug)]
 pub struct NodeConfig {
     pub id: NodeId,
-    /// Where to listen (`127.0.0.1:0` picks a free port).
+    /// Where to listen for clients (`127.0.0.1:0` picks a free port).
     pub listen: String,
+    /// Where to listen for peers (Raft, forwarded calls, Flease). Default: `listen` with the
+    /// port + 1000. Peers reach this node at its advertised address with the port + 1000,
+    /// whatever this says (see [`crate::domain::resources::peer_address`]).
+    pub peer_listen: Option<String>,
+    /// Connection cap and header timeout of the client listener.
+    pub client_limits: ListenerLimits,
+    /// Connection cap and header timeout of the peer listener.
+    pub peer_limits: ListenerLimits,
+    /// The storage quota (live keys and values plus the Raft log): past it, writes get 507.
+    pub quota: Quota,
+    /// Snapshot and purge the log once its entries hold this many bytes.
+    pub snapshot_log_bytes: u64,
     /// The address peers and clients reach this node at; defaults to the peers entry for this
     /// node, else the bound address.
     pub advertise: Option<String>,
@@ -106,12 +122,28 @@ pub struct NodeConfig {
     pub catch_up_ms: u64,
 }
 
+/// The default of [`NodeConfig::snapshot_log_bytes`].
+pub const DEFAULT_SNAPSHOT_LOG_BYTES: u64 = 64 << 20;
+
 impl NodeConfig {
+    /// Where the peer listener binds.
+    fn peer_listen_addr(&self, client: &str) -> Result<String, NodeError> {
+        match &self.peer_listen {
+            Some(a) => Ok(a.clone()),
+            None => peer_address(client).map_err(NodeError::Config),
+        }
+    }
+
     /// The defaults of `leasecore serve` with no flags, for node `id` in `data_dir`.
     pub fn new(id: NodeId, data_dir: impl Into<PathBuf>) -> Self {
         NodeConfig {
             id,
             listen: "127.0.0.1:7001".into(),
+            peer_listen: None,
+            client_limits: ListenerLimits::CLIENT,
+            peer_limits: ListenerLimits::PEER,
+            quota: Quota::default(),
+            snapshot_log_bytes: DEFAULT_SNAPSHOT_LOG_BYTES,
             advertise: None,
             data_dir: data_dir.into(),
             peers: BTreeMap::new(),
@@ -217,6 +249,7 @@ pub struct Node {
     faults: Arc<Faults>,
     id: NodeId,
     addr: SocketAddr,
+    peer_addr: SocketAddr,
     advertise: String,
     consensus: Consensus,
     watch: Arc<WatchHub>,
@@ -229,26 +262,33 @@ pub struct Node {
 }
 
 impl Node {
-    /// Bind `cfg.listen` and start.
+    /// Bind `cfg.listen` and the peer listener, and start.
     pub async fn start(cfg: NodeConfig) -> Result<Node, NodeError> {
-        let listener = tokio::net::TcpListener::bind(&cfg.listen)
-            .await
-            .map_err(|source| NodeError::Bind {
-                addr: cfg.listen.clone(),
-                source,
-            })?;
-        Self::start_on(cfg, listener).await
+        let listener = bind(&cfg.listen).await?;
+        let peer = bind(&cfg.peer_listen_addr(&cfg.listen)?).await?;
+        Self::start_on_both(cfg, listener, peer).await
     }
 
-    /// Start on an already bound listener (tests bind port 0 first to learn the addresses).
+    /// Start on an already bound client listener; the peer listener binds `cfg.peer_listen`,
+    /// by default the bound client port + 1000.
     pub async fn start_on(
         cfg: NodeConfig,
         listener: tokio::net::TcpListener,
     ) -> Result<Node, NodeError> {
-        let addr = listener.local_addr().map_err(|source| NodeError::Bind {
-            addr: cfg.listen.clone(),
-            source,
-        })?;
+        let addr = local_addr(&listener, &cfg.listen)?;
+        let peer = bind(&cfg.peer_listen_addr(&addr.to_string())?).await?;
+        Self::start_on_both(cfg, listener, peer).await
+    }
+
+    /// Start on already bound client and peer listeners (tests bind them first to learn the
+    /// addresses).
+    pub async fn start_on_both(
+        cfg: NodeConfig,
+        listener: tokio::net::TcpListener,
+        peer_listener: tokio::net::TcpListener,
+    ) -> Result<Node, NodeError> {
+        let addr = local_addr(&listener, &cfg.listen)?;
+        let peer_addr = local_addr(&peer_listener, "the peer listener")?;
         let advertise = match (&cfg.advertise, cfg.peers.get(&cfg.id)) {
             (Some(a), _) => a.clone(),
             (None, Some(a)) => a.clone(),
@@ -259,6 +299,11 @@ impl Node {
             }
             (None, None) => addr.to_string(),
         };
+        // Every member's peer address is derived from its client address: refuse one that
+        // gives none rather than fail on the first peer call.
+        for a in std::iter::once(&advertise).chain(cfg.peers.values()) {
+            peer_address(a).map_err(NodeError::Config)?;
+        }
         let raft_config = Arc::new(cfg.raft_config()?);
         cfg.flease
             .validate()
@@ -289,6 +334,10 @@ impl Node {
         write_identity(&cfg)?;
         let log_store = LogStore::open(&db)?;
         let committed = log_store.committed_index();
+        let storage_use = StorageUse {
+            log_bytes: log_store.log_bytes(),
+            quota: cfg.quota,
+        };
         let clock: Arc<dyn Clock> = Arc::new(SystemClock::new());
         let lease_hub = Arc::new(LeaseHub::new(
             clock.clone(),
@@ -314,11 +363,26 @@ impl Node {
         )
         .await
         .map_err(|e| NodeError::Raft(e.to_string()))?;
-        let (consensus, proposal_queue) =
-            Consensus::new(cfg.id, raft, peers, view, committed, cfg.timeouts());
+        let (consensus, proposal_queue) = Consensus::new(
+            cfg.id,
+            raft,
+            peers,
+            view,
+            committed,
+            cfg.timeouts(),
+            storage_use.clone(),
+        );
 
         let tasks = TaskTracker::new();
         tasks.spawn(proposal_queue.run(cancel.clone()));
+        tasks.spawn(
+            LogCompactor {
+                raft: consensus.raft().clone(),
+                log_bytes: storage_use.log_bytes,
+                max_log_bytes: cfg.snapshot_log_bytes,
+            }
+            .run(cancel.clone()),
+        );
         let leases = Arc::new(LeaseService::new(
             lease_hub,
             consensus.clone(),
@@ -338,23 +402,39 @@ impl Node {
             flease_peers,
         ));
         tasks.spawn(flease.clone().run_maintenance(cancel.clone()));
+        let metrics = Arc::new(Metrics::default());
         let state = AppState {
             consensus: consensus.clone(),
             limits: cfg.limits,
-            metrics: Arc::new(Metrics::default()),
+            metrics: metrics.clone(),
             leases,
             watch: watch_hub.clone(),
             flease: flease.clone(),
         };
-        let app = http::router(state);
-        tasks.spawn({
+        // Two listeners, each with its own cap: clients that exhaust theirs leave the peers'
+        // untouched.
+        let servers = [
+            (
+                listener,
+                http::client_router(state.clone()),
+                cfg.client_limits,
+                metrics.client_conns.clone(),
+            ),
+            (
+                peer_listener,
+                http::peer_router(state),
+                cfg.peer_limits,
+                metrics.peer_conns.clone(),
+            ),
+        ];
+        for (listener, app, limits, stats) in servers {
             let cancel = cancel.clone();
-            async move {
-                if let Err(e) = http::serve(listener, app, cancel).await {
+            tasks.spawn(async move {
+                if let Err(e) = serve_limited(listener, app, cancel, limits, stats).await {
                     tracing::error!(error = %e, "HTTP server failed");
                 }
-            }
-        });
+            });
+        }
         tasks.spawn(stop_on_fatal(consensus.clone(), cancel.clone()));
         let election_max = Duration::from_millis(cfg.timings.election_max_ms);
         tasks.spawn(
@@ -380,6 +460,7 @@ impl Node {
             faults,
             id: cfg.id,
             addr,
+            peer_addr,
             advertise: advertise.clone(),
             consensus,
             watch: watch_hub,
@@ -395,7 +476,7 @@ impl Node {
             node.shutdown().await;
             return Err(e.into());
         }
-        tracing::info!(id = cfg.id, %addr, advertise = %node.advertise, "node started");
+        tracing::info!(id = cfg.id, %addr, %peer_addr, advertise = %node.advertise, "node started");
         Ok(node)
     }
 
@@ -406,6 +487,11 @@ impl Node {
     /// The bound address.
     pub fn addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// The bound peer listener's address.
+    pub fn peer_addr(&self) -> SocketAddr {
+        self.peer_addr
     }
 
     /// The address peers reach this node at.
@@ -517,6 +603,22 @@ async fn stop_on_fatal(consensus: Consensus, cancel: CancellationToken) {
             },
         }
     }
+}
+
+async fn bind(addr: &str) -> Result<tokio::net::TcpListener, NodeError> {
+    tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|source| NodeError::Bind {
+            addr: addr.to_string(),
+            source,
+        })
+}
+
+fn local_addr(l: &tokio::net::TcpListener, what: &str) -> Result<SocketAddr, NodeError> {
+    l.local_addr().map_err(|source| NodeError::Bind {
+        addr: what.to_string(),
+        source,
+    })
 }
 
 /// The store revision persisted in `db` (where the watch history starts).

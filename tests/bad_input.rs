@@ -280,9 +280,10 @@ async fn malformed_peer_messages_are_refused_without_harming_the_node() {
     c.client().put("existing", "v", None, None).await.unwrap();
     let before = store_fingerprint(&c).await;
     for target in [1u64, 2, 3] {
+        // Peer routes live on the peer port only.
         let p = Probe {
             http: reqwest::Client::new(),
-            base: c.url(target),
+            base: c.peer_url(target),
         };
         let garbage: Vec<(&str, Vec<u8>)> = vec![
             ("/raft/append", b"\xc1\x00garbage".to_vec()),

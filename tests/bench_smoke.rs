@@ -32,8 +32,13 @@ fn free_base_port() -> u16 {
     let first = (std::process::id() % 400) as u16;
     (0..400u16)
         .map(|i| 17_000 + ((first + i) % 400) * 10)
-        .find(|&base| (base..base + 3).all(|p| TcpListener::bind(("127.0.0.1", p)).is_ok()))
-        .expect("three free ports in 17000..21000")
+        // Each node's client port, and its peer port (+ 1000).
+        .find(|&base| {
+            (base..base + 3)
+                .chain(base + 1000..base + 1003)
+                .all(|p| TcpListener::bind(("127.0.0.1", p)).is_ok())
+        })
+        .expect("three free port pairs in 17000..22000")
 }
 
 fn signal(pid: u32, sig: &str) {

@@ -156,6 +156,9 @@ impl Client {
         let http = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(2))
             .timeout(timeout)
+            // Below the server's header timeout (10 s by default): a pooled connection is
+            // dropped here before the server closes it under a request.
+            .pool_idle_timeout(Duration::from_secs(5))
             .tcp_nodelay(true)
             .build()
             .map_err(|e| ClientError::Usage(e.to_string()))?;

@@ -95,6 +95,13 @@ pub struct KvState {
     /// Derived, not stored: rebuilt from the leases' stamps, which may make it lower after a
     /// restart, and a lower clock only makes a new leader's deadlines later (never earlier).
     lease_clock_ms: u64,
+    /// Bytes of every live key and value (what the storage quota counts of the state).
+    data_bytes: u64,
+}
+
+/// The bytes a live key counts for.
+fn entry_bytes(key: &str, v: &Versioned) -> u64 {
+    (key.len() + v.value.len()) as u64
 }
 
 impl KvState {
@@ -111,6 +118,7 @@ impl KvState {
             .filter_map(|l| l.checkpoint_clock_ms)
             .max()
             .unwrap_or(0);
+        let data_bytes = snapshot.keys.iter().map(|(k, v)| entry_bytes(k, v)).sum();
         KvState {
             revision: snapshot.revision,
             keys: snapshot.keys,
@@ -118,12 +126,18 @@ impl KvState {
             dirty: BTreeSet::new(),
             dirty_leases: BTreeSet::new(),
             lease_clock_ms,
+            data_bytes,
         }
     }
 
     /// The lease clock: the highest checkpoint stamp applied.
     pub fn lease_clock_ms(&self) -> u64 {
         self.lease_clock_ms
+    }
+
+    /// Bytes of every live key and value.
+    pub fn data_bytes(&self) -> u64 {
+        self.data_bytes
     }
 
     /// The store revision.
@@ -437,7 +451,10 @@ impl KvState {
                 lease: lease.map(str::to_string),
             },
         };
-        self.keys.insert(key.to_string(), entry);
+        self.data_bytes += entry_bytes(key, &entry);
+        if let Some(old) = self.keys.insert(key.to_string(), entry) {
+            self.data_bytes = self.data_bytes.saturating_sub(entry_bytes(key, &old));
+        }
         self.dirty.insert(key.to_string());
         Applied {
             response: Response::Put { revision },
@@ -490,6 +507,7 @@ impl KvState {
     /// Remove a key at a new revision, returning its delete event; `None` if absent.
     fn remove_key(&mut self, key: &str, cause: Cause) -> Option<Event> {
         let old = self.keys.remove(key)?;
+        self.data_bytes = self.data_bytes.saturating_sub(entry_bytes(key, &old));
         let revision = self.revision.next();
         self.revision = revision;
         self.dirty.insert(key.to_string());
@@ -605,6 +623,21 @@ mod tests {
             key: key.into(),
             prev_revision: None,
         }
+    }
+
+    #[test]
+    fn data_bytes_follow_live_keys_and_values_and_survive_a_snapshot() {
+        let mut kv = KvState::new();
+        kv.apply(&put("ab", "123"));
+        assert_eq!(kv.data_bytes(), 5);
+        // An overwrite replaces the old value's bytes; it does not add to them.
+        kv.apply(&put("ab", "1"));
+        kv.apply(&put("c", ""));
+        assert_eq!(kv.data_bytes(), 4);
+        assert_eq!(KvState::from_snapshot(kv.snapshot()).data_bytes(), 4);
+        kv.apply(&del("ab"));
+        kv.apply(&del("missing"));
+        assert_eq!(kv.data_bytes(), 1);
     }
 
     #[test]

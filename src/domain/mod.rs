@@ -19,6 +19,7 @@
 //! - [`lease`]: `LeaseTracker`, the leader-only lease deadlines.
 //! - [`members`]: membership as leased keys (`members/{id}`): layout and record.
 //! - [`health`]: readiness, quorum loss, peer reachability, learner catch-up.
+//! - [`resources`]: connection cap, storage quota, log compaction by bytes, peer addresses.
 
 pub mod bootstrap;
 pub mod command;
@@ -29,4 +30,5 @@ pub mod kv;
 pub mod lease;
 pub mod limits;
 pub mod members;
+pub mod resources;
 pub mod types;

@@ -88,13 +88,15 @@ fn check_address(addr: &str) -> Result<(), ApiError> {
         .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok_and(|p| p > 0))
         && !addr.contains('/')
         && !addr.contains(char::is_whitespace);
-    if ok {
-        Ok(())
-    } else {
-        Err(ApiError::invalid(format!(
+    if !ok {
+        return Err(ApiError::invalid(format!(
             "address {addr:?} must be host:port (no scheme)"
-        )))
+        )));
     }
+    // Peers reach the node at the port + the peer offset: that port must exist.
+    crate::domain::resources::peer_address(addr)
+        .map(|_| ())
+        .map_err(ApiError::invalid)
 }
 
 pub async fn health(State(state): State<AppState>) -> Json<Value> {
@@ -198,6 +200,21 @@ pub async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
             "leasecore_cluster_nodes",
             "Nodes in the membership (voters and learners).",
             v.nodes.len() as f64,
+        ),
+        (
+            "leasecore_storage_used_bytes",
+            "Bytes the storage quota counts: live keys and values plus the Raft log.",
+            state.consensus.storage_used() as f64,
+        ),
+        (
+            "leasecore_storage_quota_bytes",
+            "The storage quota; past it writes get 507 quota_exceeded.",
+            state.consensus.quota().max_bytes as f64,
+        ),
+        (
+            "leasecore_raft_log_bytes",
+            "Bytes of the stored Raft log entries.",
+            state.consensus.log_bytes() as f64,
         ),
     ];
     let (history_events, history_bytes, compacted, waiting) = state.watch.stats();

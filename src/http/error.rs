@@ -117,6 +117,12 @@ impl From<ConsensusError> for ApiError {
                 "membership_change_in_progress",
                 message,
             ),
+            ConsensusError::QuotaExceeded {
+                used_bytes,
+                quota_bytes,
+            } => ApiError::new(StatusCode::INSUFFICIENT_STORAGE, "quota_exceeded", message)
+                .with("used_bytes", used_bytes)
+                .with("quota_bytes", quota_bytes),
         }
     }
 }

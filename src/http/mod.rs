@@ -1,7 +1,10 @@
-//! The HTTP server (axum): one port per node for clients (`/v1/...`), peers (`/raft/...`),
-//! `/health` and `/metrics`.
+//! The HTTP servers (axum): the client port (`/v1/...`, `/health`, `/metrics`) and the peer
+//! port (`/raft/...`, Flease messages, forwarded calls), each with its own listener, connection
+//! cap and timeouts ([`listener`]), so that misbehaving clients cannot starve peer traffic.
 //!
 //! # Invariants
+//! - The client port serves only `Public` routes, the peer port only `Peer` routes: a peer
+//!   route on the client port is an unknown route (404).
 //! - The router is built only from [`route_table`], which is also what the OpenAPI test reads:
 //!   a route cannot exist without being documented (or be documented without existing).
 //! - Every error a client can cause is a JSON error document with a 4xx status
@@ -14,6 +17,7 @@ pub mod extract;
 pub mod flease;
 pub mod kv;
 pub mod leases;
+pub mod listener;
 pub mod members;
 pub mod peer;
 pub mod snapshot;
@@ -184,22 +188,41 @@ pub fn route_table() -> Vec<RouteSpec> {
     ]
 }
 
-/// The node's router.
+/// Every route, client and peer, on one router.
 pub fn router(state: AppState) -> Router {
+    build(state, &[Audience::Public, Audience::Peer])
+}
+
+/// The client port's router: the `Public` routes only.
+pub fn client_router(state: AppState) -> Router {
+    build(state, &[Audience::Public])
+}
+
+/// The peer port's router: the `Peer` routes only.
+pub fn peer_router(state: AppState) -> Router {
+    build(state, &[Audience::Peer])
+}
+
+fn build(state: AppState, audiences: &[Audience]) -> Router {
     let client_limit = DefaultBodyLimit::max(state.limits.max_body_bytes());
     let mut public = Router::new();
     let mut peers = Router::new();
-    for r in route_table() {
+    for r in route_table()
+        .into_iter()
+        .filter(|r| audiences.contains(&r.audience))
+    {
         match r.audience {
             Audience::Public => public = public.route(r.path, r.handler),
             Audience::Peer => peers = peers.route(r.path, r.handler),
         }
     }
-    // `/v1/kv/` names no key; answer it rather than calling it an unknown route.
-    public = public.route(
-        "/v1/kv/",
-        get(kv::empty_key).put(kv::empty_key).delete(kv::empty_key),
-    );
+    if audiences.contains(&Audience::Public) {
+        // `/v1/kv/` names no key; answer it rather than calling it an unknown route.
+        public = public.route(
+            "/v1/kv/",
+            get(kv::empty_key).put(kv::empty_key).delete(kv::empty_key),
+        );
+    }
     public
         .layer(client_limit)
         .merge(peers.layer(DefaultBodyLimit::max(MAX_PEER_BODY_BYTES)))
@@ -239,7 +262,8 @@ async fn track(State(state): State<AppState>, req: Request, next: Next) -> Respo
     resp
 }
 
-/// Serve until `cancel` fires, then finish in-flight requests and return.
+/// Serve until `cancel` fires, then finish in-flight requests and return (no connection
+/// limits: the node serves through [`listener::serve_limited`]).
 pub async fn serve(
     listener: tokio::net::TcpListener,
     app: Router,

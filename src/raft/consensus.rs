@@ -51,6 +51,7 @@ use super::state_machine::StateView;
 use super::{NodeId, Raft};
 use crate::domain::command::{Command, Response};
 use crate::domain::health::{self, NodeHealth};
+use crate::domain::resources::Quota;
 use crate::domain::types::Revision;
 use crate::runtime::batch::{RoundBatcher, RoundFuture};
 use crate::runtime::election::ElectionPort;
@@ -86,6 +87,20 @@ pub enum ConsensusError {
     /// Another membership change has not committed yet: one change at a time. Retry later.
     #[error("{message}")]
     ChangeInProgress { message: String },
+    /// The leader holds its storage quota: writes are refused (nothing was proposed) until
+    /// deletes bring it back under (reads, deletes and revokes still work).
+    #[error(
+        "the storage quota is exhausted ({used_bytes} of {quota_bytes} bytes): delete keys or revoke leases to write again"
+    )]
+    QuotaExceeded { used_bytes: u64, quota_bytes: u64 },
+}
+
+/// What the storage quota counts (the log's bytes; the state's come from the view), and the
+/// quota.
+#[derive(Clone, Debug, Default)]
+pub struct StorageUse {
+    pub log_bytes: Arc<AtomicU64>,
+    pub quota: Quota,
 }
 
 /// How a membership request ended (when it did not fail).
@@ -219,6 +234,7 @@ struct Inner {
     proposals: mpsc::UnboundedSender<Proposal>,
     /// Reads the leader's lease clock for registrations (set once by the lease service).
     lease_stamper: std::sync::OnceLock<LeaseStamper>,
+    storage: StorageUse,
 }
 
 /// A proposal waiting in the queue, with where its applied result goes.
@@ -341,6 +357,7 @@ impl Consensus {
         view: StateView,
         committed: Arc<AtomicU64>,
         timeouts: ConsensusTimeouts,
+        storage: StorageUse,
     ) -> (Self, ProposalQueue) {
         let (proposals, queue) = mpsc::unbounded_channel();
         let cut_off = Arc::new(AtomicBool::new(false));
@@ -371,6 +388,7 @@ impl Consensus {
                 leader_reads,
                 proposals,
                 lease_stamper: std::sync::OnceLock::new(),
+                storage,
             }),
         };
         (consensus, ProposalQueue { raft, queue })
@@ -447,6 +465,22 @@ impl Consensus {
     /// The openraft handle (for the peer endpoints and the node's start-up and shutdown).
     pub fn raft(&self) -> &Raft {
         &self.inner.raft
+    }
+
+    /// The bytes this node holds, as the storage quota counts them: live keys and values plus
+    /// the stored Raft log.
+    pub fn storage_used(&self) -> u64 {
+        self.inner.view.data_bytes() + self.inner.storage.log_bytes.load(Ordering::Relaxed)
+    }
+
+    /// The stored Raft log's bytes.
+    pub fn log_bytes(&self) -> u64 {
+        self.inner.storage.log_bytes.load(Ordering::Relaxed)
+    }
+
+    /// The storage quota in force.
+    pub fn quota(&self) -> Quota {
+        self.inner.storage.quota
     }
 
     /// This node's id.
@@ -576,6 +610,15 @@ impl Consensus {
         if !self.is_leader() {
             return Err(ConsensusError::NotLeader);
         }
+        // The leader's own use decides for the cluster: every write goes through here.
+        let storage = &self.inner.storage;
+        storage
+            .quota
+            .admit(&cmd, self.storage_used())
+            .map_err(|e| ConsensusError::QuotaExceeded {
+                used_bytes: e.used_bytes,
+                quota_bytes: e.quota_bytes,
+            })?;
         self.submit(cmd).await
     }
 

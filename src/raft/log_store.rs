@@ -9,6 +9,13 @@
 //!   or acknowledgement is never given for an entry a crash could lose.
 //! - `save_vote` flushes before returning: a node never votes twice in one term across a crash.
 //!
+//! - [`LogStore::log_bytes`] counts the stored entries' bytes (appends add, truncation and purge
+//!   subtract; counted once at open), for the storage quota and compaction by bytes.
+//! - Replication reads at most [`READ_BUDGET_BYTES`] of entries per request
+//!   (`limited_get_log_entries`): openraft asks for up to `max_payload_entries` entries at a
+//!   time, and 512 entries of 1 MiB each, read at once for every follower, made the node's memory
+//!   grow with the bytes in the log.
+//!
 //! Entries are MessagePack (named fields, so optional fields may be omitted): values are stored
 //! as raw bytes rather than JSON-escaped text, which keeps a 1 MiB value near 1 MiB on disk and
 //! on the wire. The marks are small JSON documents.
@@ -34,6 +41,10 @@ const KEY_VOTE: &[u8] = b"m/vote";
 const KEY_COMMITTED: &[u8] = b"m/committed";
 const KEY_PURGED: &[u8] = b"m/purged";
 
+/// The most entry bytes one replication read returns (at least one entry): the peer network
+/// sends at most this much per AppendEntries anyway.
+pub const READ_BUDGET_BYTES: usize = super::network::MAX_APPEND_BYTES;
+
 /// The sled-backed log store. Cheap to clone: clones share the same tree.
 #[derive(Clone)]
 pub struct LogStore {
@@ -41,15 +52,28 @@ pub struct LogStore {
     tree: sled::Tree,
     /// The latest committed index this node was told of, for status reports.
     committed: Arc<AtomicU64>,
+    /// Bytes of the stored entries.
+    log_bytes: Arc<AtomicU64>,
 }
 
 impl LogStore {
     pub fn open(db: &sled::Db) -> Result<Self, crate::storage::StorageError> {
+        let tree = db.open_tree(TREE_RAFT)?;
+        let mut bytes = 0u64;
+        for item in tree.scan_prefix([ENTRY]) {
+            bytes += item?.1.len() as u64;
+        }
         Ok(LogStore {
             db: db.clone(),
-            tree: db.open_tree(TREE_RAFT)?,
+            tree,
             committed: Arc::new(AtomicU64::new(0)),
+            log_bytes: Arc::new(AtomicU64::new(bytes)),
         })
+    }
+
+    /// Bytes of the stored entries (shared; updated as the log changes).
+    pub fn log_bytes(&self) -> Arc<AtomicU64> {
+        self.log_bytes.clone()
     }
 
     /// The committed index as last saved (shared; updated as openraft saves it).
@@ -78,6 +102,16 @@ impl LogStore {
             None => Ok(None),
             Some((_, bytes)) => Ok(Some(decode_entry(&bytes)?.log_id)),
         }
+    }
+
+    /// Entries of `bytes` left the log.
+    fn forget(&self, bytes: u64) {
+        // Never below zero, even if a count was missed.
+        let _ = self
+            .log_bytes
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |b| {
+                Some(b.saturating_sub(bytes))
+            });
     }
 
     async fn flush(&self) -> Result<(), sled::Error> {
@@ -118,6 +152,25 @@ impl RaftLogReader<TypeConfig> for LogStore {
         let mut out = Vec::new();
         for item in iter {
             let (_, bytes) = item.map_err(|e| StorageIOError::read_logs(any_err(&e)))?;
+            out.push(decode_entry(&bytes)?);
+        }
+        Ok(out)
+    }
+
+    async fn limited_get_log_entries(
+        &mut self,
+        start: u64,
+        end: u64,
+    ) -> Result<Vec<Entry>, StorageError> {
+        let mut out = Vec::new();
+        let mut total = 0usize;
+        let range = index_key(ENTRY, start).to_vec()..index_key(ENTRY, end).to_vec();
+        for item in self.tree.range(range) {
+            let (_, bytes) = item.map_err(|e| StorageIOError::read_logs(any_err(&e)))?;
+            total += bytes.len();
+            if total > READ_BUDGET_BYTES && !out.is_empty() {
+                break;
+            }
             out.push(decode_entry(&bytes)?);
         }
         Ok(out)
@@ -181,12 +234,16 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         I::IntoIter: OptionalSend,
     {
         let mut batch = sled::Batch::default();
+        let mut added = 0u64;
         for entry in entries {
-            batch.insert(&index_key(ENTRY, entry.log_id.index), encode_entry(&entry)?);
+            let bytes = encode_entry(&entry)?;
+            added += bytes.len() as u64;
+            batch.insert(&index_key(ENTRY, entry.log_id.index), bytes);
         }
         self.tree
             .apply_batch(batch)
             .map_err(|e| StorageIOError::write_logs(any_err(&e)))?;
+        self.log_bytes.fetch_add(added, Ordering::Relaxed);
         // Group commit: openraft hands us every entry that queued while the previous flush ran,
         // so one fsync covers all of them.
         let flushed = self.flush().await.map_err(std::io::Error::other);
@@ -196,16 +253,19 @@ impl RaftLogStorage<TypeConfig> for LogStore {
 
     async fn truncate(&mut self, log_id: LogId) -> Result<(), StorageError> {
         let mut batch = sled::Batch::default();
+        let mut removed = 0u64;
         for item in self
             .tree
             .range(index_key(ENTRY, log_id.index).to_vec()..entries_end())
         {
-            let (k, _) = item.map_err(|e| StorageIOError::write_logs(any_err(&e)))?;
+            let (k, v) = item.map_err(|e| StorageIOError::write_logs(any_err(&e)))?;
+            removed += v.len() as u64;
             batch.remove(k);
         }
         self.tree
             .apply_batch(batch)
             .map_err(|e| StorageIOError::write_logs(any_err(&e)))?;
+        self.forget(removed);
         self.flush()
             .await
             .map_err(|e| StorageIOError::write_logs(any_err(&e)))?;
@@ -214,17 +274,20 @@ impl RaftLogStorage<TypeConfig> for LogStore {
 
     async fn purge(&mut self, log_id: LogId) -> Result<(), StorageError> {
         let mut batch = sled::Batch::default();
+        let mut removed = 0u64;
         batch.insert(KEY_PURGED, encode(&log_id)?);
         for item in self
             .tree
             .range(index_key(ENTRY, 0)..=index_key(ENTRY, log_id.index))
         {
-            let (k, _) = item.map_err(|e| StorageIOError::write_logs(any_err(&e)))?;
+            let (k, v) = item.map_err(|e| StorageIOError::write_logs(any_err(&e)))?;
+            removed += v.len() as u64;
             batch.remove(k);
         }
         self.tree
             .apply_batch(batch)
             .map_err(|e| StorageIOError::write_logs(any_err(&e)))?;
+        self.forget(removed);
         Ok(())
     }
 }

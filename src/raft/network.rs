@@ -1,7 +1,9 @@
 //! The peer network: openraft's RPCs and leasecore's forwarded calls over HTTP/JSON.
 //!
 //! One shared `reqwest::Client` (a connection pool) serves every peer. Every call has a
-//! deadline. Errors are classified the way openraft needs them: a connection that could not be
+//! deadline. Calls name a peer by its membership address (its client address) and go to its
+//! peer listener, at [`crate::domain::resources::peer_address`] of it: peers never use the
+//! client port. Errors are classified the way openraft needs them: a connection that could not be
 //! made is `Unreachable` (openraft backs off), any other transport failure is `Network` (retry
 //! at once), and an error the remote Raft returned is `RemoteError`.
 //!
@@ -39,6 +41,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use super::{Entry, NodeId, SnapshotMeta, TypeConfig};
+use crate::domain::resources::peer_address;
 
 /// The largest AppendEntries payload sent in one request (estimated), unless a single entry is
 /// larger on its own.
@@ -182,7 +185,10 @@ impl PeerClient {
     pub fn new() -> Self {
         let http = reqwest::Client::builder()
             .connect_timeout(Duration::from_millis(500))
-            .pool_idle_timeout(Duration::from_secs(60))
+            // Shorter than the peer listener's header timeout (90 s), so that the server never
+            // closes a pooled connection just as a request is sent on it (that would turn a
+            // forwarded write into `outcome_unknown`).
+            .pool_idle_timeout(Duration::from_secs(30))
             .tcp_nodelay(true)
             .build()
             .expect("a plain HTTP client always builds");
@@ -263,11 +269,12 @@ impl PeerClient {
         body: Vec<u8>,
         timeout: Duration,
     ) -> Result<bytes::Bytes, PeerError> {
-        let url = format!("http://{addr}{path}");
         let transport = |detail: String| PeerError::Transport {
             addr: addr.to_string(),
             detail,
         };
+        let peer = peer_address(addr).map_err(transport)?;
+        let url = format!("http://{peer}{path}");
         if self.faults.is_blocked(addr) {
             // A partition: the message is lost; the sender learns only that it timed out.
             tokio::time::sleep(timeout.min(Duration::from_millis(50))).await;

@@ -98,6 +98,14 @@ pub struct StateView {
 }
 
 impl StateView {
+    /// Bytes of every live key and value (the state's share of the storage quota).
+    pub fn data_bytes(&self) -> u64 {
+        self.kv
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .data_bytes()
+    }
+
     /// One key, as of the latest applied entry.
     pub fn get(&self, key: &str) -> (Revision, Option<Versioned>) {
         let kv = self.kv.read().unwrap_or_else(|p| p.into_inner());

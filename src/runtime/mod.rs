@@ -8,6 +8,7 @@
 //! - [`batch`]: [`batch::RoundBatcher`], which lets many concurrent callers share one quorum
 //!   round (linearizable reads now, lease refreshes later).
 //! - [`bootstrap`]: asks the peers whether a cluster runs (empty data dir at start).
+//! - [`compaction`]: snapshot and purge the log by bytes (openraft counts only entries).
 //! - [`election`]: the election watchdog against openraft 0.9's election stall.
 //! - [`quorum`]: the quorum watchdog: a leader that lost its quorum steps down.
 //! - [`lease`]: the lease tracker's shell: apply-path observer, refresh, the expiry driver.
@@ -20,6 +21,7 @@
 
 pub mod batch;
 pub mod bootstrap;
+pub mod compaction;
 pub mod election;
 pub mod flease;
 pub mod lease;

@@ -44,6 +44,23 @@ pub fn init_tracing() {
         .try_init();
 }
 
+/// Bind a client listener on a free loopback port and its peer listener on that port + the
+/// peer offset (peers derive a node's peer address from its client address). A pair whose
+/// peer port is taken is dropped and another tried.
+pub async fn bind_pair() -> (tokio::net::TcpListener, tokio::net::TcpListener) {
+    for _ in 0..200 {
+        let client = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = client.local_addr().unwrap().to_string();
+        let Ok(peer_addr) = leasecore::domain::resources::peer_address(&addr) else {
+            continue;
+        };
+        if let Ok(peer) = tokio::net::TcpListener::bind(&peer_addr).await {
+            return (client, peer);
+        }
+    }
+    panic!("no free client/peer port pair on 127.0.0.1");
+}
+
 /// Adjusts every node's configuration (kept for restarts).
 pub type Tweak = Arc<dyn Fn(&mut NodeConfig) + Send + Sync>;
 
@@ -95,9 +112,9 @@ impl TestCluster {
         let mut listeners = BTreeMap::new();
         let mut addrs = BTreeMap::new();
         for id in 1..=n {
-            let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-            addrs.insert(id, l.local_addr().unwrap().to_string());
-            listeners.insert(id, l);
+            let pair = bind_pair().await;
+            addrs.insert(id, pair.0.local_addr().unwrap().to_string());
+            listeners.insert(id, pair);
         }
         let mut c = TestCluster {
             tmp,
@@ -108,8 +125,10 @@ impl TestCluster {
             max_value_bytes,
             tweak,
         };
-        for (id, l) in listeners {
-            let node = Node::start_on(c.config(id, false), l).await.unwrap();
+        for (id, (l, p)) in listeners {
+            let node = Node::start_on_both(c.config(id, false), l, p)
+                .await
+                .unwrap();
             c.nodes.insert(id, node);
         }
         c
@@ -141,6 +160,12 @@ impl TestCluster {
             t(&mut cfg);
         }
         cfg
+    }
+
+    /// The peer listener's URL of a node.
+    pub fn peer_url(&self, id: NodeId) -> String {
+        let peer = leasecore::domain::resources::peer_address(&self.addrs[&id]).unwrap();
+        format!("http://{peer}")
     }
 
     pub fn url(&self, id: NodeId) -> String {
@@ -192,9 +217,11 @@ impl TestCluster {
 
     /// Start a new, empty node that waits to be added.
     pub async fn start_joiner(&mut self, id: NodeId) {
-        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let (l, p) = bind_pair().await;
         self.addrs.insert(id, l.local_addr().unwrap().to_string());
-        let node = Node::start_on(self.config(id, true), l).await.unwrap();
+        let node = Node::start_on_both(self.config(id, true), l, p)
+            .await
+            .unwrap();
         self.nodes.insert(id, node);
     }
 

@@ -1,0 +1,350 @@
+//! Resource limits: the rules that keep a node's connections, disk and memory bounded.
+//!
+//! - [`peer_address`]: where a member's peer listener is, derived from its client address.
+//! - [`ConnTable`]: which connections a listener holds, and which one to give up when it is full.
+//! - [`Quota`]: which commands the storage quota refuses.
+//! - [`compaction_step`]: when the log's bytes call for a snapshot or a purge.
+//!
+//! # Invariants
+//! - The peer port is the client port + [`PEER_PORT_OFFSET`], on every node: membership stores
+//!   one address per node (the client address) and every node derives the same peer address
+//!   from it, so configurations and data directories from before the split keep working.
+//! - A full listener only ever evicts a connection that has no request in flight: an idle
+//!   keep-alive connection or one still dribbling its headers (slowloris). A request being
+//!   served is never cut.
+//! - The quota refuses only commands that can grow the stored data. Deletes, revokes and
+//!   expiries always pass, so a full node can always be brought back under its quota.
+//!
+//! # What it must not do
+//! I/O, clocks or sockets: the shells (`http::serve`, the storage driver) count and act.
+
+use std::collections::BTreeMap;
+
+use super::command::Command;
+
+/// The peer port of a node is its client port plus this.
+pub const PEER_PORT_OFFSET: u16 = 1000;
+
+/// The peer address of a member whose client address is `client` (`HOST:PORT`, `[V6]:PORT`).
+pub fn peer_address(client: &str) -> Result<String, String> {
+    let (host, port) = client
+        .rsplit_once(':')
+        .ok_or_else(|| format!("{client:?} is not HOST:PORT"))?;
+    let port: u16 = port
+        .parse()
+        .map_err(|_| format!("{client:?} does not end in a port number"))?;
+    if host.is_empty() {
+        return Err(format!("{client:?} names no host"));
+    }
+    if port == 0 {
+        // Port 0 asks the kernel for any free port: there is nothing to derive from it.
+        return Ok(format!("{host}:0"));
+    }
+    let peer = port.checked_add(PEER_PORT_OFFSET).ok_or_else(|| {
+        format!(
+            "{client:?}: the peer port would be {port} + {PEER_PORT_OFFSET}, past 65535; use a lower client port"
+        )
+    })?;
+    Ok(format!("{host}:{peer}"))
+}
+
+/// A connection's number on its listener (in accept order).
+pub type ConnId = u64;
+
+/// What a full listener does with a new connection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Admission {
+    /// Room for it.
+    Admit,
+    /// Full: admit it and close this idle connection (the one idle the longest).
+    Evict(ConnId),
+    /// Full of busy connections: close the new one at once.
+    Refuse,
+}
+
+/// The connections of one listener, with their requests in flight.
+#[derive(Debug, Default)]
+pub struct ConnTable {
+    max: usize,
+    next: ConnId,
+    /// Connection -> (requests in flight, the order in which it last became idle).
+    conns: BTreeMap<ConnId, ConnState>,
+    /// Idle connections by when they became idle: the first is the one idle the longest.
+    idle: BTreeMap<u64, ConnId>,
+    tick: u64,
+    /// Connections evicted, marked so that they are not chosen twice.
+    evicting: usize,
+}
+
+#[derive(Debug)]
+struct ConnState {
+    in_flight: usize,
+    idle_since: Option<u64>,
+}
+
+impl ConnTable {
+    pub fn new(max: usize) -> Self {
+        ConnTable {
+            max: max.max(1),
+            ..Default::default()
+        }
+    }
+
+    /// Connections held (evicted ones count until they are gone).
+    pub fn len(&self) -> usize {
+        self.conns.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.conns.is_empty()
+    }
+
+    /// A new connection arrived. `Admit` and `Evict` give it an id (it starts idle: it has sent
+    /// no request yet).
+    pub fn arrive(&mut self) -> (Admission, Option<ConnId>) {
+        let admission = if self.conns.len() - self.evicting.min(self.conns.len()) < self.max {
+            Admission::Admit
+        } else {
+            match self.idle.pop_first() {
+                Some((_, victim)) => {
+                    if let Some(s) = self.conns.get_mut(&victim) {
+                        s.idle_since = None;
+                        // An evicted connection is on its way out: never idle again.
+                        s.in_flight = usize::MAX / 2;
+                    }
+                    self.evicting += 1;
+                    Admission::Evict(victim)
+                }
+                None => return (Admission::Refuse, None),
+            }
+        };
+        let id = self.next;
+        self.next += 1;
+        self.tick += 1;
+        self.conns.insert(
+            id,
+            ConnState {
+                in_flight: 0,
+                idle_since: Some(self.tick),
+            },
+        );
+        self.idle.insert(self.tick, id);
+        (admission, Some(id))
+    }
+
+    /// A request began on `id`.
+    pub fn request_started(&mut self, id: ConnId) {
+        if let Some(s) = self.conns.get_mut(&id) {
+            s.in_flight = s.in_flight.saturating_add(1);
+            if let Some(t) = s.idle_since.take() {
+                self.idle.remove(&t);
+            }
+        }
+    }
+
+    /// A request on `id` finished (its response was sent or dropped).
+    pub fn request_finished(&mut self, id: ConnId) {
+        if let Some(s) = self.conns.get_mut(&id) {
+            s.in_flight = s.in_flight.saturating_sub(1);
+            if s.in_flight == 0 {
+                self.tick += 1;
+                s.idle_since = Some(self.tick);
+                self.idle.insert(self.tick, id);
+            }
+        }
+    }
+
+    /// Connection `id` is closed.
+    pub fn left(&mut self, id: ConnId) {
+        if let Some(s) = self.conns.remove(&id) {
+            if let Some(t) = s.idle_since {
+                self.idle.remove(&t);
+            }
+            if s.in_flight >= usize::MAX / 4 {
+                self.evicting = self.evicting.saturating_sub(1);
+            }
+        }
+    }
+}
+
+/// The storage quota: the bytes a node may hold (live keys and values plus the Raft log).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Quota {
+    pub max_bytes: u64,
+}
+
+/// The quota refused a command.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OverQuota {
+    pub used_bytes: u64,
+    pub quota_bytes: u64,
+}
+
+/// The default quota (etcd's default backend quota).
+pub const DEFAULT_QUOTA_BYTES: u64 = 2 << 30;
+
+impl Default for Quota {
+    fn default() -> Self {
+        Quota {
+            max_bytes: DEFAULT_QUOTA_BYTES,
+        }
+    }
+}
+
+impl Quota {
+    /// Whether `cmd` may be proposed while the node holds `used_bytes`.
+    pub fn admit(&self, cmd: &Command, used_bytes: u64) -> Result<(), OverQuota> {
+        if used_bytes < self.max_bytes || !grows(cmd) {
+            return Ok(());
+        }
+        Err(OverQuota {
+            used_bytes,
+            quota_bytes: self.max_bytes,
+        })
+    }
+}
+
+/// Whether a command can add stored bytes (anything but removals).
+fn grows(cmd: &Command) -> bool {
+    match cmd {
+        Command::Put { .. } | Command::RegisterLease { .. } | Command::RegisterMember { .. } => {
+            true
+        }
+        Command::Delete { .. }
+        | Command::RevokeLease { .. }
+        | Command::ExpireLeases { .. }
+        | Command::CheckpointLeases { .. } => false,
+        Command::Batch { commands } => commands.iter().any(grows),
+    }
+}
+
+/// What the log's size calls for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CompactionStep {
+    Nothing,
+    /// Build a snapshot of the applied state (it covers entries up to the applied index).
+    Snapshot,
+    /// Delete the log up to and including this index (already covered by a snapshot).
+    Purge(u64),
+}
+
+/// The log holds `log_bytes`; the latest snapshot covers up to `snapshot_index`, the log starts
+/// after `purged_index`, and `applied_index` is applied. Past `max_log_bytes`, first snapshot
+/// what is applied, then purge what the snapshot covers (ignoring openraft's entry-count
+/// policy, which would keep up to a thousand entries of any size).
+pub fn compaction_step(
+    log_bytes: u64,
+    max_log_bytes: u64,
+    applied_index: u64,
+    snapshot_index: u64,
+    purged_index: u64,
+) -> CompactionStep {
+    if log_bytes <= max_log_bytes {
+        return CompactionStep::Nothing;
+    }
+    if snapshot_index > purged_index {
+        return CompactionStep::Purge(snapshot_index);
+    }
+    if applied_index > snapshot_index {
+        return CompactionStep::Snapshot;
+    }
+    CompactionStep::Nothing
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn peer_address_adds_the_offset() {
+        assert_eq!(peer_address("127.0.0.1:7001").unwrap(), "127.0.0.1:8001");
+        assert_eq!(peer_address("node1:7001").unwrap(), "node1:8001");
+        assert_eq!(peer_address("[::1]:7001").unwrap(), "[::1]:8001");
+        assert_eq!(peer_address("0.0.0.0:0").unwrap(), "0.0.0.0:0");
+        assert!(peer_address("node1").is_err());
+        assert!(peer_address(":7001").is_err());
+        assert!(peer_address("h:65000").is_err());
+    }
+
+    #[test]
+    fn a_full_table_evicts_the_longest_idle_and_never_a_busy_one() {
+        let mut t = ConnTable::new(2);
+        let (a, ida) = t.arrive();
+        assert_eq!(a, Admission::Admit);
+        let (_, idb) = t.arrive();
+        let (ida, idb) = (ida.unwrap(), idb.unwrap());
+        t.request_started(ida);
+        // Full: b is idle, a is busy.
+        let (adm, idc) = t.arrive();
+        assert_eq!(adm, Admission::Evict(idb));
+        let idc = idc.unwrap();
+        t.request_started(idc);
+        // b is on its way out: not counted, not chosen again; everything else is busy.
+        assert_eq!(t.arrive(), (Admission::Refuse, None));
+        t.left(idb);
+        assert_eq!(t.len(), 2);
+        assert_eq!(t.arrive(), (Admission::Refuse, None));
+        // a finishes its request: it becomes the eviction candidate.
+        t.request_finished(ida);
+        let (adm, _) = t.arrive();
+        assert_eq!(adm, Admission::Evict(ida));
+    }
+
+    #[test]
+    fn the_oldest_idle_goes_first() {
+        let mut t = ConnTable::new(3);
+        let ids: Vec<ConnId> = (0..3).map(|_| t.arrive().1.unwrap()).collect();
+        // The first one was busy and went idle last.
+        t.request_started(ids[0]);
+        t.request_finished(ids[0]);
+        assert_eq!(t.arrive().0, Admission::Evict(ids[1]));
+        assert_eq!(t.arrive().0, Admission::Evict(ids[2]));
+    }
+
+    #[test]
+    fn the_quota_refuses_only_what_grows() {
+        let q = Quota { max_bytes: 100 };
+        let put = Command::Put {
+            key: "k".into(),
+            value: "v".into(),
+            lease: None,
+            prev_revision: None,
+        };
+        let del = Command::Delete {
+            key: "k".into(),
+            prev_revision: None,
+        };
+        assert!(q.admit(&put, 99).is_ok());
+        assert_eq!(
+            q.admit(&put, 100),
+            Err(OverQuota {
+                used_bytes: 100,
+                quota_bytes: 100
+            })
+        );
+        assert!(q.admit(&del, 1000).is_ok());
+        let batch = Command::Batch {
+            commands: vec![del.clone(), put],
+        };
+        assert!(q.admit(&batch, 1000).is_err());
+        assert!(
+            q.admit(
+                &Command::Batch {
+                    commands: vec![del]
+                },
+                1000
+            )
+            .is_ok()
+        );
+    }
+
+    #[test]
+    fn compaction_snapshots_then_purges_past_the_byte_limit() {
+        use CompactionStep::*;
+        assert_eq!(compaction_step(10, 100, 50, 0, 0), Nothing);
+        assert_eq!(compaction_step(200, 100, 50, 0, 0), Snapshot);
+        assert_eq!(compaction_step(200, 100, 50, 50, 0), Purge(50));
+        // Everything applied is snapshotted and purged: nothing more to do.
+        assert_eq!(compaction_step(200, 100, 50, 50, 50), Nothing);
+    }
+}

@@ -1,0 +1,326 @@
+//! The accept loop: HTTP/1 connections with a cap, a header timeout and bounded draining.
+//!
+//! `axum::serve` accepts without limit and never closes an idle or slow connection: 20,000
+//! idle sockets exhausted the node's file descriptors. This loop serves the same router with
+//! hyper's HTTP/1 connection builder and adds:
+//! - a header timeout ([`ListenerLimits::header_timeout`]): hyper starts it whenever it waits
+//!   for a request head, so it closes both slowloris connections (headers dribbled byte by
+//!   byte) and keep-alive connections idle between requests;
+//! - a connection cap ([`ListenerLimits::max_connections`]): a full listener evicts the
+//!   connection idle the longest (never one with a request in flight) to admit the new one,
+//!   and refuses the new one only when every held connection is busy. So a flood of idle
+//!   sockets can neither exhaust descriptors nor lock out `/health`;
+//! - counters of all of it ([`ConnStats`], in `/metrics`).
+//!
+//! # Invariants
+//! - The table of connections ([`ConnTable`]) has one owner, a mutex held only for a table
+//!   update, never across an await.
+//! - A request in flight is never cut by eviction (an evicted connection is dropped at once:
+//!   it has none); at shutdown, in-flight requests get [`DRAIN`] to finish before their
+//!   connection is dropped.
+//!
+//! # What it must not do
+//! Decide which connection goes: [`ConnTable`] (pure) does.
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use bytes::Bytes;
+use http_body::{Frame, SizeHint};
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::service::TowerToHyperService;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::domain::resources::{Admission, ConnId, ConnTable};
+
+/// How long in-flight requests get to finish when the node stops.
+pub const DRAIN: Duration = Duration::from_secs(5);
+
+/// The limits of one listener.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ListenerLimits {
+    /// Connections held at once.
+    pub max_connections: usize,
+    /// The longest a connection may wait before its next request's headers are complete.
+    pub header_timeout: Duration,
+}
+
+impl ListenerLimits {
+    /// The client port: short enough to shed slowloris quickly, longer than our own client's
+    /// pooled connections stay idle (so a pooled connection is not closed under a request).
+    pub const CLIENT: ListenerLimits = ListenerLimits {
+        max_connections: 4096,
+        header_timeout: Duration::from_secs(10),
+    };
+    /// The peer port: peers keep pooled connections for 30 s; the server must outlast that.
+    pub const PEER: ListenerLimits = ListenerLimits {
+        max_connections: 1024,
+        header_timeout: Duration::from_secs(90),
+    };
+}
+
+/// What one listener did, for `/metrics`.
+#[derive(Debug, Default)]
+pub struct ConnStats {
+    pub open: AtomicU64,
+    pub accepted: AtomicU64,
+    /// Idle connections closed to make room.
+    pub evicted: AtomicU64,
+    /// New connections closed at once (every held one was busy).
+    pub refused: AtomicU64,
+    /// Connections closed because their headers did not arrive in time.
+    pub header_timeouts: AtomicU64,
+    /// The cap in force.
+    pub max: AtomicU64,
+}
+
+impl ConnStats {
+    /// Gauges and counters as (name suffix, help, value).
+    pub fn snapshot(&self) -> [(&'static str, &'static str, u64); 6] {
+        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        [
+            ("connections_open", "Connections held now.", g(&self.open)),
+            ("connections_max", "The connection cap.", g(&self.max)),
+            (
+                "connections_accepted_total",
+                "Connections accepted.",
+                g(&self.accepted),
+            ),
+            (
+                "connections_evicted_total",
+                "Idle connections closed to admit a new one at the cap.",
+                g(&self.evicted),
+            ),
+            (
+                "connections_refused_total",
+                "Connections closed at once because every held one was busy.",
+                g(&self.refused),
+            ),
+            (
+                "connections_header_timeouts_total",
+                "Connections closed because a request's headers did not arrive in time.",
+                g(&self.header_timeouts),
+            ),
+        ]
+    }
+}
+
+/// The shared table and each connection's close signal.
+struct Registry {
+    table: ConnTable,
+    close: HashMap<ConnId, CancellationToken>,
+}
+
+type Shared = Arc<Mutex<Registry>>;
+
+fn lock(r: &Shared) -> std::sync::MutexGuard<'_, Registry> {
+    r.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Serve `app` on `listener` under `limits` until `cancel` fires, then drain (bounded).
+pub async fn serve_limited(
+    listener: TcpListener,
+    app: Router,
+    cancel: CancellationToken,
+    limits: ListenerLimits,
+    stats: Arc<ConnStats>,
+) -> std::io::Result<()> {
+    stats
+        .max
+        .store(limits.max_connections as u64, Ordering::Relaxed);
+    let registry: Shared = Arc::new(Mutex::new(Registry {
+        table: ConnTable::new(limits.max_connections),
+        close: HashMap::new(),
+    }));
+    let conns = TaskTracker::new();
+    loop {
+        let accepted = tokio::select! {
+            _ = cancel.cancelled() => break,
+            r = listener.accept() => r,
+        };
+        let stream = match accepted {
+            Ok((stream, _)) => stream,
+            Err(e) => {
+                // Out of descriptors (EMFILE) or a connection reset before accept: pause
+                // briefly rather than spin; the cap makes this rare.
+                tracing::warn!(error = %e, "accept failed");
+                tokio::select! {
+                    _ = cancel.cancelled() => break,
+                    _ = tokio::time::sleep(Duration::from_millis(50)) => continue,
+                }
+            }
+        };
+        let (admission, id, close, victim) = {
+            let mut reg = lock(&registry);
+            let (admission, id) = reg.table.arrive();
+            let victim = match admission {
+                Admission::Evict(v) => reg.close.remove(&v),
+                _ => None,
+            };
+            let close = id.map(|id| {
+                let token = cancel.child_token();
+                reg.close.insert(id, token.clone());
+                token
+            });
+            (admission, id, close, victim)
+        };
+        match admission {
+            Admission::Refuse => {
+                stats.refused.fetch_add(1, Ordering::Relaxed);
+                drop(stream);
+                continue;
+            }
+            Admission::Evict(_) => {
+                stats.evicted.fetch_add(1, Ordering::Relaxed);
+                if let Some(v) = victim {
+                    v.cancel();
+                }
+            }
+            Admission::Admit => {}
+        }
+        let (Some(id), Some(close)) = (id, close) else {
+            continue;
+        };
+        stats.accepted.fetch_add(1, Ordering::Relaxed);
+        stats.open.fetch_add(1, Ordering::Relaxed);
+        // Small answers must leave at once: Nagle's algorithm would hold a response's last
+        // segment for the peer's delayed ACK (tens of milliseconds).
+        if let Err(e) = stream.set_nodelay(true) {
+            tracing::debug!("TCP_NODELAY on an accepted connection: {e}");
+        }
+        conns.spawn(serve_conn(
+            stream,
+            app.clone(),
+            id,
+            registry.clone(),
+            close,
+            cancel.clone(),
+            limits.header_timeout,
+            stats.clone(),
+        ));
+    }
+    conns.close();
+    conns.wait().await;
+    Ok(())
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn serve_conn(
+    stream: tokio::net::TcpStream,
+    app: Router,
+    id: ConnId,
+    registry: Shared,
+    close: CancellationToken,
+    shutdown: CancellationToken,
+    header_timeout: Duration,
+    stats: Arc<ConnStats>,
+) {
+    let inner = TowerToHyperService::new(app);
+    let reg = registry.clone();
+    let svc = hyper::service::service_fn(move |req: hyper::Request<Incoming>| {
+        let guard = InFlight::start(reg.clone(), id);
+        let fut = hyper::service::Service::call(&inner, req);
+        async move {
+            let resp = match fut.await {
+                Ok(resp) => resp,
+                Err(never) => match never {},
+            };
+            Ok::<_, Infallible>(resp.map(|body| {
+                Body::new(Guarded {
+                    inner: body,
+                    _guard: guard,
+                })
+            }))
+        }
+    });
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(header_timeout)
+        .keep_alive(true);
+    let conn = builder.serve_connection(TokioIo::new(stream), svc);
+    tokio::pin!(conn);
+    let result = tokio::select! {
+        r = conn.as_mut() => r,
+        _ = close.cancelled() => {
+            if shutdown.is_cancelled() {
+                // Shutdown: in-flight requests get the drain time, then the connection goes.
+                conn.as_mut().graceful_shutdown();
+                tokio::time::timeout(DRAIN, conn.as_mut()).await.unwrap_or(Ok(()))
+            } else {
+                // Evicted: it has no request in flight (idle, or its headers still
+                // incomplete), so it is dropped at once; waiting would let a fast flood hold
+                // far more than the cap while evicted connections linger.
+                Ok(())
+            }
+        }
+    };
+    if let Err(e) = result {
+        if e.is_timeout() {
+            stats.header_timeouts.fetch_add(1, Ordering::Relaxed);
+        }
+        tracing::debug!(error = %e, "connection ended");
+    }
+    {
+        let mut reg = lock(&registry);
+        reg.table.left(id);
+        reg.close.remove(&id);
+    }
+    stats.open.fetch_sub(1, Ordering::Relaxed);
+}
+
+/// A request in flight on a connection, from its head until its response body is done.
+struct InFlight {
+    registry: Shared,
+    id: ConnId,
+}
+
+impl InFlight {
+    fn start(registry: Shared, id: ConnId) -> Self {
+        lock(&registry).table.request_started(id);
+        InFlight { registry, id }
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        lock(&self.registry).table.request_finished(self.id);
+    }
+}
+
+/// A response body that keeps its request counted as in flight until it is sent (a watch
+/// stream is a request in flight for as long as it streams).
+struct Guarded {
+    inner: Body,
+    _guard: InFlight,
+}
+
+impl http_body::Body for Guarded {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
+        Pin::new(&mut self.inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
