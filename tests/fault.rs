@@ -15,7 +15,8 @@
 //! not be present; they are only counted.
 //!
 //! Reproduce a run with `LEASECORE_FAULT_SEED=<seed>` (the seed is printed first). When a check
-//! fails the nodes' logs are kept and their path printed, with the tail of each log.
+//! fails the nodes' logs and data dirs are kept and their path printed, with the tail of each
+//! log; `LEASECORE_FAULT_KEEP=1` keeps them after a passing run too.
 // Tests wait for processes against real deadlines, and a fault needs a real pause.
 #![allow(clippy::disallowed_methods)]
 
@@ -23,7 +24,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fs::OpenOptions;
 use std::io::Write as _;
 use std::path::PathBuf;
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Child, Command, ExitStatus};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -40,10 +41,13 @@ use rand::{Rng, SeedableRng};
 const NODES: usize = 3;
 const WRITERS: usize = 3;
 /// Faults in one run, the wipe-and-replace included.
-const FAULTS: usize = 8;
-/// Acknowledged writes required after each fault (and while a node is down): the cluster took
-/// writes again, so every fault lands on a log that moved.
-const PROGRESS: u64 = 15;
+const FAULTS: usize = 12;
+/// Acknowledged writes required after each fault: the cluster took writes again, so every fault
+/// lands on a log that moved (and usually on a node still catching up).
+const PROGRESS: u64 = 40;
+/// Acknowledged writes while a node is down: enough for a snapshot and a purge (threshold 200
+/// entries) to happen without it now and then, so that it catches up by snapshot.
+const DOWN: u64 = 120;
 /// The deadline of every wait for the cluster (an election, a restart, a catch-up).
 const WAIT: Duration = Duration::from_secs(30);
 
@@ -121,11 +125,13 @@ impl Cluster {
             .arg("--data")
             .arg(self.data(id))
             .args(["--peers", &self.peers(), "--snapshot-threshold", "200"])
-            .args(["--cache-mb", "16"]);
+            .args(["--cache-mb", "16"])
+            .env("NO_COLOR", "1");
         if self.joined[id - 1] {
             cmd.arg("--join");
         }
-        cmd.stdout(Stdio::null())
+        // The node logs (tracing) to stdout and reports refusals on stderr: both to its log.
+        cmd.stdout(log.try_clone().unwrap())
             .stderr(log)
             .spawn()
             .expect("spawn the leasecore binary")
@@ -256,16 +262,21 @@ impl Drop for Cluster {
             let _ = child.kill();
             let _ = child.wait();
         }
-        if std::thread::panicking() {
+        let panicking = std::thread::panicking();
+        if panicking {
             for id in 1..=NODES {
                 eprintln!(
                     "----- node {id} log (last 40 lines) -----\n{}",
                     self.log_tail(id, 40)
                 );
             }
-            if let Some(dir) = self.dir.take() {
-                eprintln!("fault test: node data and logs kept in {}", dir.keep().display());
-            }
+        }
+        let keep = panicking || std::env::var_os("LEASECORE_FAULT_KEEP").is_some();
+        if keep && let Some(dir) = self.dir.take() {
+            eprintln!(
+                "fault test: node data and logs kept in {}",
+                dir.keep().display()
+            );
         }
     }
 }
@@ -301,9 +312,9 @@ fn classify(e: &ClientError) -> Outcome {
         // Every attempt certainly did nothing (connection refused, or a retryable 503): the
         // client gives up with `Unavailable` only then, and returns at once otherwise.
         ClientError::Unavailable(m) => Outcome::Failed(format!("unavailable: {m}")),
-        ClientError::Api { status: 503, code, .. }
-            if matches!(code.as_str(), "no_leader" | "no_quorum" | "shutting_down") =>
-        {
+        ClientError::Api {
+            status: 503, code, ..
+        } if matches!(code.as_str(), "no_leader" | "no_quorum" | "shutting_down") => {
             Outcome::Failed(code.clone())
         }
         ClientError::Api { status, code, .. } => Outcome::Unknown(format!("{status} {code}")),
@@ -389,15 +400,17 @@ fn schedule(rng: &mut StdRng) -> Vec<Fault> {
 /// Wait until `more` writes were acknowledged after now.
 async fn progress(c: &Cluster, acked: &AtomicU64, more: u64, what: &str) {
     let target = acked.load(Ordering::Relaxed) + more;
-    c.wait(what, || async { (acked.load(Ordering::Relaxed) >= target).then_some(()) })
-        .await;
+    c.wait(what, || async {
+        (acked.load(Ordering::Relaxed) >= target).then_some(())
+    })
+    .await;
 }
 
 async fn run_fault(c: &mut Cluster, fault: Fault, acked: &AtomicU64) {
     match fault {
         Fault::Kill(id) => {
             c.kill(id);
-            progress(c, acked, PROGRESS, "writes with a node killed").await;
+            progress(c, acked, DOWN, "writes with a node killed").await;
             c.start(id, "after SIGKILL");
         }
         Fault::Pause(id, ms) => {
@@ -420,12 +433,12 @@ async fn run_fault(c: &mut Cluster, fault: Fault, acked: &AtomicU64) {
                 None
             })
             .await;
-            progress(c, acked, PROGRESS, "writes under the new leader").await;
+            progress(c, acked, DOWN, "writes under the new leader").await;
             c.start(old, "after SIGKILL as leader");
         }
         Fault::Terminate(id) => {
             c.terminate(id).await;
-            progress(c, acked, PROGRESS, "writes with a node stopped").await;
+            progress(c, acked, DOWN, "writes with a node stopped").await;
             c.start(id, "after SIGTERM");
         }
         Fault::Replace => replace(c, acked).await,
@@ -438,7 +451,7 @@ async fn replace(c: &mut Cluster, acked: &AtomicU64) {
     let id = (1..=NODES).find(|i| *i != leader).unwrap();
     c.kill(id);
     std::fs::remove_dir_all(c.data(id)).unwrap();
-    progress(c, acked, PROGRESS, "writes with a node wiped").await;
+    progress(c, acked, DOWN, "writes with a node wiped").await;
 
     // Started again as the member it was (same flags, empty dir): refused, exit 3.
     let mut again = c.spawn(id, "wiped, same flags: must refuse");
@@ -543,7 +556,10 @@ async fn acknowledged_writes_survive_kills_pauses_restarts_and_a_replacement() {
 
     for (i, fault) in faults.iter().enumerate() {
         let at = began.elapsed().as_secs_f64();
-        eprintln!("fault test: [{at:6.1} s] fault {}/{FAULTS}: {fault:?}", i + 1);
+        eprintln!(
+            "fault test: [{at:6.1} s] fault {}/{FAULTS}: {fault:?}",
+            i + 1
+        );
         run_fault(&mut c, *fault, &acked).await;
         c.wait_healthy("the cluster back to three nodes and a leader")
             .await;
@@ -598,7 +614,12 @@ async fn acknowledged_writes_survive_kills_pauses_restarts_and_a_replacement() {
             .await
             .unwrap_or_else(|| panic!("node {id} lists its keys"));
         assert_eq!(list.revision.0, revision, "node {id}: store revision");
-        listings.push(list.items.into_iter().map(|kv| (kv.key.clone(), kv)).collect());
+        listings.push(
+            list.items
+                .into_iter()
+                .map(|kv| (kv.key.clone(), kv))
+                .collect(),
+        );
     }
     for id in 2..=NODES {
         if listings[id - 1] != listings[0] {
