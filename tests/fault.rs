@@ -1,12 +1,14 @@
 //! Fault test (issue 10): three real `leasecore serve` processes on loopback while clients
 //! write. A seeded schedule kills nodes (SIGKILL) and restarts them, pauses them (SIGSTOP, then
-//! SIGCONT after 1 to 3 s), stops them gracefully (SIGTERM) and restarts them, kills the leader,
+//! SIGCONT after 1 to 3 s), stops them gracefully (SIGTERM, the leader too) and restarts them, kills the leader,
 //! and once kills a follower, wipes its data dir and replaces it the documented way (it must
 //! first refuse to start as the member it was).
 //!
 //! Afterwards, once every node applied the same index:
 //! - every acknowledged write is on every node (`consistency=local`), with the acknowledged value
 //!   and `mod_revision` (no key is written twice, so the revision must match exactly);
+//! - no key was applied twice (each is put once: a second application means the client resent a
+//!   put after an answer that promised nothing was done);
 //! - no write that failed definitely (a retryable 503, or no node reachable) is anywhere: the API
 //!   promises that such a write did nothing;
 //! - the three nodes' listings are identical.
@@ -369,6 +371,8 @@ enum Fault {
     KillLeader,
     /// SIGTERM a node (a clean shutdown); restart it.
     Terminate(usize),
+    /// SIGTERM the current leader while writes are in flight; restart it.
+    TerminateLeader,
     /// SIGKILL a follower, wipe its data dir, check it refuses to start as the member it was,
     /// then replace it: `cluster remove`, start with `--join`, `cluster add`.
     Replace,
@@ -381,12 +385,14 @@ fn schedule(rng: &mut StdRng) -> Vec<Fault> {
         Fault::Pause(node(rng), rng.random_range(1000..=3000)),
         Fault::KillLeader,
         Fault::Terminate(node(rng)),
+        Fault::TerminateLeader,
     ];
     while faults.len() < FAULTS - 1 {
-        let f = match rng.random_range(0..4) {
+        let f = match rng.random_range(0..5) {
             0 => Fault::Kill(node(rng)),
             1 => Fault::Pause(node(rng), rng.random_range(1000..=3000)),
             2 => Fault::KillLeader,
+            3 => Fault::TerminateLeader,
             _ => Fault::Terminate(node(rng)),
         };
         faults.push(f);
@@ -440,6 +446,12 @@ async fn run_fault(c: &mut Cluster, fault: Fault, acked: &AtomicU64) {
             c.terminate(id).await;
             progress(c, acked, DOWN, "writes with a node stopped").await;
             c.start(id, "after SIGTERM");
+        }
+        Fault::TerminateLeader => {
+            let old = c.wait_healthy("a leader to stop").await;
+            c.terminate(old).await;
+            progress(c, acked, DOWN, "writes with the leader stopped").await;
+            c.start(old, "after SIGTERM as leader");
         }
         Fault::Replace => replace(c, acked).await,
     }
@@ -677,6 +689,22 @@ async fn acknowledged_writes_survive_kills_pauses_restarts_and_a_replacement() {
         .iter()
         .filter(|(k, (_, o))| matches!(o, Outcome::Unknown(_)) && listings[0].contains_key(*k))
         .count();
+    // Each key is put once: a second application can only come from the client resending a put
+    // after an error that promised nothing was done (a retryable 503).
+    let twice: Vec<String> = listings[0]
+        .values()
+        .filter(|kv| kv.version != 1)
+        .map(|kv| {
+            format!(
+                "{} version {} (created at {}, modified at {}), recorded {:?}",
+                kv.key,
+                kv.version,
+                kv.create_revision.0,
+                kv.mod_revision.0,
+                record.get(&kv.key)
+            )
+        })
+        .collect();
     let stray: Vec<&String> = listings[0]
         .keys()
         .filter(|k| !record.contains_key(*k))
@@ -702,6 +730,12 @@ async fn acknowledged_writes_survive_kills_pauses_restarts_and_a_replacement() {
         "{} acknowledged writes missing or different (seed {seed}), first: {:#?}",
         missing.len(),
         &missing[..missing.len().min(10)]
+    );
+    assert!(
+        twice.is_empty(),
+        "{} keys were applied twice (seed {seed}), first: {:#?}",
+        twice.len(),
+        &twice[..twice.len().min(10)]
     );
     assert!(
         failed_present.is_empty(),
