@@ -16,11 +16,17 @@
 //! Writes whose outcome is unknown (`outcome_unknown`, `timeout`, a broken connection) may or may
 //! not be present; they are only counted.
 //!
+//! A second test pins, deterministically and in-process, the bug the first one found: a leader
+//! that shut down with a write in its log answered `503 shutting_down` (a promise that nothing
+//! was done, so the client resent it) although the write may still commit.
+//!
 //! Reproduce a run with `LEASECORE_FAULT_SEED=<seed>` (the seed is printed first). When a check
 //! fails the nodes' logs and data dirs are kept and their path printed, with the tail of each
 //! log; `LEASECORE_FAULT_KEEP=1` keeps them after a passing run too.
 // Tests wait for processes against real deadlines, and a fault needs a real pause.
 #![allow(clippy::disallowed_methods)]
+
+mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs::OpenOptions;
@@ -744,4 +750,77 @@ async fn acknowledged_writes_survive_kills_pauses_restarts_and_a_replacement() {
         failed_present.len(),
         &failed_present[..failed_present.len().min(10)]
     );
+}
+
+/// A write the leader accepted into its log, answered while the leader shuts down: the outcome
+/// is unknown (the entry may still commit), so the answer must not be a retryable 503 that
+/// promises nothing was done. Here the entry does commit: the restarted leader holds the only
+/// up-to-date log, wins the election and commits it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_write_in_flight_when_the_leader_shuts_down_is_never_answered_as_not_done() {
+    use common::{TestCluster, eventually};
+
+    let mut c = TestCluster::start(3).await;
+    let leader = c.leader().await;
+    c.client().put("before", "x", None, None).await.unwrap();
+    let others: Vec<u64> = (1..=3).filter(|i| *i != leader).collect();
+    let (follower, stopped) = (others[0], others[1]);
+    // One follower down, the other cut off: the leader appends but cannot commit, and the
+    // follower cannot elect anyone (a quorum needs the leader's vote).
+    eventually(
+        Duration::from_secs(20),
+        "the follower has 'before'",
+        || async { c.client_of(follower).get("before", true).await.ok()? },
+    )
+    .await;
+    c.stop(stopped).await;
+    c.partition(leader);
+    let last = c.nodes[&leader].consensus().cluster_view().last_log_index;
+
+    let url = format!("{}/v1/kv/in-flight", c.url(leader));
+    let put = tokio::spawn(async move {
+        let resp = reqwest::Client::new()
+            .put(url)
+            .json(&serde_json::json!({ "value": "v" }))
+            .send()
+            .await
+            .unwrap();
+        let status = resp.status().as_u16();
+        let body: serde_json::Value = resp.json().await.unwrap();
+        (
+            status,
+            body["error"]["code"].as_str().unwrap_or("").to_string(),
+        )
+    });
+    let node = &c.nodes[&leader];
+    eventually(
+        Duration::from_secs(20),
+        "the write in the leader's log",
+        || async { (node.consensus().cluster_view().last_log_index > last).then_some(()) },
+    )
+    .await;
+    c.stop(leader).await;
+    let (status, code) = put.await.unwrap();
+
+    // The leader comes back with the write in its log; only it can win (its log is longer).
+    c.heal();
+    // The stopped node's last tasks may hold the data dir's lock for a moment.
+    let restarted = eventually(Duration::from_secs(20), "the leader restarted", || async {
+        leasecore::node::Node::start(c.config(leader, false))
+            .await
+            .ok()
+    })
+    .await;
+    c.nodes.insert(leader, restarted);
+    let got = eventually(Duration::from_secs(30), "a leader and the key", || async {
+        c.client_of(follower).get("in-flight", false).await.ok()?
+    })
+    .await;
+    assert_eq!(got.kv.value, "v", "the write in flight was committed");
+    assert!(
+        !(status == 503 && matches!(code.as_str(), "shutting_down" | "no_leader" | "no_quorum")),
+        "the write was applied, but its answer ({status} {code}) said nothing was done"
+    );
+    assert_eq!((status, code.as_str()), (503, "outcome_unknown"));
+    c.shutdown().await;
 }
