@@ -1,8 +1,8 @@
 //! Fault test (issue 10): three real `leasecore serve` processes on loopback while clients
 //! write. A seeded schedule kills nodes (SIGKILL) and restarts them, pauses them (SIGSTOP, then
-//! SIGCONT after 1 to 3 s), stops them gracefully (SIGTERM, the leader too) and restarts them, kills the leader,
-//! and once kills a follower, wipes its data dir and replaces it the documented way (it must
-//! first refuse to start as the member it was).
+//! SIGCONT after 1 to 3 s), stops them gracefully (SIGTERM, the leader too) and restarts them,
+//! kills the leader, and once kills a follower, wipes its data dir and replaces it the
+//! documented way (it must first refuse to start as the member it was).
 //!
 //! Afterwards, once every node applied the same index:
 //! - every acknowledged write is on every node (`consistency=local`), with the acknowledged value
