@@ -11,7 +11,8 @@
 //!
 //! # Shutdown order (designed, not incidental)
 //! 1. cancel: the HTTP server stops accepting and drivers return;
-//! 2. `raft.shutdown()`: in-flight proposals fail with `shutting_down` rather than hang;
+//! 2. `raft.shutdown()`: in-flight proposals fail rather than hang: `shutting_down` if they
+//!    never reached the Raft core, `outcome_unknown` if they did (the entry may still commit);
 //! 3. wait for every tracked task (bounded), so nothing outlives the node;
 //! 4. wait (bounded) until openraft's state-machine task has dropped the state machine: it runs
 //!    in its own task, which may end after `raft.shutdown()` returns, and holds sled open;

@@ -1145,7 +1145,12 @@ impl ProposalQueue {
                         let result = match applied.await {
                             Ok(Ok(written)) => Ok(written.data),
                             Ok(Err(e)) => Err(from_write_error(RaftError::APIError(e))),
-                            Err(_) => Err(ConsensusError::ShuttingDown),
+                            // The core stopped (a shutdown) with the entry handed over: it may
+                            // be in the log and replicated, and a later leader may commit it.
+                            // `shutting_down` would promise nothing was done (clients resend).
+                            Err(_) => Err(ConsensusError::OutcomeUnknown {
+                                detail: "the node stopped with the write in flight".into(),
+                            }),
                         };
                         distribute(result, single, replies);
                         drop(permit);
