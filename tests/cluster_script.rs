@@ -15,15 +15,20 @@ fn script(dir: &Path, base_port: u16, args: &[&str]) -> Output {
         .expect("run scripts/cluster.sh")
 }
 
-/// A base port with `n` free consecutive ports after it.
+/// A base port with `n` free consecutive client ports after it, and their peer ports (+1000).
+/// Each call draws from its own part of the range, so the tests of this file (which run in
+/// parallel in one process) never pick the same ports.
 fn free_range(n: u16) -> u16 {
-    let seed = std::process::id() as u16;
+    static CALLS: std::sync::atomic::AtomicU16 = std::sync::atomic::AtomicU16::new(0);
+    let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let seed = (std::process::id() as u16).wrapping_add(call.wrapping_mul(4_999));
     for attempt in 0..200u16 {
         let base = 20_000 + (seed.wrapping_add(attempt.wrapping_mul(97)) % 30_000);
         let held: Vec<_> = (0..n)
-            .map_while(|i| std::net::TcpListener::bind(("127.0.0.1", base + i)).ok())
+            .flat_map(|i| [base + i, base + 1000 + i])
+            .map_while(|port| std::net::TcpListener::bind(("127.0.0.1", port)).ok())
             .collect();
-        if held.len() == n as usize {
+        if held.len() == 2 * n as usize {
             return base;
         }
     }
