@@ -18,6 +18,7 @@
 //! - [`kv`]: `KvState`, the replicated key-value state machine (keys and leases).
 //! - [`lease`]: `LeaseTracker`, the leader-only lease deadlines.
 //! - [`members`]: membership as leased keys (`members/{id}`): layout and record.
+//! - [`replay`]: rebuilding the watch history at start-up from the snapshot and the log.
 
 pub mod bootstrap;
 pub mod command;
@@ -27,4 +28,5 @@ pub mod kv;
 pub mod lease;
 pub mod limits;
 pub mod members;
+pub mod replay;
 pub mod types;
