@@ -515,6 +515,11 @@ async fn seed_watch_history(
             let (compacted, events) = (history.compacted(), history.len());
             if hub.seed(history) {
                 tracing::info!(id = cfg.id, entries = report.entries, events, %compacted, took_ms = report.took_ms, "watch history rebuilt");
+            } else {
+                tracing::warn!(
+                    id = cfg.id,
+                    "rebuilt watch history does not end at the persisted revision: not used"
+                );
             }
         }
         Err(e) => {
