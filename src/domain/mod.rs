@@ -20,6 +20,7 @@
 //! - [`members`]: membership as leased keys (`members/{id}`): layout and record.
 //! - [`health`]: readiness, quorum loss, peer reachability, learner catch-up.
 //! - [`resources`]: connection cap, storage quota, log compaction by bytes, peer addresses.
+//! - [`replay`]: rebuilding the watch history at start-up from the snapshot and the log.
 
 pub mod bootstrap;
 pub mod command;
@@ -30,5 +31,6 @@ pub mod kv;
 pub mod lease;
 pub mod limits;
 pub mod members;
+pub mod replay;
 pub mod resources;
 pub mod types;
