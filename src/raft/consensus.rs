@@ -742,8 +742,19 @@ impl Consensus {
                 let add = raft.add_learner(id, BasicNode::new(address), false);
                 match tokio::time::timeout(t, add).await {
                     Ok(Ok(resp)) => resp.log_id.index,
-                    // Refused before anything was written: the caller may retry elsewhere.
-                    Ok(Err(e)) => return Err(from_write_error(e)),
+                    // Refused before anything was written: the caller may retry elsewhere;
+                    // but a core that stopped may have the learner entry in its log.
+                    Ok(Err(e)) => {
+                        return Err(match from_write_error(e) {
+                            ConsensusError::ShuttingDown => ConsensusError::OutcomeUnknown {
+                                detail: format!(
+                                    "this node stopped while adding node {id}; check \
+                                     `GET /v1/cluster`"
+                                ),
+                            },
+                            other => other,
+                        });
+                    }
                     Err(_) => {
                         return Err(ConsensusError::Timeout {
                             ms: t.as_millis() as u64,
@@ -755,11 +766,11 @@ impl Consensus {
         // From here on the learner is in the membership: an error must not claim that nothing
         // was done.
         let after_learner = |e: ConsensusError| match e {
-            ConsensusError::NotLeader | ConsensusError::NoLeader => {
+            ConsensusError::NotLeader | ConsensusError::NoLeader | ConsensusError::ShuttingDown => {
                 ConsensusError::OutcomeUnknown {
                     detail: format!(
                         "node {id} was added as a learner, then this node lost the leadership \
-                         while promoting it; check `GET /v1/cluster`"
+                         or stopped while promoting it; check `GET /v1/cluster`"
                     ),
                 }
             }
@@ -823,12 +834,16 @@ impl Consensus {
         match tokio::time::timeout(t, change).await {
             Ok(Ok(_)) => Ok(()),
             // A leader change in the middle may leave the joint configuration proposed.
+            // So may a Raft core that stops with the change in its log (the next leader may
+            // commit it): neither is "nothing was done".
             Ok(Err(e)) => Err(match from_write_error(e) {
-                ConsensusError::NotLeader => ConsensusError::OutcomeUnknown {
-                    detail: "this node lost the leadership during the membership change; \
-                             check `GET /v1/cluster`"
-                        .into(),
-                },
+                ConsensusError::NotLeader | ConsensusError::ShuttingDown => {
+                    ConsensusError::OutcomeUnknown {
+                        detail: "this node lost the leadership or stopped during the membership \
+                                 change; check `GET /v1/cluster`"
+                            .into(),
+                    }
+                }
                 other => other,
             }),
             Err(_) => Err(ConsensusError::Timeout {
