@@ -27,6 +27,10 @@
 //! # Checkpoints: no lease restarts its full TTL at every failover
 //! Promote gives `ttl + extension`, so under back-to-back elections an abandoned lease could live
 //! for ever: every new leader granted the full TTL again (the etcd complaint). So:
+//! - **at registration**: the leader stamps `RegisterLease`/`RegisterMember` with its lease
+//!   clock when it submits them, which makes the registration itself a checkpoint (`remaining =
+//!   ttl`): the stamp is taken after the client sent the request, so the deadline it implies is
+//!   after the client's. The first refresh clears it (one log entry per lease, once);
 //! - **at promote**, the new leader checkpoints every lease that has no checkpoint in force
 //!   (`remaining = ttl + extension`, the deadline it just gave), so the *next* leader does not
 //!   start from the full TTL again;
@@ -38,9 +42,9 @@
 //!   the lease clock** (below) and no new extension (the checkpoint holds the one its leader
 //!   granted); a checkpoint never needs rewriting.
 //!
-//! So an abandoned lease outlives its TTL by at most half its TTL plus one failover plus the
-//! extension, whatever the number of leader changes after it (before: every leader granted
-//! the full TTL again).
+//! So an abandoned lease outlives its TTL by at most half its TTL (none if it was never
+//! refreshed) plus one failover plus the extension, whatever the number of leader changes after
+//! it (before: every leader granted the full TTL again).
 //!
 //! # The lease clock: aging a checkpoint without trusting anyone's clock
 //! Every checkpoint is stamped with the leader's reading of the *lease clock*, and the
