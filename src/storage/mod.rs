@@ -41,12 +41,18 @@ pub enum StorageError {
 /// restart within one test process) may still hold it for a moment, so the open is retried for
 /// a bounded time.
 pub fn open_db(dir: &Path, cache_bytes: u64) -> Result<sled::Db, StorageError> {
+    // sled's `conf` is text followed by a binary checksum.
+    let existing = std::fs::read(dir.join("conf"))
+        .ok()
+        .map(|bytes| String::from_utf8_lossy(&bytes).into_owned());
+    let segment_size = segment_size_for(existing.as_deref());
     // Up to ~10 s of 20 ms attempts.
     let mut attempts_left = 500u32;
     loop {
         let res = sled::Config::new()
             .path(dir)
             .cache_capacity(cache_bytes)
+            .segment_size(segment_size)
             .mode(sled::Mode::HighThroughput)
             .open();
         match res {
@@ -67,10 +73,56 @@ pub fn open_db(dir: &Path, cache_bytes: u64) -> Result<sled::Db, StorageError> {
     }
 }
 
+/// sled's segment size for new data dirs: 8 MiB.
+///
+/// sled stores a value larger than a quarter of a segment as a separate blob file, and deletes
+/// a replaced blob only once the segment that pointed to it is full. A blob pointer is a few
+/// bytes, so with 512 KiB segments (sled's default) overwriting a 1 MiB value left thousands of
+/// dead 1 MiB files behind (12 GB per node after 2,229 overwrites). With 8 MiB segments values
+/// and log entries up to 2 MiB (the value limit, and a group-commit batch) are stored inline,
+/// and sled's segment cleaning reclaims them like any other write.
+pub const SEGMENT_SIZE: usize = 8 << 20;
+
+/// The segment size to open a data dir with: the one it was created with (sled refuses any
+/// other), or [`SEGMENT_SIZE`] for a new one. `conf` is the text of sled's `conf` file, if any.
+pub fn segment_size_for(conf: Option<&str>) -> usize {
+    conf.and_then(|text| {
+        text.lines()
+            .find_map(|l| l.strip_prefix("segment_size:"))
+            .and_then(|v| v.trim().parse().ok())
+    })
+    .unwrap_or(SEGMENT_SIZE)
+}
+
 /// A log index as an order-preserving key.
 pub fn index_key(prefix: u8, index: u64) -> [u8; 9] {
     let mut k = [0u8; 9];
     k[0] = prefix;
     k[1..].copy_from_slice(&index.to_be_bytes());
     k
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_data_dir_keeps_the_segment_size_it_was_created_with() {
+        assert_eq!(segment_size_for(None), SEGMENT_SIZE);
+        let old = "segment_size: 524288\nuse_compression: false\nversion: 0.34\n\u{fffd}Q";
+        assert_eq!(segment_size_for(Some(old)), 524_288);
+        assert_eq!(segment_size_for(Some("garbage")), SEGMENT_SIZE);
+    }
+
+    #[test]
+    fn an_existing_default_sled_dir_still_opens_and_a_new_one_uses_large_segments() {
+        let tmp = tempfile::TempDir::new().unwrap();
+        let old = tmp.path().join("old");
+        drop(sled::Config::new().path(&old).open().unwrap());
+        drop(open_db(&old, 1 << 20).unwrap());
+        let new = tmp.path().join("new");
+        drop(open_db(&new, 1 << 20).unwrap());
+        let conf = String::from_utf8_lossy(&std::fs::read(new.join("conf")).unwrap()).into_owned();
+        assert_eq!(segment_size_for(Some(&conf)), SEGMENT_SIZE);
+    }
 }
