@@ -75,14 +75,7 @@ struct Cluster {
 
 impl Cluster {
     fn new() -> Cluster {
-        // Ports the OS just handed out; released a moment before the nodes bind them.
-        let listeners: Vec<_> = (0..NODES)
-            .map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap())
-            .collect();
-        let addrs = listeners
-            .iter()
-            .map(|l| l.local_addr().unwrap().to_string())
-            .collect();
+        let addrs = common::free_node_addrs(NODES);
         Cluster {
             dir: Some(tempfile::TempDir::new().unwrap()),
             addrs,

@@ -186,11 +186,7 @@ fn serve(addr: &str, data: &Path, log: &Path) -> Proc {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_killed_binary_rebuilds_its_watch_history_on_restart() {
     let tmp = tempfile::TempDir::new().unwrap();
-    let addr = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .to_string();
+    let addr = common::free_node_addrs(1).remove(0);
     let data = tmp.path().join("node-1");
     let client = Client::new(&[format!("http://{addr}")]).unwrap();
     let mut node = serve(&addr, &data, &tmp.path().join("run-1.log"));

@@ -31,14 +31,7 @@ struct Cluster {
 
 impl Cluster {
     fn new(n: usize) -> Cluster {
-        // Ports the OS just handed out; released a moment before the nodes bind them.
-        let listeners: Vec<_> = (0..n)
-            .map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap())
-            .collect();
-        let addrs = listeners
-            .iter()
-            .map(|l| l.local_addr().unwrap().to_string())
-            .collect();
+        let addrs = common::free_node_addrs(n);
         Cluster {
             dir: tempfile::TempDir::new().unwrap(),
             addrs,

@@ -122,6 +122,31 @@ pub struct ClockReading {
 }
 
 impl ClockReading {
+    /// What a node remembers after applying a batch that leaves the state's clock at `value`:
+    /// the first sighting of each higher value (a later `seen_at` is always safe, an earlier
+    /// one never), and any value after a snapshot replaced the state.
+    pub fn observe(seen: Option<Self>, value: u64, reset: bool, now: MonoMillis) -> Self {
+        match seen {
+            Some(s) if value <= s.value && !reset => s,
+            _ => ClockReading {
+                value,
+                seen_at: now,
+            },
+        }
+    }
+
+    /// The reading to promote with when the state's clock is `value`: the remembered sighting
+    /// of that value, or `now` when this node has not seen it applied (after a restart).
+    pub fn for_promote(seen: Option<Self>, value: u64, now: MonoMillis) -> Self {
+        match seen {
+            Some(s) if s.value == value => s,
+            _ => ClockReading {
+                value,
+                seen_at: now,
+            },
+        }
+    }
+
     /// The lease clock at `now`, as far as this node can vouch: never ahead of real time.
     pub fn at(&self, now: MonoMillis) -> u64 {
         self.value.saturating_add(self.seen_at.until(now))
@@ -923,5 +948,38 @@ mod tests {
         let mut next = LeaseTracker::new(cfg);
         next.promote(MonoMillis(77), clock(400, 50), log.lease_facts());
         assert_eq!(next.remaining("a", MonoMillis(77)), Some(3000 - 27 + 2));
+    }
+
+    #[test]
+    fn a_node_remembers_the_first_sighting_of_each_clock_value() {
+        let first = ClockReading::observe(None, 5, false, MonoMillis(10));
+        assert_eq!(first, clock(5, 10));
+        // The same value applied again later keeps its first sighting; a higher one is new.
+        assert_eq!(
+            ClockReading::observe(Some(first), 5, false, MonoMillis(90)),
+            first
+        );
+        assert_eq!(
+            ClockReading::observe(Some(first), 7, false, MonoMillis(90)),
+            clock(7, 90)
+        );
+        // A snapshot install restarts the sighting, even at a lower value.
+        assert_eq!(
+            ClockReading::observe(Some(first), 3, true, MonoMillis(95)),
+            clock(3, 95)
+        );
+        // Promote uses the sighting of the state's value, else now (never earlier).
+        assert_eq!(
+            ClockReading::for_promote(Some(first), 5, MonoMillis(99)),
+            first
+        );
+        assert_eq!(
+            ClockReading::for_promote(Some(first), 6, MonoMillis(99)),
+            clock(6, 99)
+        );
+        assert_eq!(
+            ClockReading::for_promote(None, 6, MonoMillis(99)),
+            clock(6, 99)
+        );
     }
 }

@@ -291,16 +291,11 @@ impl StateMachine {
 
     fn publish(
         &self,
-        revision: Revision,
+        (revision, lease_clock_ms): (Revision, u64),
         events: Vec<Event>,
         lease_changes: Vec<LeaseChange>,
         reset: bool,
     ) {
-        let lease_clock_ms = self
-            .kv
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .lease_clock_ms();
         let batch = AppliedBatch {
             reset,
             lease_clock_ms,
@@ -356,7 +351,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         let mut events = Vec::new();
         let mut lease_changes = Vec::new();
         let mut batch = sled::Batch::default();
-        let revision = {
+        let (revision, lease_clock_ms) = {
             let mut kv = self.kv.write().unwrap_or_else(|p| p.into_inner());
             for entry in entries {
                 self.last_applied = Some(entry.log_id);
@@ -387,7 +382,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                     None => batch.remove(lease_key(&name)),
                 }
             }
-            kv.revision()
+            (kv.revision(), kv.lease_clock_ms())
         };
         batch.insert(KEY_APPLIED, json(&self.last_applied)?);
         batch.insert(KEY_MEMBERSHIP, json(&self.membership)?);
@@ -395,7 +390,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         // Not flushed here: the log holds every applied entry durably, and sled recovers a
         // prefix of writes, so a lost tail is re-applied from the log on restart.
         self.state.apply_batch(batch).map_err(write_err)?;
-        self.publish(revision, events, lease_changes, false);
+        self.publish((revision, lease_clock_ms), events, lease_changes, false);
         Ok(responses)
     }
 
@@ -454,10 +449,12 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
 
         // The tracker (if this node leads, which it does not while installing) re-learns every
         // lease at its next promote; the watch hub learns that history before `revision` is gone.
-        *self.kv.write().unwrap_or_else(|p| p.into_inner()) = KvState::from_snapshot(payload.kv);
+        let installed = KvState::from_snapshot(payload.kv);
+        let lease_clock_ms = installed.lease_clock_ms();
+        *self.kv.write().unwrap_or_else(|p| p.into_inner()) = installed;
         self.last_applied = meta.last_log_id;
         self.membership = meta.last_membership.clone();
-        self.publish(revision, Vec::new(), Vec::new(), true);
+        self.publish((revision, lease_clock_ms), Vec::new(), Vec::new(), true);
         Ok(())
     }
 

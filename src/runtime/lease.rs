@@ -169,13 +169,8 @@ impl LeaseHub {
     /// that value applied, or now if it has not seen it advance since it started (later is
     /// always safe, see domain::lease).
     fn clock_reading(&self, value: u64, now: crate::domain::types::MonoMillis) -> ClockReading {
-        match *self.clock.lock().unwrap_or_else(|p| p.into_inner()) {
-            Some(seen) if seen.value == value => seen,
-            _ => ClockReading {
-                value,
-                seen_at: now,
-            },
-        }
+        let seen = *self.clock.lock().unwrap_or_else(|p| p.into_inner());
+        ClockReading::for_promote(seen, value, now)
     }
 }
 
@@ -183,16 +178,13 @@ impl ApplyObserver for LeaseHub {
     fn on_applied(&self, batch: &AppliedBatch) {
         {
             let mut seen = self.clock.lock().unwrap_or_else(|p| p.into_inner());
-            let advanced = match *seen {
-                Some(s) => batch.lease_clock_ms > s.value || batch.reset,
-                None => true,
-            };
-            if advanced {
-                *seen = Some(ClockReading {
-                    value: batch.lease_clock_ms,
-                    seen_at: self.time.mono(),
-                });
-            }
+            let now = self.time.mono();
+            *seen = Some(ClockReading::observe(
+                *seen,
+                batch.lease_clock_ms,
+                batch.reset,
+                now,
+            ));
         }
         if batch.lease_changes.is_empty() {
             return;

@@ -61,6 +61,28 @@ pub async fn bind_pair() -> (tokio::net::TcpListener, tokio::net::TcpListener) {
     panic!("no free client/peer port pair on 127.0.0.1");
 }
 
+/// Addresses for `n` nodes run as separate processes: free loopback client ports whose peer
+/// port (client port + the peer offset) is free too. Released before returning, a moment
+/// before the nodes bind them.
+pub fn free_node_addrs(n: usize) -> Vec<String> {
+    let mut held = Vec::new();
+    'nodes: for _ in 0..n {
+        for _ in 0..200 {
+            let client = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            let addr = client.local_addr().unwrap().to_string();
+            let Ok(peer_addr) = leasecore::domain::resources::peer_address(&addr) else {
+                continue;
+            };
+            if let Ok(peer) = std::net::TcpListener::bind(&peer_addr) {
+                held.push((addr, client, peer));
+                continue 'nodes;
+            }
+        }
+        panic!("no free client/peer port pair on 127.0.0.1");
+    }
+    held.into_iter().map(|(addr, _, _)| addr).collect()
+}
+
 /// Adjusts every node's configuration (kept for restarts).
 pub type Tweak = Arc<dyn Fn(&mut NodeConfig) + Send + Sync>;
 
