@@ -348,8 +348,8 @@ struct BenchArgs {
     /// flease-contended, paxoslease-acquire, paxoslease-contended; or an experiment: watch
     /// (wake-up latency at --watchers), expiry (lateness of --leases never refreshed),
     /// expiry-churn (the same, registered over --duration seconds while scripts/lease-churn.sh
-    /// kills leaders), mass-expiry (--leases expiring together: write stall, leader changes,
-    /// apply lag),
+    /// kills leaders), mass-expiry (--leases all due at the same instant, start + --ttl-ms:
+    /// write stall, leader changes, apply lag),
     /// lease-memory (resident bytes per lease with one key, at --leases), flease-memory and
     /// paxoslease-memory (resident bytes per idle resource, at --resources; serve with a lease
     /// time longer than the run so that no cell is collected meanwhile).

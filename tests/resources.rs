@@ -132,6 +132,44 @@ async fn idle_and_slowloris_connections_are_capped_and_closed_while_health_and_p
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_body_dribbled_slower_than_the_header_timeout_gets_408_and_nothing_is_written() {
+    let c = TestCluster::start_tweaked(1, small_limits).await;
+    let leader = c.leader().await;
+    let addr = c.addrs[&leader].clone();
+    // A complete head announcing 64 bytes, then one byte at a time, forever.
+    let mut s = TcpStream::connect(&addr).await.unwrap();
+    s.write_all(
+        b"PUT /v1/kv/slow HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+          Content-Length: 64\r\n\r\n{",
+    )
+    .await
+    .unwrap();
+    let (mut rd, mut wr) = s.into_split();
+    let dribble = async move {
+        loop {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            if wr.write_all(b" ").await.is_err() {
+                break;
+            }
+        }
+    };
+    // The answer comes within the body deadline (1.5 s after the head), long before the body
+    // would be complete (64 bytes at 5 a second).
+    let mut answer = Vec::new();
+    tokio::select! {
+        _ = dribble => {}
+        _ = rd.read_to_end(&mut answer) => {}
+        _ = tokio::time::sleep(Duration::from_secs(8)) => {}
+    }
+    let text = String::from_utf8_lossy(&answer);
+    assert!(text.starts_with("HTTP/1.1 408"), "answer: {text:?}");
+    assert!(text.contains("request_timeout"), "answer: {text}");
+    let got = c.client_of(leader).get("slow", false).await.unwrap();
+    assert!(got.is_none(), "a timed-out body must not write: {got:?}");
+    c.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn peers_and_clients_have_separate_ports() {
     let c = TestCluster::start(1).await;
     c.leader().await;

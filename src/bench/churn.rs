@@ -220,12 +220,16 @@ pub async fn expiry_under_churn(
     })
 }
 
+/// The shortest TTL `mass_expiry` grants while aligning deadlines: below it the server's
+/// minimum TTL would move the deadline.
+const MIN_ALIGNED_TTL_MS: u64 = 5_000;
+
 /// Many leases expiring together.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct MassExpiryResult {
     pub leases: usize,
     pub ttl_ms: u64,
-    /// Seconds the registrations took (the expiries spread over about as long).
+    /// Seconds the registrations took (every lease is due at the same instant regardless).
     pub register_s: f64,
     /// From the first lease's nominal expiry until none is left, seconds.
     pub drain_s: f64,
@@ -242,8 +246,10 @@ pub struct MassExpiryResult {
     pub max_apply_lag_ms: f64,
 }
 
-/// Register `leases` leases with one key each from `conns` connections, then, while they
-/// expire, write one key at a time and watch every node's applied index.
+/// Register `leases` leases with one key each from `conns` connections, each with the TTL that
+/// makes it due at the same instant (`start + ttl_ms`: the later a lease is granted, the
+/// shorter its TTL), then, while they expire, write one key at a time and watch every node's
+/// applied index.
 pub async fn mass_expiry(
     endpoints: &[String],
     leases: usize,
@@ -260,6 +266,7 @@ pub async fn mass_expiry(
     let prefix = format!("bench-mass-{}/", run_tag());
     let term_before = term(&nodes).await;
     let started = Instant::now();
+    let due = started + Duration::from_millis(ttl_ms);
     let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let mut workers = Vec::new();
     for _ in 0..conns.max(1) {
@@ -271,7 +278,14 @@ pub async fn mass_expiry(
                     return Ok::<(), ClientError>(());
                 }
                 let name = format!("{prefix}{i:06}");
-                client.grant(&name, ttl_ms).await?;
+                let left = due.saturating_duration_since(Instant::now()).as_millis() as u64;
+                if left < MIN_ALIGNED_TTL_MS {
+                    return Err(ClientError::Usage(format!(
+                        "registering {leases} leases takes longer than --ttl-ms {ttl_ms} \
+                         allows; raise it"
+                    )));
+                }
+                client.grant(&name, left).await?;
                 client
                     .put(&format!("{name}/k"), "v", Some(&name), None)
                     .await?;
@@ -282,7 +296,7 @@ pub async fn mass_expiry(
         w.await.map_err(|e| ClientError::Usage(e.to_string()))??;
     }
     let register_s = started.elapsed().as_secs_f64();
-    let first_due = started + Duration::from_millis(ttl_ms);
+    let first_due = due;
 
     // The apply-lag observer: every 50 ms, each node's applied index against the highest
     // commit index reported so far, remembering since when each node has been behind it.

@@ -13,6 +13,7 @@ use bytes::Bytes;
 use serde::de::DeserializeOwned;
 
 use super::error::ApiError;
+use super::listener::BodyDeadlineExceeded;
 
 /// A JSON body.
 pub struct ApiJson<T>(pub T);
@@ -39,13 +40,30 @@ where
     }
 }
 
-/// Map a body read failure: over the limit is 413, the rest 400.
+/// Map a body read failure: over the limit is 413, too slow 408, the rest 400.
 pub fn body_rejection(e: BytesRejection) -> ApiError {
     if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
         ApiError::too_large("the request body is over the size limit")
+    } else if caused_by_deadline(&e) {
+        ApiError::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "request_timeout",
+            "the request body did not arrive in time",
+        )
     } else {
         ApiError::invalid(format!("unreadable request body: {}", e.body_text()))
     }
+}
+
+fn caused_by_deadline(e: &BytesRejection) -> bool {
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(c) = cause {
+        if c.is::<BodyDeadlineExceeded>() {
+            return true;
+        }
+        cause = c.source();
+    }
+    false
 }
 
 /// Query parameters.

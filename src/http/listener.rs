@@ -6,6 +6,8 @@
 //! - a header timeout ([`ListenerLimits::header_timeout`]): hyper starts it whenever it waits
 //!   for a request head, so it closes both slowloris connections (headers dribbled byte by
 //!   byte) and keep-alive connections idle between requests;
+//! - a body deadline ([`DeadlineBody`]): a request's body must arrive whole within the same
+//!   time after its head, or reading it fails with [`BodyDeadlineExceeded`] (408);
 //! - a connection cap ([`ListenerLimits::max_connections`]): a full listener evicts the
 //!   connection idle the longest (never one with a request in flight) to admit the new one,
 //!   and refuses the new one only when every held connection is busy. So a flood of idle
@@ -24,6 +26,7 @@
 
 use std::collections::HashMap;
 use std::convert::Infallible;
+use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -229,6 +232,9 @@ async fn serve_conn(
     let reg = registry.clone();
     let svc = hyper::service::service_fn(move |req: hyper::Request<Incoming>| {
         let guard = InFlight::start(reg.clone(), id);
+        // The head is complete; the body gets as long again (a slowloris body would otherwise
+        // hold the connection and its handler for ever: hyper times out heads only).
+        let req = req.map(|body| DeadlineBody::new(body, header_timeout));
         let fut = hyper::service::Service::call(&inner, req);
         async move {
             let resp = match fut.await {
@@ -314,6 +320,52 @@ impl http_body::Body for Guarded {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
         Pin::new(&mut self.inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// A request body that must arrive whole before its deadline.
+struct DeadlineBody {
+    inner: Incoming,
+    deadline: Pin<Box<tokio::time::Sleep>>,
+}
+
+impl DeadlineBody {
+    fn new(inner: Incoming, within: Duration) -> Self {
+        DeadlineBody {
+            inner,
+            deadline: Box::pin(tokio::time::sleep(within)),
+        }
+    }
+}
+
+/// A request body that did not arrive within its deadline (see [`DeadlineBody`]).
+#[derive(Debug, thiserror::Error)]
+#[error("the request body did not arrive in time")]
+pub struct BodyDeadlineExceeded;
+
+impl http_body::Body for DeadlineBody {
+    type Data = Bytes;
+    type Error = Box<dyn std::error::Error + Send + Sync>;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        if let Poll::Ready(frame) = Pin::new(&mut self.inner).poll_frame(cx) {
+            return Poll::Ready(frame.map(|f| f.map_err(Into::into)));
+        }
+        match self.deadline.as_mut().poll(cx) {
+            Poll::Ready(()) => Poll::Ready(Some(Err(Box::new(BodyDeadlineExceeded)))),
+            Poll::Pending => Poll::Pending,
+        }
     }
 
     fn is_end_stream(&self) -> bool {
