@@ -74,6 +74,16 @@ pub fn leader_lost_quorum(
     }
 }
 
+/// Whether a leader should hold back its own housekeeping proposals (lease expiries and
+/// checkpoints): no quorum acknowledgement for over a third of the election timeout means the
+/// followers are not keeping up (their append answers time out while they apply and flush), and
+/// more work from the leader would push it towards [`leader_lost_quorum`] and a needless
+/// election. Holding back only delays expiries (never makes one early) and checkpoints (a late
+/// checkpoint leaves a lease longer, never shorter).
+pub fn replication_strained(quorum_ack_age_ms: Option<u64>, election_timeout_ms: u64) -> bool {
+    quorum_ack_age_ms.is_some_and(|age| age > election_timeout_ms / 3)
+}
+
 /// Whether a node that knows `h` is ready to serve.
 pub fn readiness(h: &NodeHealth, election_timeout_ms: u64) -> Result<(), NotReady> {
     let Some(leader_id) = h.leader_id else {
@@ -249,6 +259,21 @@ mod tests {
                 commit_index: 10
             })
         );
+    }
+
+    #[test]
+    fn housekeeping_holds_back_well_before_the_leader_would_step_down() {
+        let et = 1000;
+        assert!(!replication_strained(None, et));
+        assert!(!replication_strained(Some(0), et));
+        assert!(!replication_strained(Some(333), et));
+        assert!(replication_strained(Some(334), et));
+        // Strain comes first: there is room to recover before the quorum counts as lost.
+        for age in 0..=2 * et {
+            if leader_lost_quorum(Some(age), 0, et) {
+                assert!(replication_strained(Some(age), et), "age {age}");
+            }
+        }
     }
 
     #[test]

@@ -368,6 +368,11 @@ fn render_lease_metrics(state: &AppState, out: &mut String) {
             "Lease revocations applied.",
             &m.revoked,
         ),
+        (
+            "leasecore_lease_housekeeping_held_total",
+            "Times the leader held back lease expiries and checkpoints because its followers were not keeping up.",
+            &m.housekeeping_held,
+        ),
     ] {
         let _ = writeln!(
             out,

@@ -867,6 +867,15 @@ impl Consensus {
             )
     }
 
+    /// Whether this node leads while its followers are not keeping up (see
+    /// [`health::replication_strained`]).
+    pub fn replication_strained(&self) -> bool {
+        let m = self.inner.raft.metrics();
+        let m = m.borrow();
+        m.state == ServerState::Leader
+            && health::replication_strained(m.millis_since_quorum_ack, self.election_timeout_ms())
+    }
+
     /// The term this node leads in and how long ago a quorum acknowledged it, if it leads.
     pub fn leader_status(&self) -> Option<(u64, Option<u64>)> {
         let m = self.inner.raft.metrics();

@@ -49,6 +49,8 @@ pub const BATCH: usize = 1000;
 /// whole: heartbeats and client writes keep their place, and no follower receives one
 /// enormous burst to apply.
 pub const MAX_IN_FLIGHT: usize = 2;
+/// How soon the driver looks again while replication is strained.
+const STRAIN_RECHECK: Duration = Duration::from_millis(50);
 
 /// Lease settings of a node.
 #[derive(Clone, Copy, Debug)]
@@ -117,6 +119,8 @@ pub struct LeaseMetrics {
     pub refreshed: AtomicU64,
     pub expired: AtomicU64,
     pub revoked: AtomicU64,
+    /// Driver rounds that held back expiries and checkpoints for strained replication.
+    pub housekeeping_held: AtomicU64,
     /// Expiry lateness on the leader: applied expiry minus deadline, in seconds.
     pub lateness: Mutex<Histogram>,
 }
@@ -417,6 +421,15 @@ impl LeaseService {
     /// Propose what is due, as far as free slots allow; returns the time until the next
     /// wake-up (`None` while everything due waits for a slot: a freed slot wakes the loop).
     fn fire_due(self: &Arc<Self>) -> Option<Duration> {
+        if self.consensus.replication_strained() {
+            // Followers are behind (see domain::health::replication_strained): give them room
+            // and look again shortly; client writes keep flowing meanwhile.
+            self.hub
+                .metrics
+                .housekeeping_held
+                .fetch_add(1, Ordering::Relaxed);
+            return Some(STRAIN_RECHECK);
+        }
         let now = self.hub.time.mono();
         let mut t = self.hub.tracker();
         loop {
