@@ -392,10 +392,17 @@ impl LeaseService {
                 .view()
                 .with_state(|kv| (kv.lease_facts(), kv.lease_clock_ms()));
             let n = facts.len();
-            t.promote(now, self.hub.clock_reading(clock, now), facts);
+            let reading = self.hub.clock_reading(clock, now);
+            t.promote(now, reading, facts);
             drop(t);
             self.tracking.send_replace(term);
-            tracing::info!(term, leases = n, "tracking leases as leader");
+            tracing::info!(
+                term,
+                leases = n,
+                lease_clock_ms = reading.value,
+                lease_clock_seen_ms_ago = reading.seen_at.until(now),
+                "tracking leases as leader"
+            );
         } else if !want && current != 0 {
             self.hub.tracker().demote();
             self.tracking.send_replace(0);
