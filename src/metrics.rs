@@ -74,6 +74,8 @@ pub struct Metrics {
     pub client_conns: Arc<ConnStats>,
     /// The peer listener's connections.
     pub peer_conns: Arc<ConnStats>,
+    /// Peer messages refused, by reason (a fixed set: bounded).
+    peer_refused: Mutex<BTreeMap<&'static str, u64>>,
 }
 
 impl Metrics {
@@ -89,6 +91,14 @@ impl Metrics {
         }
         let mut lat = self.latency.lock().unwrap_or_else(|p| p.into_inner());
         lat.entry(key).or_default().observe(elapsed.as_secs_f64());
+    }
+
+    /// Count one refused peer message; the count of that reason so far.
+    pub fn peer_refused(&self, reason: &'static str) -> u64 {
+        let mut m = self.peer_refused.lock().unwrap_or_else(|p| p.into_inner());
+        let n = m.entry(reason).or_default();
+        *n += 1;
+        *n
     }
 
     /// Render the registry (plus the given gauges) in Prometheus text format.
@@ -131,6 +141,22 @@ impl Metrics {
                     "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}"
                 );
             }
+        }
+
+        let refused = self
+            .peer_refused
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        let _ = writeln!(
+            out,
+            "# HELP leasecore_peer_refused_total Peer messages refused, by reason.\n# TYPE leasecore_peer_refused_total counter"
+        );
+        for (reason, n) in &refused {
+            let _ = writeln!(
+                out,
+                "leasecore_peer_refused_total{{reason=\"{reason}\"}} {n}"
+            );
         }
 
         let requests = self
