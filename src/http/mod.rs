@@ -235,11 +235,14 @@ fn build(state: AppState, audiences: &[Audience]) -> Router {
             Audience::Peer => peers = peers.route(r.path, r.handler.layer(client_limit)),
         }
     }
-    // Every peer route admits members only (`peer_trust::gate`); an unknown path stays a 404.
-    let peers = peers.route_layer(middleware::from_fn_with_state(
-        state.clone(),
-        peer_trust::gate,
-    ));
+    if audiences.contains(&Audience::Peer) {
+        // Every peer route admits members only (`peer_trust::gate`); an unknown path stays a
+        // 404. (A router without routes must not be given a route layer.)
+        peers = peers.route_layer(middleware::from_fn_with_state(
+            state.clone(),
+            peer_trust::gate,
+        ));
+    }
     if audiences.contains(&Audience::Public) {
         // `/v1/kv/` names no key; answer it rather than calling it an unknown route.
         public = public.route(
