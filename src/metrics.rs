@@ -14,6 +14,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::domain::peer_trust::Refusal;
 use crate::http::listener::ConnStats;
 
 /// Upper bounds of the latency buckets, in seconds.
@@ -152,7 +153,9 @@ impl Metrics {
             out,
             "# HELP leasecore_peer_refused_total Peer messages refused, by reason.\n# TYPE leasecore_peer_refused_total counter"
         );
-        for (reason, n) in &refused {
+        // Every reason, zeros included, so that rates work from the first scrape.
+        for reason in Refusal::ALL.map(Refusal::label) {
+            let n = refused.get(reason).copied().unwrap_or(0);
             let _ = writeln!(
                 out,
                 "leasecore_peer_refused_total{{reason=\"{reason}\"}} {n}"
@@ -201,6 +204,16 @@ impl Metrics {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn peer_refusals_are_counted_by_reason_zeros_included() {
+        let m = Metrics::default();
+        assert_eq!(m.peer_refused("not_member"), 1);
+        assert_eq!(m.peer_refused("not_member"), 2);
+        let text = m.render(&[]);
+        assert!(text.contains("leasecore_peer_refused_total{reason=\"not_member\"} 2"));
+        assert!(text.contains("leasecore_peer_refused_total{reason=\"inconsistent\"} 0"));
+    }
 
     #[test]
     fn histogram_buckets_are_cumulative() {

@@ -65,6 +65,8 @@ pub fn refuse(state: &AppState, why: Refusal, sender: Option<NodeId>, route: &st
 pub fn record(state: &AppState, why: Refusal, sender: Option<NodeId>, route: &str, detail: &str) {
     let n = state.metrics.peer_refused(why.label());
     if n.is_power_of_two() {
+        // A detail may quote a name from the message (an address): bounded.
+        let detail: String = detail.chars().take(200).collect();
         tracing::warn!(
             reason = why.label(),
             ?sender,
