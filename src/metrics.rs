@@ -14,6 +14,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::domain::peer_trust::Refusal;
 use crate::http::listener::ConnStats;
 
 /// Upper bounds of the latency buckets, in seconds.
@@ -74,6 +75,8 @@ pub struct Metrics {
     pub client_conns: Arc<ConnStats>,
     /// The peer listener's connections.
     pub peer_conns: Arc<ConnStats>,
+    /// Peer messages refused, by reason (a fixed set: bounded).
+    peer_refused: Mutex<BTreeMap<&'static str, u64>>,
 }
 
 impl Metrics {
@@ -89,6 +92,14 @@ impl Metrics {
         }
         let mut lat = self.latency.lock().unwrap_or_else(|p| p.into_inner());
         lat.entry(key).or_default().observe(elapsed.as_secs_f64());
+    }
+
+    /// Count one refused peer message; the count of that reason so far.
+    pub fn peer_refused(&self, reason: &'static str) -> u64 {
+        let mut m = self.peer_refused.lock().unwrap_or_else(|p| p.into_inner());
+        let n = m.entry(reason).or_default();
+        *n += 1;
+        *n
     }
 
     /// Render the registry (plus the given gauges) in Prometheus text format.
@@ -133,6 +144,24 @@ impl Metrics {
             }
         }
 
+        let refused = self
+            .peer_refused
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        let _ = writeln!(
+            out,
+            "# HELP leasecore_peer_refused_total Peer messages refused, by reason.\n# TYPE leasecore_peer_refused_total counter"
+        );
+        // Every reason, zeros included, so that rates work from the first scrape.
+        for reason in Refusal::ALL.map(Refusal::label) {
+            let n = refused.get(reason).copied().unwrap_or(0);
+            let _ = writeln!(
+                out,
+                "leasecore_peer_refused_total{{reason=\"{reason}\"}} {n}"
+            );
+        }
+
         let requests = self
             .requests
             .lock()
@@ -175,6 +204,16 @@ impl Metrics {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn peer_refusals_are_counted_by_reason_zeros_included() {
+        let m = Metrics::default();
+        assert_eq!(m.peer_refused("not_member"), 1);
+        assert_eq!(m.peer_refused("not_member"), 2);
+        let text = m.render(&[]);
+        assert!(text.contains("leasecore_peer_refused_total{reason=\"not_member\"} 2"));
+        assert!(text.contains("leasecore_peer_refused_total{reason=\"inconsistent\"} 0"));
+    }
 
     #[test]
     fn histogram_buckets_are_cumulative() {

@@ -362,7 +362,7 @@ impl Node {
         .await;
         let state_machine_dropped = state_machine.dropped();
 
-        let peers = PeerClient::new();
+        let peers = PeerClient::new(cfg.id);
         let faults = peers.faults();
         let flease_peers = peers.clone();
         let raft = Raft::new(

@@ -280,9 +280,16 @@ async fn malformed_peer_messages_are_refused_without_harming_the_node() {
     c.client().put("existing", "v", None, None).await.unwrap();
     let before = store_fingerprint(&c).await;
     for target in [1u64, 2, 3] {
-        // Peer routes live on the peer port only.
+        // Peer routes live on the peer port only, and hear members only: these name another
+        // member, so that what is refused is the body.
+        let member = if target == 1 { 2 } else { 1 };
+        let mut headers = reqwest::header::HeaderMap::new();
+        headers.insert("x-leasecore-node", member.to_string().parse().unwrap());
         let p = Probe {
-            http: reqwest::Client::new(),
+            http: reqwest::Client::builder()
+                .default_headers(headers)
+                .build()
+                .unwrap(),
             base: c.peer_url(target),
         };
         let garbage: Vec<(&str, Vec<u8>)> = vec![

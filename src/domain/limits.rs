@@ -6,6 +6,12 @@
 
 use thiserror::Error;
 
+use super::command::Command;
+use super::members::{MemberRecord, check_member_id};
+
+/// The longest member address, in bytes.
+pub const MAX_MEMBER_ADDRESS_BYTES: usize = 1024;
+
 /// The largest key, in bytes of UTF-8.
 pub const MAX_KEY_BYTES: usize = 1024;
 /// The default largest value, in bytes of UTF-8.
@@ -32,6 +38,25 @@ impl Default for Limits {
             max_value_bytes: DEFAULT_MAX_VALUE_BYTES,
             max_leases: DEFAULT_MAX_LEASES,
         }
+    }
+}
+
+/// The TTLs a lease may have on this node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TtlBounds {
+    pub min_ms: u64,
+    pub max_ms: u64,
+}
+
+impl TtlBounds {
+    pub fn check(&self, ttl_ms: u64) -> Result<(), InvalidInput> {
+        if ttl_ms < self.min_ms || ttl_ms > self.max_ms {
+            return Err(InvalidInput::Invalid(format!(
+                "ttl_ms must be between {} and {} (got {ttl_ms})",
+                self.min_ms, self.max_ms
+            )));
+        }
+        Ok(())
     }
 }
 
@@ -104,6 +129,75 @@ impl Limits {
         Ok(())
     }
 
+    /// A command a client may cause, within this node's limits: the one check of a command
+    /// before it is proposed, used by the client handlers and by the peer route that receives
+    /// forwarded proposals alike (which must never accept more than a client could send).
+    ///
+    /// The leader's own commands (`ExpireLeases`, `CheckpointLeases`, `Batch`) and the lease
+    /// clock stamp (`clock_ms`, which the leader adds when it submits a registration) are never
+    /// a client's: they are refused. (The lease count is state, checked by the caller with
+    /// [`Limits::check_lease_count`].)
+    pub fn check_command(&self, cmd: &Command, ttl: TtlBounds) -> Result<(), InvalidInput> {
+        let unstamped = |clock_ms: &Option<u64>| {
+            if clock_ms.is_some() {
+                return Err(InvalidInput::Invalid(
+                    "clock_ms is stamped by the leader, never sent".into(),
+                ));
+            }
+            Ok(())
+        };
+        match cmd {
+            Command::Put {
+                key, value, lease, ..
+            } => {
+                self.check_key(key)?;
+                self.check_value(value)?;
+                if let Some(lease) = lease {
+                    self.check_lease_name(lease)?;
+                }
+                Ok(())
+            }
+            Command::Delete { key, .. } => self.check_key(key),
+            Command::RegisterLease {
+                name,
+                ttl_ms,
+                clock_ms,
+            } => {
+                self.check_lease_name(name)?;
+                ttl.check(*ttl_ms)?;
+                unstamped(clock_ms)
+            }
+            Command::RevokeLease { name } => self.check_lease_name(name),
+            Command::RegisterMember {
+                id,
+                address,
+                ttl_ms,
+                meta,
+                clock_ms,
+            } => {
+                check_member_id(id)?;
+                ttl.check(*ttl_ms)?;
+                if address.is_empty() || address.len() > MAX_MEMBER_ADDRESS_BYTES {
+                    return Err(InvalidInput::Invalid(format!(
+                        "address must be 1 to {MAX_MEMBER_ADDRESS_BYTES} bytes"
+                    )));
+                }
+                let record = MemberRecord {
+                    id: id.clone(),
+                    address: address.clone(),
+                    meta: meta.clone(),
+                };
+                self.check_value(&record.encode())?;
+                unstamped(clock_ms)
+            }
+            Command::ExpireLeases { .. }
+            | Command::CheckpointLeases { .. }
+            | Command::Batch { .. } => Err(InvalidInput::Invalid(
+                "expiries, checkpoints and batches are the leader's own commands".into(),
+            )),
+        }
+    }
+
     /// The largest request body worth reading: a value may be JSON-escaped (up to six bytes
     /// per byte for control characters), plus room for the rest of the document.
     pub fn max_body_bytes(&self) -> usize {
@@ -143,6 +237,85 @@ mod tests {
             l.check_value("abcde"),
             Err(InvalidInput::TooLarge(_))
         ));
+    }
+
+    const TTL: TtlBounds = TtlBounds {
+        min_ms: 1000,
+        max_ms: 60_000,
+    };
+
+    fn put(key: &str, value: &str) -> Command {
+        Command::Put {
+            key: key.into(),
+            value: value.into(),
+            lease: None,
+            prev_revision: None,
+        }
+    }
+
+    #[test]
+    fn client_commands_within_limits_pass() {
+        let l = Limits::default();
+        assert!(l.check_command(&put("k", "v"), TTL).is_ok());
+        let reg = Command::RegisterLease {
+            name: "l".into(),
+            ttl_ms: 5000,
+            clock_ms: None,
+        };
+        assert!(l.check_command(&reg, TTL).is_ok());
+        let member = Command::RegisterMember {
+            id: "a".into(),
+            address: "10.0.0.1:80".into(),
+            ttl_ms: 5000,
+            meta: Default::default(),
+            clock_ms: None,
+        };
+        assert!(l.check_command(&member, TTL).is_ok());
+        let revoke = Command::RevokeLease { name: "l".into() };
+        assert!(l.check_command(&revoke, TTL).is_ok());
+    }
+
+    #[test]
+    fn commands_over_limits_or_from_the_leader_are_refused() {
+        let l = Limits::default();
+        let big_key = "k".repeat(100 * 1024);
+        assert!(matches!(
+            l.check_command(&put(&big_key, "v"), TTL),
+            Err(InvalidInput::Invalid(_))
+        ));
+        let big_value = "v".repeat(32 << 20);
+        assert!(matches!(
+            l.check_command(&put("k", &big_value), TTL),
+            Err(InvalidInput::TooLarge(_))
+        ));
+        for (ttl_ms, clock_ms) in [(u64::MAX, None), (0, None), (5000, Some(1))] {
+            let reg = Command::RegisterLease {
+                name: "l".into(),
+                ttl_ms,
+                clock_ms,
+            };
+            assert!(l.check_command(&reg, TTL).is_err(), "{ttl_ms} {clock_ms:?}");
+        }
+        let member = Command::RegisterMember {
+            id: "a/b".into(),
+            address: "x:1".into(),
+            ttl_ms: 5000,
+            meta: Default::default(),
+            clock_ms: None,
+        };
+        assert!(l.check_command(&member, TTL).is_err());
+        let leader_only = [
+            Command::ExpireLeases { leases: vec![] },
+            Command::CheckpointLeases {
+                checkpoints: vec![],
+            },
+            Command::Batch {
+                commands: vec![put("k", "v")],
+            },
+        ];
+        for cmd in leader_only {
+            assert!(l.check_command(&cmd, TTL).is_err(), "{cmd:?}");
+        }
     }
 
     #[test]

@@ -18,6 +18,8 @@
 //! - [`kv`]: `KvState`, the replicated key-value state machine (keys and leases).
 //! - [`lease`]: `LeaseTracker`, the leader-only lease deadlines.
 //! - [`members`]: membership as leased keys (`members/{id}`): layout and record.
+//! - [`peer_trust`]: which peer messages a node accepts (sender membership, consistent
+//!   claims, no disruptive votes).
 //! - [`health`]: readiness, quorum loss, peer reachability, learner catch-up.
 //! - [`resources`]: connection cap, storage quota, log compaction by bytes, peer addresses.
 //! - [`replay`]: rebuilding the watch history at start-up from the snapshot and the log.
@@ -31,6 +33,7 @@ pub mod kv;
 pub mod lease;
 pub mod limits;
 pub mod members;
+pub mod peer_trust;
 pub mod replay;
 pub mod resources;
 pub mod types;

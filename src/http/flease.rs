@@ -2,18 +2,20 @@
 //! disk write), and the peer route that carries the register messages between nodes. The two
 //! protocols have separate resource namespaces and the same HTTP shapes.
 
-use axum::Json;
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{StatusCode, header};
+use axum::{Extension, Json};
 use serde::{Deserialize, Serialize};
 
 use super::AppState;
 use super::error::ApiError;
 use super::extract::{ApiJson, ApiPath};
-use crate::domain::flease::{Envelope, Protocol};
+use super::peer_trust::{PeerSender, member_ids, record};
+use crate::domain::flease::{Envelope, Protocol, validate};
+use crate::domain::peer_trust::Refusal;
 use crate::raft::network::MSGPACK;
-use crate::runtime::flease::{FleaseError, LeaseView};
+use crate::runtime::flease::{FleaseError, LeaseView, MSG_ROUTE};
 
 /// Body of acquire and release.
 #[derive(Deserialize)]
@@ -29,13 +31,9 @@ pub struct ReleaseResponse {
 }
 
 fn check(resource: &str, owner: Option<&str>) -> Result<(), ApiError> {
-    if resource.is_empty() || resource.len() > 1024 {
-        return Err(ApiError::invalid("resource must be 1 to 1024 bytes"));
-    }
-    if let Some(o) = owner
-        && (o.is_empty() || o.len() > 256)
-    {
-        return Err(ApiError::invalid("owner must be 1 to 256 bytes"));
+    validate::check_resource(resource).map_err(ApiError::invalid)?;
+    if let Some(o) = owner {
+        validate::check_owner(o).map_err(ApiError::invalid)?;
     }
     Ok(())
 }
@@ -120,14 +118,27 @@ pub async fn paxos_get(
     get_in(Protocol::PaxosLease, state, resource)
 }
 
-/// A batch of register messages, compact MessagePack both ways.
+/// A batch of register messages, compact MessagePack both ways. A message the acceptor must
+/// not handle (impossible values, a `from` that is not the sender: `domain::flease::validate`)
+/// gets no answer, as a lost message would, and is counted.
 pub async fn peer_messages(
     State(state): State<AppState>,
+    Extension(PeerSender(sender)): Extension<PeerSender>,
     body: Bytes,
 ) -> Result<([(header::HeaderName, &'static str); 1], Vec<u8>), ApiError> {
     let batch: Vec<Envelope> = rmp_serde::from_slice(&body)
         .map_err(|e| ApiError::invalid(format!("undecodable flease batch: {e}")))?;
-    let answers = state.flease.on_peer_batch(&batch);
+    let members = member_ids(&state.consensus);
+    let (answers, refusals) = state.flease.on_peer_batch_from(sender, &members, &batch);
+    for why in &refusals {
+        record(
+            &state,
+            Refusal::InvalidLeaseMessage,
+            Some(sender),
+            MSG_ROUTE,
+            why,
+        );
+    }
     let bytes = rmp_serde::to_vec(&answers).map_err(|e| {
         ApiError::new(
             StatusCode::INTERNAL_SERVER_ERROR,

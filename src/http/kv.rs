@@ -63,6 +63,22 @@ pub(super) async fn propose(state: &AppState, cmd: Command) -> Result<Response, 
     })
 }
 
+/// Check a command before it is proposed, for a client or for a peer that forwards one:
+/// [`crate::domain::limits::Limits::check_command`] (the one set of rules), and room for one
+/// more lease if it registers one.
+pub(super) fn admit(state: &AppState, cmd: &Command) -> Result<(), ApiError> {
+    let ttl = state.leases.hub().config().ttl_bounds();
+    state.limits.check_command(cmd, ttl)?;
+    if matches!(
+        cmd,
+        Command::RegisterLease { .. } | Command::RegisterMember { .. }
+    ) {
+        let leases = state.consensus.view().with_state(|kv| kv.leases().len());
+        state.limits.check_lease_count(leases)?;
+    }
+    Ok(())
+}
+
 /// Make a read linearizable if asked.
 pub(super) async fn read_point(state: &AppState, c: Consistency) -> Result<(), ApiError> {
     match c {
@@ -77,17 +93,13 @@ pub async fn put(
     ApiQuery(q): ApiQuery<WriteQuery>,
     ApiJson(body): ApiJson<PutRequest>,
 ) -> Result<Json<PutResponse>, ApiError> {
-    state.limits.check_key(&key)?;
-    state.limits.check_value(&body.value)?;
-    if let Some(lease) = &body.lease {
-        state.limits.check_lease_name(lease)?;
-    }
     let cmd = Command::Put {
         key,
         value: body.value,
         lease: body.lease,
         prev_revision: q.prev_revision.map(Revision),
     };
+    admit(&state, &cmd)?;
     match propose(&state, cmd).await? {
         Response::Put { revision } => Ok(Json(PutResponse { revision })),
         other => Err(unexpected(other)),
@@ -145,11 +157,11 @@ pub async fn delete(
     ApiPath(key): ApiPath<String>,
     ApiQuery(q): ApiQuery<WriteQuery>,
 ) -> Result<Json<DeleteResponse>, ApiError> {
-    state.limits.check_key(&key)?;
     let cmd = Command::Delete {
         key,
         prev_revision: q.prev_revision.map(Revision),
     };
+    admit(&state, &cmd)?;
     match propose(&state, cmd).await? {
         Response::Delete { revision, deleted } => Ok(Json(DeleteResponse { revision, deleted })),
         other => Err(unexpected(other)),

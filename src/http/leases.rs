@@ -12,7 +12,7 @@ use serde::Deserialize;
 use super::AppState;
 use super::error::ApiError;
 use super::extract::{ApiJson, ApiPath, ApiQuery};
-use super::kv::{DEFAULT_LIST_LIMIT, MAX_LIST_LIMIT, propose, unexpected};
+use super::kv::{DEFAULT_LIST_LIMIT, MAX_LIST_LIMIT, admit, propose, unexpected};
 use crate::domain::command::{Command, Response};
 use crate::domain::kv::LeaseRecord;
 use crate::runtime::lease::RefreshAck;
@@ -30,16 +30,13 @@ pub async fn register(
     State(state): State<AppState>,
     ApiJson(req): ApiJson<RegisterLeaseRequest>,
 ) -> Result<(StatusCode, Json<LeaseGranted>), ApiError> {
-    state.limits.check_lease_name(&req.name)?;
-    state.leases.hub().config().check_ttl(req.ttl_ms)?;
-    let leases = state.consensus.view().with_state(|kv| kv.leases().len());
-    state.limits.check_lease_count(leases)?;
     let cmd = Command::RegisterLease {
         name: req.name.clone(),
         ttl_ms: req.ttl_ms,
         // Stamped by the leader when it submits the entry.
         clock_ms: None,
     };
+    admit(&state, &cmd)?;
     match propose(&state, cmd).await? {
         Response::LeaseRegistered { revision } => Ok((
             StatusCode::CREATED,
@@ -123,8 +120,9 @@ pub async fn revoke(
     State(state): State<AppState>,
     ApiPath(name): ApiPath<String>,
 ) -> Result<Json<LeaseRevoked>, ApiError> {
-    state.limits.check_lease_name(&name)?;
-    match propose(&state, Command::RevokeLease { name }).await? {
+    let cmd = Command::RevokeLease { name };
+    admit(&state, &cmd)?;
+    match propose(&state, cmd).await? {
         Response::LeaseRevoked {
             revision,
             deleted_keys,

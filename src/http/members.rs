@@ -7,7 +7,7 @@ use axum::http::StatusCode;
 use super::AppState;
 use super::error::ApiError;
 use super::extract::{ApiJson, ApiPath};
-use super::kv::{propose, unexpected};
+use super::kv::{admit, propose, unexpected};
 use crate::domain::command::{Command, KvError, Response};
 use crate::domain::members::{
     MEMBERS_PREFIX, MemberRecord, check_member_id, member_id, member_key,
@@ -27,19 +27,6 @@ pub async fn register(
     State(state): State<AppState>,
     ApiJson(req): ApiJson<RegisterMemberRequest>,
 ) -> Result<(StatusCode, Json<MemberRegistered>), ApiError> {
-    check_member_id(&req.id)?;
-    state.leases.hub().config().check_ttl(req.ttl_ms)?;
-    let leases = state.consensus.view().with_state(|kv| kv.leases().len());
-    state.limits.check_lease_count(leases)?;
-    if req.address.is_empty() || req.address.len() > 1024 {
-        return Err(ApiError::invalid("address must be 1 to 1024 bytes"));
-    }
-    let record = MemberRecord {
-        id: req.id.clone(),
-        address: req.address.clone(),
-        meta: req.meta.clone(),
-    };
-    state.limits.check_value(&record.encode())?;
     let cmd = Command::RegisterMember {
         id: req.id.clone(),
         address: req.address,
@@ -47,6 +34,7 @@ pub async fn register(
         meta: req.meta,
         clock_ms: None,
     };
+    admit(&state, &cmd)?;
     match propose(&state, cmd).await? {
         Response::MemberRegistered { revision, .. } => {
             let key = member_key(&req.id);
@@ -85,14 +73,11 @@ pub async fn leave(
     ApiPath(id): ApiPath<String>,
 ) -> Result<Json<MemberLeft>, ApiError> {
     check_member_id(&id)?;
-    match propose(
-        &state,
-        Command::RevokeLease {
-            name: member_key(&id),
-        },
-    )
-    .await?
-    {
+    let cmd = Command::RevokeLease {
+        name: member_key(&id),
+    };
+    admit(&state, &cmd)?;
+    match propose(&state, cmd).await? {
         Response::LeaseRevoked { revision, .. } => Ok(Json(MemberLeft { id, revision })),
         Response::Rejected {
             error: KvError::LeaseNotFound { .. },

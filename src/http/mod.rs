@@ -9,6 +9,8 @@
 //!   a route cannot exist without being documented (or be documented without existing).
 //! - Every error a client can cause is a JSON error document with a 4xx status
 //!   ([`error::ApiError`]), including unknown routes, wrong methods and undecodable bodies.
+//! - Every peer route sits behind [`peer_trust::gate`]: only members of the current
+//!   membership are heard (`domain::peer_trust`).
 //! - Handlers translate; they decide nothing. Rules live in `domain`.
 
 pub mod cluster;
@@ -20,6 +22,7 @@ pub mod leases;
 pub mod listener;
 pub mod members;
 pub mod peer;
+pub mod peer_trust;
 pub mod snapshot;
 pub mod watch;
 
@@ -45,6 +48,14 @@ use error::ApiError;
 
 /// The largest peer message (a snapshot frame).
 pub const MAX_PEER_BODY_BYTES: usize = 1 << 30;
+
+/// The peer routes that may carry more than a client's largest body.
+const BULK_PEER_ROUTES: [&str; 4] = [
+    routes::APPEND,
+    routes::SNAPSHOT,
+    routes::LEASE_REMAINING,
+    MSG_ROUTE,
+];
 
 /// What every handler can reach.
 #[derive(Clone)]
@@ -213,8 +224,24 @@ fn build(state: AppState, audiences: &[Audience]) -> Router {
     {
         match r.audience {
             Audience::Public => public = public.route(r.path, r.handler),
-            Audience::Peer => peers = peers.route(r.path, r.handler),
+            // Only Raft's bulk messages (log entries, snapshots, Flease batches) and the
+            // remaining-time lookups of a listing need more than a client's largest body.
+            Audience::Peer if BULK_PEER_ROUTES.contains(&r.path) => {
+                peers = peers.route(
+                    r.path,
+                    r.handler.layer(DefaultBodyLimit::max(MAX_PEER_BODY_BYTES)),
+                )
+            }
+            Audience::Peer => peers = peers.route(r.path, r.handler.layer(client_limit)),
         }
+    }
+    if audiences.contains(&Audience::Peer) {
+        // Every peer route admits members only (`peer_trust::gate`); an unknown path stays a
+        // 404. (A router without routes must not be given a route layer.)
+        peers = peers.route_layer(middleware::from_fn_with_state(
+            state.clone(),
+            peer_trust::gate,
+        ));
     }
     if audiences.contains(&Audience::Public) {
         // `/v1/kv/` names no key; answer it rather than calling it an unknown route.
@@ -225,7 +252,7 @@ fn build(state: AppState, audiences: &[Audience]) -> Router {
     }
     public
         .layer(client_limit)
-        .merge(peers.layer(DefaultBodyLimit::max(MAX_PEER_BODY_BYTES)))
+        .merge(peers)
         .fallback(unknown_route)
         .method_not_allowed_fallback(wrong_method)
         .layer(middleware::from_fn_with_state(state.clone(), track))

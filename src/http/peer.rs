@@ -4,9 +4,16 @@
 //! caller can tell an error of the remote Raft (which openraft must see) from a transport
 //! failure. A body that does not decode is refused with 400 before it reaches Raft: a malformed
 //! message never touches the node's state.
+//!
+//! Every handler runs behind [`super::peer_trust::gate`] (the sender is a member) and checks
+//! what the body claims against the sender (`domain::peer_trust`): an append's or a snapshot's
+//! leader, a vote's candidate. A vote request while a leader is alive is answered "not
+//! granted" without reaching Raft. Forwarded commands and requests pass the same checks as a
+//! client's ([`super::kv::admit`], `domain::limits`): a peer can never ask for more than a
+//! client could.
 
-use axum::Json;
 use axum::extract::State;
+use axum::{Extension, Json};
 use bytes::Bytes;
 use openraft::Snapshot;
 use openraft::error::{Fatal, RaftError};
@@ -17,57 +24,109 @@ use openraft::raft::{
 use super::AppState;
 use super::error::ApiError;
 use super::extract::ApiJson;
+use super::kv::{MAX_LIST_LIMIT, admit};
+use super::peer_trust::{PeerSender, record, refuse, vote_context};
 use crate::domain::command::{Command, Response};
+use crate::domain::peer_trust::{Refusal, check_claim, disruptive_vote};
 use crate::raft::consensus::{AdminOutcome, AdminRequest, ConsensusError};
-use crate::raft::network::decode_snapshot_frame;
+use crate::raft::network::{decode_snapshot_frame, routes};
 use crate::raft::{NodeId, TypeConfig};
 use crate::runtime::lease::{LeaseError, RefreshAck};
 
+/// Refuse a body that claims another node than its sender.
+fn claim(state: &AppState, sender: NodeId, claimed: NodeId, route: &str) -> Result<(), ApiError> {
+    check_claim(sender, claimed).map_err(|why| refuse(state, why, Some(sender), route))
+}
+
+/// Refuse a forwarded request a client could not have sent (400/413/429 as for a client).
+fn invalid(state: &AppState, sender: NodeId, route: &str, e: ApiError) -> ApiError {
+    record(
+        state,
+        Refusal::InvalidRequest,
+        Some(sender),
+        route,
+        &e.message,
+    );
+    e
+}
+
 pub async fn append(
     State(state): State<AppState>,
+    Extension(PeerSender(sender)): Extension<PeerSender>,
     body: Bytes,
 ) -> Result<Json<Result<AppendEntriesResponse<NodeId>, RaftError<NodeId>>>, ApiError> {
     // MessagePack (see raft::network): values travel as raw bytes.
     let req: AppendEntriesRequest<TypeConfig> = rmp_serde::from_slice(&body)
         .map_err(|e| ApiError::invalid(format!("undecodable append request: {e}")))?;
-    if req.vote.is_committed() {
-        // A leader's message: the follower's "last heard from my leader" (readiness).
-        let leader = req.vote.leader_id().node_id;
-        state.consensus.peers().contacts().heard_from(leader);
+    let leader = req.vote.leader_id().node_id;
+    claim(&state, sender, leader, routes::APPEND)?;
+    let from_leader = req.vote.is_committed();
+    let answer = state.consensus.raft().append_entries(req).await;
+    if from_leader && matches!(&answer, Ok(r) if !matches!(r, AppendEntriesResponse::HigherVote(_)))
+    {
+        // A leader this node follows: the follower's "last heard from my leader" (readiness,
+        // and the vote rule).
+        let contacts = state.consensus.peers().contacts();
+        contacts.heard_from(leader);
+        contacts.led_now();
     }
-    Ok(Json(state.consensus.raft().append_entries(req).await))
+    Ok(Json(answer))
 }
 
 pub async fn vote(
     State(state): State<AppState>,
+    Extension(PeerSender(sender)): Extension<PeerSender>,
     ApiJson(req): ApiJson<VoteRequest<NodeId>>,
-) -> Json<Result<VoteResponse<NodeId>, RaftError<NodeId>>> {
-    Json(state.consensus.raft().vote(req).await)
+) -> Result<Json<Result<VoteResponse<NodeId>, RaftError<NodeId>>>, ApiError> {
+    claim(&state, sender, req.vote.leader_id().node_id, routes::VOTE)?;
+    if disruptive_vote(&vote_context(&state.consensus)) {
+        record(
+            &state,
+            Refusal::DisruptiveVote,
+            Some(sender),
+            routes::VOTE,
+            &format!(
+                "a vote request for term {} while a leader is alive",
+                req.vote.leader_id().term
+            ),
+        );
+        // Not granted, and this node's own vote: the candidate learns nothing new and this
+        // node adopts nothing (no higher term, no step-down).
+        let mine = state.consensus.raft().metrics().borrow().vote;
+        return Ok(Json(Ok(VoteResponse::new(mine, None, false))));
+    }
+    Ok(Json(state.consensus.raft().vote(req).await))
 }
 
 pub async fn snapshot(
     State(state): State<AppState>,
+    Extension(PeerSender(sender)): Extension<PeerSender>,
     body: Bytes,
 ) -> Result<Json<Result<SnapshotResponse<NodeId>, Fatal<NodeId>>>, ApiError> {
     let (vote, meta, data) = decode_snapshot_frame(&body).map_err(ApiError::invalid)?;
+    claim(&state, sender, vote.leader_id().node_id, routes::SNAPSHOT)?;
     let snapshot = Snapshot {
         meta,
         snapshot: Box::new(data),
     };
-    Ok(Json(
-        state
-            .consensus
-            .raft()
-            .install_full_snapshot(vote, snapshot)
-            .await,
-    ))
+    let answer = state
+        .consensus
+        .raft()
+        .install_full_snapshot(vote, snapshot)
+        .await;
+    if vote.is_committed() && matches!(&answer, Ok(r) if r.vote == vote) {
+        state.consensus.peers().contacts().led_now();
+    }
+    Ok(Json(answer))
 }
 
 pub async fn propose(
     State(state): State<AppState>,
+    Extension(PeerSender(sender)): Extension<PeerSender>,
     ApiJson(cmd): ApiJson<Command>,
-) -> Json<Result<Response, ConsensusError>> {
-    Json(state.consensus.propose_here(cmd).await)
+) -> Result<Json<Result<Response, ConsensusError>>, ApiError> {
+    admit(&state, &cmd).map_err(|e| invalid(&state, sender, routes::PROPOSE, e))?;
+    Ok(Json(state.consensus.propose_here(cmd).await))
 }
 
 pub async fn read_index(State(state): State<AppState>) -> Json<Result<u64, ConsensusError>> {
@@ -76,21 +135,44 @@ pub async fn read_index(State(state): State<AppState>) -> Json<Result<u64, Conse
 
 pub async fn admin(
     State(state): State<AppState>,
+    Extension(PeerSender(sender)): Extension<PeerSender>,
     ApiJson(req): ApiJson<AdminRequest>,
-) -> Json<Result<AdminOutcome, ConsensusError>> {
-    Json(state.consensus.admin_here(req).await)
+) -> Result<Json<Result<AdminOutcome, ConsensusError>>, ApiError> {
+    if let AdminRequest::AddNode { address, .. } = &req {
+        super::cluster::check_address(address)
+            .map_err(|e| invalid(&state, sender, routes::ADMIN, e))?;
+    }
+    Ok(Json(state.consensus.admin_here(req).await))
 }
 
 pub async fn lease_refresh(
     State(state): State<AppState>,
+    Extension(PeerSender(sender)): Extension<PeerSender>,
     ApiJson(name): ApiJson<String>,
-) -> Json<Result<RefreshAck, LeaseError>> {
-    Json(state.leases.refresh_here(&name).await)
+) -> Result<Json<Result<RefreshAck, LeaseError>>, ApiError> {
+    state
+        .limits
+        .check_lease_name(&name)
+        .map_err(|e| invalid(&state, sender, routes::LEASE_REFRESH, e.into()))?;
+    Ok(Json(state.leases.refresh_here(&name).await))
 }
 
 pub async fn lease_remaining(
     State(state): State<AppState>,
+    Extension(PeerSender(sender)): Extension<PeerSender>,
     ApiJson(names): ApiJson<Vec<String>>,
-) -> Json<Result<Vec<Option<u64>>, LeaseError>> {
-    Json(state.leases.remaining_here(&names).await)
+) -> Result<Json<Result<Vec<Option<u64>>, LeaseError>>, ApiError> {
+    let route = routes::LEASE_REMAINING;
+    // A listing asks for the remaining time of at most `MAX_LIST_LIMIT` leases.
+    if names.len() > MAX_LIST_LIMIT {
+        let e = ApiError::invalid(format!("at most {MAX_LIST_LIMIT} names"));
+        return Err(invalid(&state, sender, route, e));
+    }
+    for name in &names {
+        state
+            .limits
+            .check_lease_name(name)
+            .map_err(|e| invalid(&state, sender, route, e.into()))?;
+    }
+    Ok(Json(state.leases.remaining_here(&names).await))
 }

@@ -17,6 +17,10 @@
 //! Snapshots travel as one binary frame, `[u64 BE header length][JSON {vote, meta}][raw data]`,
 //! so that the data is not inflated into a JSON array of numbers.
 //!
+//! Every request names this node in the [`SENDER_HEADER`] header: the receiving node admits
+//! only members of its cluster and checks that the body claims the same node
+//! (`domain::peer_trust`).
+//!
 //! It also records, per peer, when this node last heard from it ([`Contacts`]): an answer to
 //! one of openraft's RPCs, or an AppendEntries the peer sent as leader. That record is a fact for
 //! the health rules (`domain::health`) to judge; the network never acts on it.
@@ -41,6 +45,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use super::{Entry, NodeId, SnapshotMeta, TypeConfig};
+use crate::domain::peer_trust::SENDER_HEADER;
 use crate::domain::resources::peer_address;
 
 /// The largest AppendEntries payload sent in one request (estimated), unless a single entry is
@@ -145,6 +150,9 @@ impl Faults {
 pub struct Contacts {
     clock: crate::clock::SystemClock,
     last: std::sync::Mutex<std::collections::BTreeMap<NodeId, crate::domain::types::MonoMillis>>,
+    /// When this node last accepted an append or a snapshot from a leader (not an answer to
+    /// its own RPCs): the "leader alive" fact of the vote rule (`domain::peer_trust`).
+    led: std::sync::Mutex<Option<crate::domain::types::MonoMillis>>,
 }
 
 impl Contacts {
@@ -156,6 +164,21 @@ impl Contacts {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .insert(id, now);
+    }
+
+    /// Record that a leader's append or snapshot was accepted just now.
+    pub fn led_now(&self) {
+        use crate::clock::Clock;
+        let now = self.clock.mono();
+        *self.led.lock().unwrap_or_else(|p| p.into_inner()) = Some(now);
+    }
+
+    /// Milliseconds since a leader's append or snapshot was last accepted (None: never).
+    pub fn led_age(&self) -> Option<u64> {
+        use crate::clock::Clock;
+        let now = self.clock.mono();
+        let led = *self.led.lock().unwrap_or_else(|p| p.into_inner());
+        led.map(|t| t.until(now))
     }
 
     /// Milliseconds since each peer was last heard from.
@@ -173,16 +196,13 @@ pub struct PeerClient {
     http: reqwest::Client,
     faults: Arc<Faults>,
     contacts: Arc<Contacts>,
-}
-
-impl Default for PeerClient {
-    fn default() -> Self {
-        Self::new()
-    }
+    /// This node's id, sent as [`SENDER_HEADER`].
+    me: String,
 }
 
 impl PeerClient {
-    pub fn new() -> Self {
+    /// The client of node `me`.
+    pub fn new(me: NodeId) -> Self {
         let http = reqwest::Client::builder()
             .connect_timeout(Duration::from_millis(500))
             // Shorter than the peer listener's header timeout (90 s), so that the server never
@@ -196,6 +216,7 @@ impl PeerClient {
             http,
             faults: Arc::default(),
             contacts: Arc::default(),
+            me: me.to_string(),
         }
     }
 
@@ -284,6 +305,7 @@ impl PeerClient {
             .http
             .post(&url)
             .header(reqwest::header::CONTENT_TYPE, content_type)
+            .header(SENDER_HEADER, &self.me)
             .body(body)
             .timeout(timeout)
             .send()

@@ -32,6 +32,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::clock::Clock;
 use crate::domain::flease::proposer::{FastRelease, RoundEvent};
+use crate::domain::flease::validate;
 use crate::domain::flease::{
     Acceptor, Ballot, BallotGen, Envelope, FleaseConfig, Intent, Now, Protocol, Round,
 };
@@ -178,7 +179,8 @@ impl FleaseService {
             .collect()
     }
 
-    /// Handle a batch of peer messages with the local acceptor; one answer per message.
+    /// Handle a batch of peer messages with the local acceptor, unchecked (tests); one answer
+    /// per message.
     pub fn on_peer_batch(&self, batch: &[Envelope]) -> Vec<Option<Envelope>> {
         let now = self.now();
         let mut flease = self.acceptor(Protocol::Flease);
@@ -190,6 +192,37 @@ impl FleaseService {
                 Protocol::PaxosLease => paxos.on_message(m, now),
             })
             .collect()
+    }
+
+    /// Handle a batch that node `sender` sent, this node's membership being `members`: a
+    /// message that fails the acceptor's admission ([`validate::check_incoming`]: impossible
+    /// values, or identities that disagree) gets no answer, and why is returned.
+    pub fn on_peer_batch_from(
+        &self,
+        sender: NodeId,
+        members: &BTreeSet<NodeId>,
+        batch: &[Envelope],
+    ) -> (Vec<Option<Envelope>>, Vec<String>) {
+        let now = self.now();
+        let mut refusals = Vec::new();
+        let mut flease = self.acceptor(Protocol::Flease);
+        let mut paxos = self.acceptor(Protocol::PaxosLease);
+        let answers = batch
+            .iter()
+            .map(|m| {
+                if let Err(why) =
+                    validate::check_incoming(m, sender, self.me, members, &self.cfg, now)
+                {
+                    refusals.push(why);
+                    return None;
+                }
+                match m.proto {
+                    Protocol::Flease => flease.on_message(m, now),
+                    Protocol::PaxosLease => paxos.on_message(m, now),
+                }
+            })
+            .collect();
+        (answers, refusals)
     }
 
     /// Deliver one message and wait for its answer (None: lost, refused or timed out).

@@ -32,7 +32,7 @@ use crate::domain::lease::{
     ClockReading, LeaseTracker, RefreshError, TrackerConfig, checkpoint_command, clear_command,
     expire_command, should_track,
 };
-use crate::domain::limits::InvalidInput;
+use crate::domain::limits::{InvalidInput, TtlBounds};
 use crate::metrics::Histogram;
 use crate::raft::consensus::{Consensus, ConsensusError, Delivery, Forwardable};
 use crate::raft::network::routes;
@@ -78,13 +78,15 @@ impl LeaseConfig {
     }
 
     pub fn check_ttl(&self, ttl_ms: u64) -> Result<(), InvalidInput> {
-        if ttl_ms < self.min_ttl_ms || ttl_ms > self.max_ttl_ms {
-            return Err(InvalidInput::Invalid(format!(
-                "ttl_ms must be between {} and {} (got {ttl_ms})",
-                self.min_ttl_ms, self.max_ttl_ms
-            )));
+        self.ttl_bounds().check(ttl_ms)
+    }
+
+    /// The TTLs a registration may ask for.
+    pub fn ttl_bounds(&self) -> TtlBounds {
+        TtlBounds {
+            min_ms: self.min_ttl_ms,
+            max_ms: self.max_ttl_ms,
         }
-        Ok(())
     }
 }
 

@@ -88,6 +88,7 @@
 
 pub mod acceptor;
 pub mod proposer;
+pub mod validate;
 
 use serde::{Deserialize, Serialize};
 
