@@ -405,13 +405,6 @@ impl Node {
         );
 
         let tasks = TaskTracker::new();
-        {
-            let mut reloadable: Vec<Arc<dyn Reload>> = Vec::new();
-            reloadable.extend(client_tls.clone().map(|t| t as Arc<dyn Reload>));
-            reloadable.extend(peer_server_tls.clone().map(|t| t as Arc<dyn Reload>));
-            reloadable.extend(consensus.peers().tls().map(|t| t as Arc<dyn Reload>));
-            tasks.spawn(run_reloader(reloadable, RELOAD_POLL, cancel.clone()));
-        }
         tasks.spawn(proposal_queue.run(cancel.clone()));
         tasks.spawn(
             LogCompactor {
@@ -441,6 +434,14 @@ impl Node {
         ));
         tasks.spawn(flease.clone().run_maintenance(cancel.clone()));
         let metrics = Arc::new(Metrics::default());
+        {
+            let mut reloadable: Vec<Arc<dyn Reload>> = Vec::new();
+            reloadable.extend(client_tls.clone().map(|t| t as Arc<dyn Reload>));
+            reloadable.extend(peer_server_tls.clone().map(|t| t as Arc<dyn Reload>));
+            reloadable.extend(consensus.peers().tls().map(|t| t as Arc<dyn Reload>));
+            let _ = metrics.tls.set(reloadable.clone());
+            tasks.spawn(run_reloader(reloadable, RELOAD_POLL, cancel.clone()));
+        }
         let state = AppState {
             consensus: consensus.clone(),
             limits: cfg.limits,

@@ -398,16 +398,29 @@ impl<T> Reloadable<T> {
 
 /// Something [`run_reloader`] can reload (type-erased [`Reloadable`]).
 pub trait Reload: Send + Sync {
+    /// What it is ("client listener", "peer listener", "peer client").
+    fn what(&self) -> &'static str;
     fn files(&self) -> &[PathBuf];
     fn reload(&self) -> bool;
+    /// Successful and failed reloads so far.
+    fn counts(&self) -> (u64, u64);
 }
 
 impl<T: Send + Sync> Reload for Reloadable<T> {
+    fn what(&self) -> &'static str {
+        self.what
+    }
     fn files(&self) -> &[PathBuf] {
         &self.files
     }
     fn reload(&self) -> bool {
         Reloadable::reload(self)
+    }
+    fn counts(&self) -> (u64, u64) {
+        (
+            self.reloads.load(Ordering::Relaxed),
+            self.reload_failures.load(Ordering::Relaxed),
+        )
     }
 }
 
