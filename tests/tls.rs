@@ -259,6 +259,33 @@ async fn three_nodes_with_client_and_peer_tls() {
     .await;
     assert_eq!(lease.holder.as_deref(), Some("me"));
 
+    // The CLI (global --cacert/--cert/--key; `--key` is not the positional KEY) and the
+    // benchmark over https.
+    let cli = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_leasecore"))
+            .args(args)
+            .args(["--endpoints", &addrs.join(",")])
+            .arg("--cacert")
+            .arg(certs.join("ca.pem"))
+            .arg("--cert")
+            .arg(certs.join("client.pem"))
+            .arg("--key")
+            .arg(certs.join("client-key.pem"))
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "leasecore {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).to_string()
+    };
+    cli(&["kv", "put", "tls/cli", "from-cli"]);
+    assert_eq!(cli(&["kv", "get", "tls/cli"]).trim(), "from-cli");
+    let bench = cli(&["bench", "put", "-c", "2", "-d", "0.5", "--json"]);
+    let bench: serde_json::Value = serde_json::from_str(bench.trim()).unwrap();
+    assert!(bench["ok"].as_u64().unwrap() > 0, "{bench}");
+
     // Client port: plaintext, or TLS without a client certificate, is refused at the
     // handshake; the node goes on serving.
     let addr = &addrs[0];

@@ -61,13 +61,14 @@ impl ServeTlsArgs {
 #[derive(Args, Clone, Debug)]
 pub struct ClientTlsArgs {
     /// CA (PEM) to verify https endpoints with (default: the system's trust store).
-    #[arg(long, global = true, env = "LEASECORE_CACERT")]
+    #[arg(long = "cacert", id = "tls_cacert", global = true, env = "LEASECORE_CACERT")]
     pub cacert: Option<PathBuf>,
     /// Client certificate (PEM) to present (for servers with --client-cert-auth).
-    #[arg(long, global = true, env = "LEASECORE_CERT")]
+    #[arg(long = "cert", id = "tls_cert", global = true, env = "LEASECORE_CERT")]
     pub cert: Option<PathBuf>,
     /// Private key (PEM) of --cert.
-    #[arg(long, global = true, env = "LEASECORE_KEY")]
+    // Its own id: `kv get KEY` has a positional named `key`.
+    #[arg(long = "key", id = "tls_key", global = true, env = "LEASECORE_KEY")]
     pub key: Option<PathBuf>,
 }
 
