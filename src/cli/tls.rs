@@ -61,7 +61,12 @@ impl ServeTlsArgs {
 #[derive(Args, Clone, Debug)]
 pub struct ClientTlsArgs {
     /// CA (PEM) to verify https endpoints with (default: the system's trust store).
-    #[arg(long = "cacert", id = "tls_cacert", global = true, env = "LEASECORE_CACERT")]
+    #[arg(
+        long = "cacert",
+        id = "tls_cacert",
+        global = true,
+        env = "LEASECORE_CACERT"
+    )]
     pub cacert: Option<PathBuf>,
     /// Client certificate (PEM) to present (for servers with --client-cert-auth).
     #[arg(long = "cert", id = "tls_cert", global = true, env = "LEASECORE_CERT")]
