@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
 # Run a local leasecore cluster on loopback.
-#   scripts/cluster.sh start [N]   build, then start N nodes (default 3) on 127.0.0.1:7001..
-#                                  (client ports; each node's peer port is its client port + 1000)
+#   scripts/cluster.sh start [N] [--tls]
+#                                  build, then start N nodes (default 3) on 127.0.0.1:7001..
+#                                  (client ports; each node's peer port is its client port + 1000);
+#                                  --tls: https on the client ports and mutual TLS between peers,
+#                                  with throw-away certificates from scripts/certs.sh in
+#                                  $DIR/certs (clients: --cacert $DIR/certs/ca.pem)
 #   scripts/cluster.sh stop        stop them (SIGTERM, then SIGKILL after 10 s)
 #   scripts/cluster.sh status      show the cluster as node 1 sees it
 #   scripts/cluster.sh kill ID     SIGKILL one node (for failover experiments)
@@ -30,12 +34,24 @@ peers() {
   echo "$list"
 }
 
+# The TLS flags of node $1 when the cluster runs with --tls (recorded in $DIR/tls).
+tls_flags() {
+  [ -e "$DIR/tls" ] || return 0
+  local c="$DIR/certs"
+  echo "--cert-file $c/node-$1.pem --key-file $c/node-$1-key.pem" \
+    "--peer-cert-file $c/peer-$1.pem --peer-key-file $c/peer-$1-key.pem --peer-trusted-ca-file $c/ca.pem"
+}
+
+scheme() { if [ -e "$DIR/tls" ]; then echo https; else echo http; fi; }
+curl_tls() { if [ -e "$DIR/tls" ]; then echo "--cacert $DIR/certs/ca.pem"; fi; }
+
 start_node() {
   local id=$1 n=$2
   mkdir -p "$DIR"
   # The peer listener binds the client port + 1000 (--peer-listen); peers find it there.
+  # shellcheck disable=SC2046
   "$BIN" serve --id "$id" --listen "127.0.0.1:$((BASE_PORT + id - 1))" \
-    --peer-listen "127.0.0.1:$((BASE_PORT + id - 1 + 1000))" \
+    --peer-listen "127.0.0.1:$((BASE_PORT + id - 1 + 1000))" $(tls_flags "$id") \
     --data "$DIR/node-$id" --peers "$(peers "$n")" >>"$DIR/node-$id.log" 2>&1 &
   echo $! >"$DIR/node-$id.pid"
   echo "$n" >"$DIR/size"
@@ -72,7 +88,8 @@ check_alive() {
 
 wait_ready() {
   local deadline=$((SECONDS + 30))
-  until curl -fsS "http://127.0.0.1:$BASE_PORT/v1/cluster" 2>/dev/null | grep -q '"leader_id":[0-9]'; do
+  # shellcheck disable=SC2046
+  until curl -fsS $(curl_tls) "$(scheme)://127.0.0.1:$BASE_PORT/v1/cluster" 2>/dev/null | grep -q '"leader_id":[0-9]'; do
     if [ $SECONDS -ge $deadline ]; then echo "no leader after 30 s; see $DIR/*.log" >&2; exit 1; fi
     sleep 0.2
   done
@@ -80,11 +97,22 @@ wait_ready() {
 
 case "${1:-}" in
   start)
-    n=${2:-3}
+    shift
+    n=3 tls=0
+    for a in "$@"; do
+      case "$a" in --tls) tls=1 ;; *) n=$a ;; esac
+    done
     if [ -n "$(running)" ]; then
       echo "a cluster is already running from $DIR (pids $(running | tr '\n' ' '));" \
         "run '$0 stop' first" >&2
       exit 1
+    fi
+    mkdir -p "$DIR"
+    if [ "$tls" = 1 ]; then
+      scripts/certs.sh "$DIR/certs" "$n" >/dev/null
+      touch "$DIR/tls"
+    else
+      rm -f "$DIR/tls"
     fi
     build
     for id in $(seq 1 "$n"); do start_node "$id" "$n"; done
@@ -95,7 +123,7 @@ case "${1:-}" in
       exit 1
     fi
     echo "leasecore: $n nodes on 127.0.0.1:$BASE_PORT..$((BASE_PORT + n - 1)) (peer ports $((BASE_PORT + 1000))..$((BASE_PORT + 999 + n))); logs in $DIR/"
-    echo "try: curl -s -XPUT localhost:$BASE_PORT/v1/kv/hello -d '{\"value\":\"world\"}'"
+    echo "try: curl -s $(curl_tls) -XPUT $(scheme)://localhost:$BASE_PORT/v1/kv/hello -d '{\"value\":\"world\"}'"
     ;;
   stop)
     for f in "$DIR"/node-*.pid; do
@@ -112,7 +140,9 @@ case "${1:-}" in
     echo "stopped"
     ;;
   status)
-    "$BIN" cluster status --endpoints "http://127.0.0.1:$BASE_PORT"
+    # shellcheck disable=SC2046
+    "$BIN" cluster status --endpoints "$(scheme)://127.0.0.1:$BASE_PORT" \
+      $(if [ -e "$DIR/tls" ]; then echo "--cacert $DIR/certs/ca.pem"; fi)
     ;;
   kill)
     kill -KILL "$(cat "$DIR/node-$2.pid")" && rm -f "$DIR/node-$2.pid"
@@ -125,6 +155,6 @@ case "${1:-}" in
     start_node "$2" "$(cat "$DIR/size")"
     ;;
   *)
-    sed -n '2,9p' "$0"; exit 2
+    sed -n '2,14p' "$0"; exit 2
     ;;
 esac

@@ -16,6 +16,10 @@ fi
 if ! command -v curl >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
   echo "installing curl"; (apt-get update -qq && apt-get install -y -qq curl) >/dev/null
 fi
+# openssl makes the throw-away certificates of the TLS tests (scripts/certs.sh).
+if ! command -v openssl >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+  echo "installing openssl"; (apt-get update -qq && apt-get install -y -qq openssl) >/dev/null
+fi
 
 scripts/check-layering.sh
 

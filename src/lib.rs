@@ -29,4 +29,5 @@ pub mod node;
 pub mod raft;
 pub mod runtime;
 pub mod storage;
+pub mod tls;
 pub mod wire;

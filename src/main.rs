@@ -31,6 +31,8 @@ use std::sync::Arc;
 
 #[path = "cli/resources.rs"]
 mod cli_resources;
+#[path = "cli/tls.rs"]
+mod cli_tls;
 #[path = "cli/cluster_health.rs"]
 mod cluster_health;
 
@@ -189,6 +191,8 @@ struct ServeArgs {
     flease_round_ms: u64,
     #[command(flatten)]
     resources: cli_resources::ResourceArgs,
+    #[command(flatten)]
+    tls: cli_tls::ServeTlsArgs,
 }
 
 #[derive(Args, Clone)]
@@ -205,6 +209,17 @@ struct ConnArgs {
     /// Print the server's JSON documents as they are.
     #[arg(long, global = true)]
     json: bool,
+    #[command(flatten)]
+    tls: cli_tls::ClientTlsArgs,
+}
+
+impl ConnArgs {
+    /// The client of these endpoints: every client command builds its clients through here
+    /// (or after it: it also installs the TLS flags for the whole process).
+    fn client(&self) -> Result<Client, ClientError> {
+        self.tls.install()?;
+        Client::new(&self.endpoints)
+    }
 }
 
 #[derive(Subcommand)]
@@ -452,9 +467,10 @@ fn main() -> ExitCode {
                 report(agent(cfg, verbose, &conn).await)
             }
             Command::Bench(args) => report(run_bench(args).await),
-            Command::Snapshot { cmd, conn } => {
-                cli_snapshot::run(cmd, &conn.endpoints, conn.json).await
-            }
+            Command::Snapshot { cmd, conn } => match conn.tls.install() {
+                Ok(()) => cli_snapshot::run(cmd, &conn.endpoints, conn.json).await,
+                Err(e) => report(Err(e)),
+            },
         }
     })
 }
@@ -495,6 +511,10 @@ async fn serve(args: ServeArgs) -> ExitCode {
     cfg.limits.max_leases = args.max_leases;
     cfg.cache_bytes = args.cache_mb << 20;
     args.resources.apply(&mut cfg);
+    if let Err(e) = args.tls.apply(&mut cfg) {
+        eprintln!("error: {e}");
+        return ExitCode::FAILURE;
+    }
     cfg.flease = FleaseConfig::derived(
         args.flease_lease_ms,
         args.flease_eps_ms,
@@ -570,7 +590,7 @@ fn print_json<T: Serialize>(v: &T) {
 }
 
 async fn kv(cmd: KvCmd, conn: &ConnArgs) -> Result<(), ClientError> {
-    let client = Client::new(&conn.endpoints)?;
+    let client = conn.client()?;
     match cmd {
         KvCmd::Put {
             key,
@@ -643,7 +663,7 @@ fn print_lease(l: &LeaseInfo) {
 }
 
 async fn lease(cmd: LeaseCmd, conn: &ConnArgs) -> Result<(), ClientError> {
-    let client = Arc::new(Client::new(&conn.endpoints)?);
+    let client = Arc::new(conn.client()?);
     match cmd {
         LeaseCmd::Grant { name, ttl_ms } => {
             let r = client.grant(&name, ttl_ms).await?;
@@ -765,7 +785,7 @@ async fn watch(
     from_revision: Option<u64>,
     conn: &ConnArgs,
 ) -> Result<(), ClientError> {
-    let client = Arc::new(Client::new(&conn.endpoints)?);
+    let client = Arc::new(conn.client()?);
     let filter = match key {
         Some(k) => WatchFilter::Key(k),
         None => WatchFilter::Prefix(prefix.unwrap_or_default()),
@@ -840,7 +860,7 @@ fn print_flease(v: &LeaseView) {
 }
 
 async fn flease(proto: Protocol, cmd: FleaseCmd, conn: &ConnArgs) -> Result<(), ClientError> {
-    let client = Client::new(&conn.endpoints)?;
+    let client = conn.client()?;
     match cmd {
         FleaseCmd::Acquire {
             resource,
@@ -899,7 +919,7 @@ async fn flease(proto: Protocol, cmd: FleaseCmd, conn: &ConnArgs) -> Result<(), 
 }
 
 async fn member(cmd: MemberCmd, conn: &ConnArgs) -> Result<(), ClientError> {
-    let client = Client::new(&conn.endpoints)?;
+    let client = conn.client()?;
     match cmd {
         MemberCmd::List => {
             let r = client.members().await?;
@@ -942,7 +962,7 @@ async fn member(cmd: MemberCmd, conn: &ConnArgs) -> Result<(), ClientError> {
 }
 
 async fn agent(cfg: AgentConfig, verbose: bool, conn: &ConnArgs) -> Result<(), ClientError> {
-    let client = Arc::new(Client::new(&conn.endpoints)?);
+    let client = Arc::new(conn.client()?);
     let id = cfg.id.clone();
     run_agent(client, cfg, shutdown_signal(), |event| match event {
         AgentEvent::Heartbeat { .. } if !verbose => {}
@@ -959,7 +979,7 @@ async fn agent(cfg: AgentConfig, verbose: bool, conn: &ConnArgs) -> Result<(), C
 }
 
 async fn cluster(cmd: ClusterCmd, conn: &ConnArgs) -> Result<(), ClientError> {
-    let client = Client::new(&conn.endpoints)?;
+    let client = conn.client()?;
     let view = match cmd {
         ClusterCmd::Status { ready } => {
             return cluster_health::status(&conn.endpoints, conn.json, ready).await;
@@ -1006,6 +1026,7 @@ fn print_result<T: Serialize + std::fmt::Debug>(r: &T, json: bool) {
 
 async fn run_bench(args: BenchArgs) -> Result<(), ClientError> {
     use leasecore::bench::experiments;
+    args.conn.tls.install()?;
     match args.workload.as_str() {
         "watch" => {
             let r = experiments::watch_latency(

@@ -77,6 +77,8 @@ pub struct Metrics {
     pub peer_conns: Arc<ConnStats>,
     /// Peer messages refused, by reason (a fixed set: bounded).
     peer_refused: Mutex<BTreeMap<&'static str, u64>>,
+    /// The node's reloadable TLS configs (set once at start; empty without TLS).
+    pub tls: std::sync::OnceLock<Vec<Arc<dyn crate::tls::Reload>>>,
 }
 
 impl Metrics {
@@ -160,6 +162,28 @@ impl Metrics {
                 out,
                 "leasecore_peer_refused_total{{reason=\"{reason}\"}} {n}"
             );
+        }
+        if let Some(tls) = self.tls.get().filter(|t| !t.is_empty()) {
+            for (name, help, failed) in [
+                (
+                    "leasecore_tls_reloads_total",
+                    "TLS configurations rebuilt from their files (SIGHUP or a changed file).",
+                    false,
+                ),
+                (
+                    "leasecore_tls_reload_failures_total",
+                    "TLS reloads that failed (the previous configuration stayed in force).",
+                    true,
+                ),
+            ] {
+                let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
+                for r in tls {
+                    let (ok, bad) = r.counts();
+                    let what = r.what();
+                    let v = if failed { bad } else { ok };
+                    let _ = writeln!(out, "{name}{{config=\"{what}\"}} {v}");
+                }
+            }
         }
 
         let requests = self

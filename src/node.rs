@@ -53,6 +53,7 @@ use crate::runtime::lease::{DEFAULT_MIN_TTL_MS, LeaseConfig, LeaseHub, LeaseServ
 use crate::runtime::quorum::QuorumWatchdog;
 use crate::runtime::watch::WatchHub;
 use crate::storage;
+use crate::tls::{PeerTls, RELOAD_POLL, Reload, Reloadable, ServerTls, TlsError, run_reloader};
 
 /// Raft timing, in milliseconds.
 #[derive(Clone, Copy, Debug)]
@@ -121,6 +122,11 @@ pub struct NodeConfig {
     /// How long adding a node waits for it to answer and catch up before it is promoted to
     /// voter; on timeout it stays a learner (add it again to resume waiting).
     pub catch_up_ms: u64,
+    /// TLS on the client listener (`None`: plaintext).
+    pub client_tls: Option<ServerTls>,
+    /// Mutual TLS on the peer side, listener and outgoing client (`None`: plaintext). Every
+    /// node of a cluster must agree: the scheme peers are dialed with follows this setting.
+    pub peer_tls: Option<PeerTls>,
 }
 
 /// The default of [`NodeConfig::snapshot_log_bytes`].
@@ -158,6 +164,8 @@ impl NodeConfig {
             flease: FleaseConfig::default(),
             peer_probe: Duration::from_secs(2),
             catch_up_ms: 10_000,
+            client_tls: None,
+            peer_tls: None,
         }
     }
 
@@ -211,6 +219,8 @@ pub enum NodeError {
     Raft(String),
     #[error("forming the cluster: {0}")]
     Initialize(#[from] ConsensusError),
+    #[error("TLS: {0}")]
+    Tls(#[from] TlsError),
     /// The data dir is empty and starting would rejoin a running cluster as a member that lost
     /// its data (`leasecore serve` exits with [`EXIT_REFUSED`]).
     #[error("refusing to start: {0}")]
@@ -306,6 +316,17 @@ impl Node {
             peer_address(a).map_err(NodeError::Config)?;
         }
         let raft_config = Arc::new(cfg.raft_config()?);
+        // TLS files are read before anything else starts: a bad file stops the start with
+        // a message that names it.
+        let client_tls = server_tls("client listener", cfg.client_tls.as_ref())?;
+        let peer_server_tls = server_tls(
+            "peer listener",
+            cfg.peer_tls.as_ref().map(PeerTls::server).as_ref(),
+        )?;
+        let peers = match &cfg.peer_tls {
+            Some(tls) => PeerClient::with_tls(cfg.id, tls)?,
+            None => PeerClient::new(cfg.id),
+        };
         cfg.flease
             .validate()
             .map_err(|e| NodeError::Config(e.to_string()))?;
@@ -327,7 +348,7 @@ impl Node {
             DataDir::Existing
         };
         if data == DataDir::Empty && !cfg.peer_probe.is_zero() {
-            let reports = probe_peers(cfg.id, &cfg.peers, cfg.peer_probe).await;
+            let reports = probe_peers(cfg.id, &cfg.peers, &peers, cfg.peer_probe).await;
             if let Err(refusal) = may_start(cfg.id, data, cfg.join, &reports) {
                 return Err(NodeError::Refused(refusal));
             }
@@ -362,7 +383,6 @@ impl Node {
         .await;
         let state_machine_dropped = state_machine.dropped();
 
-        let peers = PeerClient::new(cfg.id);
         let faults = peers.faults();
         let flease_peers = peers.clone();
         let raft = Raft::new(
@@ -414,6 +434,14 @@ impl Node {
         ));
         tasks.spawn(flease.clone().run_maintenance(cancel.clone()));
         let metrics = Arc::new(Metrics::default());
+        {
+            let mut reloadable: Vec<Arc<dyn Reload>> = Vec::new();
+            reloadable.extend(client_tls.clone().map(|t| t as Arc<dyn Reload>));
+            reloadable.extend(peer_server_tls.clone().map(|t| t as Arc<dyn Reload>));
+            reloadable.extend(consensus.peers().tls().map(|t| t as Arc<dyn Reload>));
+            let _ = metrics.tls.set(reloadable.clone());
+            tasks.spawn(run_reloader(reloadable, RELOAD_POLL, cancel.clone()));
+        }
         let state = AppState {
             consensus: consensus.clone(),
             limits: cfg.limits,
@@ -430,18 +458,20 @@ impl Node {
                 http::client_router(state.clone()),
                 cfg.client_limits,
                 metrics.client_conns.clone(),
+                client_tls,
             ),
             (
                 peer_listener,
                 http::peer_router(state),
                 cfg.peer_limits,
                 metrics.peer_conns.clone(),
+                peer_server_tls,
             ),
         ];
-        for (listener, app, limits, stats) in servers {
+        for (listener, app, limits, stats, tls) in servers {
             let cancel = cancel.clone();
             tasks.spawn(async move {
-                if let Err(e) = serve_limited(listener, app, cancel, limits, stats).await {
+                if let Err(e) = serve_limited(listener, app, cancel, limits, stats, tls).await {
                     tracing::error!(error = %e, "HTTP server failed");
                 }
             });
@@ -487,7 +517,15 @@ impl Node {
             node.shutdown().await;
             return Err(e.into());
         }
-        tracing::info!(id = cfg.id, %addr, %peer_addr, advertise = %node.advertise, "node started");
+        tracing::info!(
+            id = cfg.id,
+            %addr,
+            %peer_addr,
+            advertise = %node.advertise,
+            client_tls = cfg.client_tls.is_some(),
+            peer_tls = cfg.peer_tls.is_some(),
+            "node started"
+        );
         Ok(node)
     }
 
@@ -614,6 +652,20 @@ async fn stop_on_fatal(consensus: Consensus, cancel: CancellationToken) {
             },
         }
     }
+}
+
+/// A listener's reloadable TLS config, built now (`None`: plaintext).
+fn server_tls(
+    what: &'static str,
+    tls: Option<&ServerTls>,
+) -> Result<Option<Arc<Reloadable<rustls::ServerConfig>>>, TlsError> {
+    let Some(tls) = tls.cloned() else {
+        return Ok(None);
+    };
+    let files = tls.files();
+    Ok(Some(Arc::new(Reloadable::new(what, files, move || {
+        tls.build()
+    })?)))
 }
 
 async fn bind(addr: &str) -> Result<tokio::net::TcpListener, NodeError> {

@@ -32,11 +32,11 @@ pub async fn gauge(http: &reqwest::Client, endpoint: &str, name: &str) -> Result
 }
 
 fn http_client() -> reqwest::Client {
-    reqwest::Client::builder()
+    crate::client::http_builder()
         .tcp_nodelay(true)
         .pool_max_idle_per_host(usize::MAX)
         .build()
-        .expect("a plain HTTP client always builds")
+        .expect("an HTTP client with a built TLS config always builds")
 }
 
 /// Wake-up latency at N watchers.

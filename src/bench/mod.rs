@@ -281,12 +281,12 @@ async fn worker(
     opts: &BenchOptions,
     deadline: Instant,
 ) -> (Vec<u32>, u64) {
-    let http = reqwest::Client::builder()
+    let http = crate::client::http_builder()
         .pool_max_idle_per_host(1)
         .tcp_nodelay(true)
         .timeout(Duration::from_secs(10))
         .build()
-        .expect("a plain HTTP client always builds");
+        .expect("an HTTP client with a built TLS config always builds");
     let mut latencies = Vec::new();
     let mut errors = 0u64;
     // Workers start at different keys so that they do not write the same key in lockstep.

@@ -112,7 +112,7 @@ fn print_header(h: &BackupHeader, json: bool) {
 
 /// Fetch a backup from the first endpoint that serves one, verify it, write it atomically.
 async fn save(file: &Path, endpoints: &[String], local: bool) -> Result<BackupHeader, String> {
-    let http = reqwest::Client::builder()
+    let http = leasecore::client::http_builder()
         // A large state takes a while to encode and send; bounded all the same.
         .timeout(Duration::from_secs(600))
         .connect_timeout(Duration::from_secs(5))

@@ -11,6 +11,11 @@
 //!
 //! [`LeaseKeeper`] (in [`keeper`]) keeps a lease alive and tracks its validity on the client's
 //! own monotonic clock.
+//!
+//! TLS: `https://` endpoints are verified against the CA given with [`Client::with_tls`] (or,
+//! for every client the process builds, once with [`use_tls`]: the CLI's `--cacert`,
+//! `--cert`, `--key`), else against the platform's trust store; a client certificate is
+//! presented when one is given. With TLS configured, a bare `host:port` endpoint means https.
 
 pub mod agent;
 pub mod keeper;
@@ -18,6 +23,7 @@ pub mod watcher;
 pub use keeper::{LeaseKeeper, LeaseStatus};
 pub use watcher::{WatchFilter, WatchItem, Watcher};
 
+use std::sync::OnceLock;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
@@ -124,6 +130,46 @@ pub struct CallOptions {
     pub timeout: Option<Duration>,
 }
 
+/// The TLS every client of this process uses unless given its own (set once, by [`use_tls`]).
+static PROCESS_TLS: OnceLock<rustls::ClientConfig> = OnceLock::new();
+/// The files [`PROCESS_TLS`] was built from.
+static PROCESS_TLS_FILES: OnceLock<crate::tls::ClientTls> = OnceLock::new();
+
+/// Use `tls` for every client this process builds from now on without a TLS of its own
+/// ([`Client::new`], [`Client::with_timeout`], [`http_builder`]): the CLI calls it once with
+/// its `--cacert`/`--cert`/`--key`. Calling it again with the same files is a no-op; with
+/// other files it is refused.
+pub fn use_tls(tls: &crate::tls::ClientTls) -> Result<(), ClientError> {
+    if let Some(set) = PROCESS_TLS_FILES.get() {
+        return if set == tls {
+            Ok(())
+        } else {
+            Err(ClientError::Usage("the client TLS is already set".into()))
+        };
+    }
+    let config = tls.build().map_err(|e| ClientError::Usage(e.to_string()))?;
+    if PROCESS_TLS_FILES.set(tls.clone()).is_ok() {
+        let _ = PROCESS_TLS.set(config);
+    }
+    Ok(())
+}
+
+/// A reqwest builder with the process's client TLS (see [`use_tls`]), for callers that talk
+/// HTTP themselves (the benchmark's workers, snapshot downloads).
+pub fn http_builder() -> reqwest::ClientBuilder {
+    with_tls_backend(reqwest::Client::builder(), PROCESS_TLS.get().cloned())
+}
+
+fn with_tls_backend(
+    builder: reqwest::ClientBuilder,
+    tls: Option<rustls::ClientConfig>,
+) -> reqwest::ClientBuilder {
+    match tls {
+        Some(config) => builder.tls_backend_preconfigured(config),
+        None => builder,
+    }
+}
+
 /// A client of a leasecore cluster.
 pub struct Client {
     endpoints: Vec<String>,
@@ -145,15 +191,35 @@ impl Client {
         endpoints: &[S],
         timeout: Duration,
     ) -> Result<Self, ClientError> {
+        Self::build(endpoints, timeout, PROCESS_TLS.get().cloned())
+    }
+
+    /// A client that verifies servers and presents a certificate as `tls` says (whatever
+    /// [`use_tls`] set).
+    pub fn with_tls<S: AsRef<str>>(
+        endpoints: &[S],
+        timeout: Duration,
+        tls: &crate::tls::ClientTls,
+    ) -> Result<Self, ClientError> {
+        let config = tls.build().map_err(|e| ClientError::Usage(e.to_string()))?;
+        Self::build(endpoints, timeout, Some(config))
+    }
+
+    fn build<S: AsRef<str>>(
+        endpoints: &[S],
+        timeout: Duration,
+        tls: Option<rustls::ClientConfig>,
+    ) -> Result<Self, ClientError> {
+        let scheme = if tls.is_some() { "https" } else { "http" };
         let endpoints: Vec<String> = endpoints
             .iter()
-            .map(|e| normalize_endpoint(e.as_ref()))
+            .map(|e| normalize_endpoint(e.as_ref(), scheme))
             .filter(|e| !e.is_empty())
             .collect();
         if endpoints.is_empty() {
             return Err(ClientError::Usage("no endpoint given".into()));
         }
-        let http = reqwest::Client::builder()
+        let http = with_tls_backend(reqwest::Client::builder(), tls)
             .connect_timeout(Duration::from_secs(2))
             .timeout(timeout)
             // Below the server's header timeout (10 s by default): a pooled connection is
@@ -573,12 +639,13 @@ impl Client {
     }
 }
 
-fn normalize_endpoint(e: &str) -> String {
+/// `scheme://host:port` (a bare `host:port` gets `scheme`).
+fn normalize_endpoint(e: &str, scheme: &str) -> String {
     let e = e.trim().trim_end_matches('/');
     if e.is_empty() || e.starts_with("http://") || e.starts_with("https://") {
         e.to_string()
     } else {
-        format!("http://{e}")
+        format!("{scheme}://{e}")
     }
 }
 
@@ -614,9 +681,10 @@ mod tests {
     #[test]
     fn endpoints_are_normalized() {
         assert_eq!(
-            normalize_endpoint("127.0.0.1:7001/"),
+            normalize_endpoint("127.0.0.1:7001/", "http"),
             "http://127.0.0.1:7001"
         );
-        assert_eq!(normalize_endpoint("http://h:1"), "http://h:1");
+        assert_eq!(normalize_endpoint("http://h:1", "https"), "http://h:1");
+        assert_eq!(normalize_endpoint("h:1", "https"), "https://h:1");
     }
 }

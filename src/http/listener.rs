@@ -12,6 +12,12 @@
 //!   connection idle the longest (never one with a request in flight) to admit the new one,
 //!   and refuses the new one only when every held connection is busy. So a flood of idle
 //!   sockets can neither exhaust descriptors nor lock out `/health`;
+//! - TLS, when configured ([`ServerTlsConfig`]): the handshake runs inside the connection's
+//!   task, bounded by the header timeout, and the connection counts toward the cap (and is
+//!   evictable, as it has no request in flight) from accept on. A failed handshake (plaintext
+//!   to a TLS port, an untrusted or missing client certificate) closes the connection,
+//!   logs at debug and counts in `connections_tls_handshake_failures_total`. Each new
+//!   connection takes the config in force at accept (a reload swaps it, see `crate::tls`);
 //! - counters of all of it ([`ConnStats`], in `/metrics`).
 //!
 //! # Invariants
@@ -40,11 +46,16 @@ use http_body::{Frame, SizeHint};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::domain::resources::{Admission, ConnId, ConnTable};
+use crate::tls::Reloadable;
+
+/// A listener's TLS: the rustls config in force, swapped on reload.
+pub type ServerTlsConfig = Arc<Reloadable<rustls::ServerConfig>>;
 
 /// How long in-flight requests get to finish when the node stops.
 pub const DRAIN: Duration = Duration::from_secs(5);
@@ -85,11 +96,13 @@ pub struct ConnStats {
     pub header_timeouts: AtomicU64,
     /// The cap in force.
     pub max: AtomicU64,
+    /// TLS handshakes that failed or timed out (the connection was closed).
+    pub tls_handshake_failures: AtomicU64,
 }
 
 impl ConnStats {
     /// Gauges and counters as (name suffix, help, value).
-    pub fn snapshot(&self) -> [(&'static str, &'static str, u64); 6] {
+    pub fn snapshot(&self) -> [(&'static str, &'static str, u64); 7] {
         let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
         [
             ("connections_open", "Connections held now.", g(&self.open)),
@@ -114,6 +127,11 @@ impl ConnStats {
                 "Connections closed because a request's headers did not arrive in time.",
                 g(&self.header_timeouts),
             ),
+            (
+                "connections_tls_handshake_failures_total",
+                "TLS handshakes that failed or timed out (plaintext to a TLS port, a refused certificate).",
+                g(&self.tls_handshake_failures),
+            ),
         ]
     }
 }
@@ -130,13 +148,15 @@ fn lock(r: &Shared) -> std::sync::MutexGuard<'_, Registry> {
     r.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// Serve `app` on `listener` under `limits` until `cancel` fires, then drain (bounded).
+/// Serve `app` on `listener` under `limits` until `cancel` fires, then drain (bounded). With
+/// `tls`, every connection is a TLS connection (see the module docs).
 pub async fn serve_limited(
     listener: TcpListener,
     app: Router,
     cancel: CancellationToken,
     limits: ListenerLimits,
     stats: Arc<ConnStats>,
+    tls: Option<ServerTlsConfig>,
 ) -> std::io::Result<()> {
     stats
         .max
@@ -201,88 +221,138 @@ pub async fn serve_limited(
         if let Err(e) = stream.set_nodelay(true) {
             tracing::debug!("TCP_NODELAY on an accepted connection: {e}");
         }
-        conns.spawn(serve_conn(
-            stream,
-            app.clone(),
+        let conn = Conn {
+            app: app.clone(),
             id,
-            registry.clone(),
+            registry: registry.clone(),
             close,
-            cancel.clone(),
-            limits.header_timeout,
-            stats.clone(),
-        ));
+            shutdown: cancel.clone(),
+            header_timeout: limits.header_timeout,
+            stats: stats.clone(),
+        };
+        match &tls {
+            None => conns.spawn(conn.serve(stream)),
+            Some(tls) => conns.spawn(conn.handshake_then_serve(stream, tls.current())),
+        };
     }
     conns.close();
     conns.wait().await;
     Ok(())
 }
 
-#[allow(clippy::too_many_arguments)]
-async fn serve_conn(
-    stream: tokio::net::TcpStream,
+/// One admitted connection and what it needs until it leaves the table.
+struct Conn {
     app: Router,
     id: ConnId,
     registry: Shared,
+    /// Fires when the connection is evicted or the listener stops.
     close: CancellationToken,
     shutdown: CancellationToken,
     header_timeout: Duration,
     stats: Arc<ConnStats>,
-) {
-    let inner = TowerToHyperService::new(app);
-    let reg = registry.clone();
-    let svc = hyper::service::service_fn(move |req: hyper::Request<Incoming>| {
-        let guard = InFlight::start(reg.clone(), id);
-        // The head is complete; the body gets as long again (a slowloris body would otherwise
-        // hold the connection and its handler for ever: hyper times out heads only).
-        let req = req.map(|body| DeadlineBody::new(body, header_timeout));
-        let fut = hyper::service::Service::call(&inner, req);
-        async move {
-            let resp = match fut.await {
-                Ok(resp) => resp,
-                Err(never) => match never {},
-            };
-            Ok::<_, Infallible>(resp.map(|body| {
-                Body::new(Guarded {
-                    inner: body,
-                    _guard: guard,
-                })
-            }))
-        }
-    });
-    let mut builder = hyper::server::conn::http1::Builder::new();
-    builder
-        .timer(TokioTimer::new())
-        .header_read_timeout(header_timeout)
-        .keep_alive(true);
-    let conn = builder.serve_connection(TokioIo::new(stream), svc);
-    tokio::pin!(conn);
-    let result = tokio::select! {
-        r = conn.as_mut() => r,
-        _ = close.cancelled() => {
-            if shutdown.is_cancelled() {
-                // Shutdown: in-flight requests get the drain time, then the connection goes.
-                conn.as_mut().graceful_shutdown();
-                tokio::time::timeout(DRAIN, conn.as_mut()).await.unwrap_or(Ok(()))
-            } else {
-                // Evicted: it has no request in flight (idle, or its headers still
-                // incomplete), so it is dropped at once; waiting would let a fast flood hold
-                // far more than the cap while evicted connections linger.
-                Ok(())
+}
+
+impl Conn {
+    /// The TLS handshake, bounded by the header timeout (a client that connects and says
+    /// nothing is a slowloris too) and cut short by eviction; then serve.
+    async fn handshake_then_serve(
+        self,
+        stream: tokio::net::TcpStream,
+        config: Arc<rustls::ServerConfig>,
+    ) {
+        let acceptor = tokio_rustls::TlsAcceptor::from(config);
+        let outcome = tokio::select! {
+            r = tokio::time::timeout(self.header_timeout, acceptor.accept(stream)) => Some(r),
+            _ = self.close.cancelled() => None,
+        };
+        match outcome {
+            Some(Ok(Ok(tls))) => return self.serve(tls).await,
+            Some(Ok(Err(e))) => {
+                self.stats
+                    .tls_handshake_failures
+                    .fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(error = %e, "TLS handshake failed");
             }
+            Some(Err(_)) => {
+                self.stats
+                    .tls_handshake_failures
+                    .fetch_add(1, Ordering::Relaxed);
+                self.stats.header_timeouts.fetch_add(1, Ordering::Relaxed);
+                tracing::debug!("TLS handshake timed out");
+            }
+            None => {}
         }
-    };
-    if let Err(e) = result {
-        if e.is_timeout() {
-            stats.header_timeouts.fetch_add(1, Ordering::Relaxed);
-        }
-        tracing::debug!(error = %e, "connection ended");
+        self.leave();
     }
+
+    async fn serve<S>(self, stream: S)
+    where
+        S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
-        let mut reg = lock(&registry);
-        reg.table.left(id);
-        reg.close.remove(&id);
+        let inner = TowerToHyperService::new(self.app.clone());
+        let reg = self.registry.clone();
+        let id = self.id;
+        let body_timeout = self.header_timeout;
+        let svc = hyper::service::service_fn(move |req: hyper::Request<Incoming>| {
+            let guard = InFlight::start(reg.clone(), id);
+            // The head is complete; the body gets as long again (a slowloris body would
+            // otherwise hold the connection and its handler for ever: hyper times out heads
+            // only).
+            let req = req.map(|body| DeadlineBody::new(body, body_timeout));
+            let fut = hyper::service::Service::call(&inner, req);
+            async move {
+                let resp = match fut.await {
+                    Ok(resp) => resp,
+                    Err(never) => match never {},
+                };
+                Ok::<_, Infallible>(resp.map(|body| {
+                    Body::new(Guarded {
+                        inner: body,
+                        _guard: guard,
+                    })
+                }))
+            }
+        });
+        let mut builder = hyper::server::conn::http1::Builder::new();
+        builder
+            .timer(TokioTimer::new())
+            .header_read_timeout(self.header_timeout)
+            .keep_alive(true);
+        let conn = builder.serve_connection(TokioIo::new(stream), svc);
+        tokio::pin!(conn);
+        let result = tokio::select! {
+            r = conn.as_mut() => r,
+            _ = self.close.cancelled() => {
+                if self.shutdown.is_cancelled() {
+                    // Shutdown: in-flight requests get the drain time, then the connection goes.
+                    conn.as_mut().graceful_shutdown();
+                    tokio::time::timeout(DRAIN, conn.as_mut()).await.unwrap_or(Ok(()))
+                } else {
+                    // Evicted: it has no request in flight (idle, or its headers still
+                    // incomplete), so it is dropped at once; waiting would let a fast flood hold
+                    // far more than the cap while evicted connections linger.
+                    Ok(())
+                }
+            }
+        };
+        if let Err(e) = result {
+            if e.is_timeout() {
+                self.stats.header_timeouts.fetch_add(1, Ordering::Relaxed);
+            }
+            tracing::debug!(error = %e, "connection ended");
+        }
+        self.leave();
     }
-    stats.open.fetch_sub(1, Ordering::Relaxed);
+
+    /// Out of the table and the gauge.
+    fn leave(self) {
+        {
+            let mut reg = lock(&self.registry);
+            reg.table.left(self.id);
+            reg.close.remove(&self.id);
+        }
+        self.stats.open.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 /// A request in flight on a connection, from its head until its response body is done.

@@ -190,6 +190,7 @@ pub fn route_table() -> Vec<RouteSpec> {
             Peer,
             post(peer::lease_refresh),
         ),
+        spec("POST", routes::STATUS, Peer, post(cluster::status)),
         spec(
             "POST",
             routes::LEASE_REMAINING,

@@ -1,7 +1,10 @@
 //! The peer network: openraft's RPCs and leasecore's forwarded calls over HTTP/JSON.
 //!
 //! One shared `reqwest::Client` (a connection pool) serves every peer. Every call has a
-//! deadline. Calls name a peer by its membership address (its client address) and go to its
+//! deadline. With peer TLS on, peers are reached with `https` and the client presents this
+//! node's peer certificate and trusts only the peer CA (mutual TLS); the scheme follows this
+//! node's own setting, so a cluster's peer side is all-TLS or all-plaintext. A TLS reload
+//! swaps the whole client (new connections use the new identity; pooled ones finish out). Calls name a peer by its membership address (its client address) and go to its
 //! peer listener, at [`crate::domain::resources::peer_address`] of it: peers never use the
 //! client port. Errors are classified the way openraft needs them: a connection that could not be
 //! made is `Unreachable` (openraft backs off), any other transport failure is `Network` (retry
@@ -47,6 +50,7 @@ use serde::de::DeserializeOwned;
 use super::{Entry, NodeId, SnapshotMeta, TypeConfig};
 use crate::domain::peer_trust::SENDER_HEADER;
 use crate::domain::resources::peer_address;
+use crate::tls::{PeerTls, Reloadable, TlsError};
 
 /// The largest AppendEntries payload sent in one request (estimated), unless a single entry is
 /// larger on its own.
@@ -90,6 +94,8 @@ pub mod routes {
     pub const ADMIN: &str = "/raft/admin";
     pub const LEASE_REFRESH: &str = "/raft/lease_refresh";
     pub const LEASE_REMAINING: &str = "/raft/lease_remaining";
+    /// This node's view of the cluster (`GET /v1/cluster`'s document), for the start-up probe.
+    pub const STATUS: &str = "/raft/status";
 }
 
 /// A failed peer call.
@@ -190,33 +196,86 @@ impl Contacts {
     }
 }
 
+/// How peers are reached: the reqwest client in force (swapped on a TLS reload) and the scheme.
+enum PeerHttp {
+    Plain(reqwest::Client),
+    Tls(Arc<Reloadable<reqwest::Client>>),
+}
+
 /// The shared HTTP client for peer traffic.
 #[derive(Clone)]
 pub struct PeerClient {
-    http: reqwest::Client,
+    http: Arc<PeerHttp>,
     faults: Arc<Faults>,
     contacts: Arc<Contacts>,
     /// This node's id, sent as [`SENDER_HEADER`].
     me: String,
 }
 
+/// The peer client's settings, with `tls` (a rustls config) when peer TLS is on.
+fn peer_http(tls: Option<rustls::ClientConfig>) -> Result<reqwest::Client, TlsError> {
+    let builder = reqwest::Client::builder()
+        .connect_timeout(Duration::from_millis(500))
+        // Shorter than the peer listener's header timeout (90 s), so that the server never
+        // closes a pooled connection just as a request is sent on it (that would turn a
+        // forwarded write into `outcome_unknown`).
+        .pool_idle_timeout(Duration::from_secs(30))
+        .tcp_nodelay(true);
+    let builder = match tls {
+        Some(config) => builder.tls_backend_preconfigured(config),
+        None => builder,
+    };
+    builder.build().map_err(|e| TlsError::Build(e.to_string()))
+}
+
 impl PeerClient {
-    /// The client of node `me`.
+    /// The plaintext peer client of node `me`.
     pub fn new(me: NodeId) -> Self {
-        let http = reqwest::Client::builder()
-            .connect_timeout(Duration::from_millis(500))
-            // Shorter than the peer listener's header timeout (90 s), so that the server never
-            // closes a pooled connection just as a request is sent on it (that would turn a
-            // forwarded write into `outcome_unknown`).
-            .pool_idle_timeout(Duration::from_secs(30))
-            .tcp_nodelay(true)
-            .build()
-            .expect("a plain HTTP client always builds");
+        let http = peer_http(None).expect("a plain HTTP client always builds");
+        Self::with_http(me, PeerHttp::Plain(http))
+    }
+
+    /// The peer client of node `me` that speaks mutual TLS with `tls` (reloadable: see
+    /// [`PeerClient::tls`]).
+    pub fn with_tls(me: NodeId, tls: &PeerTls) -> Result<Self, TlsError> {
+        let files = tls.client();
+        let reloadable = Reloadable::new("peer client", files.files(), move || {
+            peer_http(Some(files.build()?))
+        })?;
+        Ok(Self::with_http(me, PeerHttp::Tls(Arc::new(reloadable))))
+    }
+
+    fn with_http(me: NodeId, http: PeerHttp) -> Self {
         PeerClient {
-            http,
+            http: Arc::new(http),
             faults: Arc::default(),
             contacts: Arc::default(),
             me: me.to_string(),
+        }
+    }
+
+    /// The reloadable TLS client, when peer TLS is on (for the reloader).
+    pub fn tls(&self) -> Option<Arc<Reloadable<reqwest::Client>>> {
+        match &*self.http {
+            PeerHttp::Plain(_) => None,
+            PeerHttp::Tls(r) => Some(r.clone()),
+        }
+    }
+
+    /// The URL of `path` on the peer listener of the node whose client address is `addr`.
+    pub fn url(&self, addr: &str, path: &str) -> Result<String, String> {
+        let peer = peer_address(addr)?;
+        let scheme = match &*self.http {
+            PeerHttp::Plain(_) => "http",
+            PeerHttp::Tls(_) => "https",
+        };
+        Ok(format!("{scheme}://{peer}{path}"))
+    }
+
+    fn http(&self) -> reqwest::Client {
+        match &*self.http {
+            PeerHttp::Plain(c) => c.clone(),
+            PeerHttp::Tls(r) => (*r.current()).clone(),
         }
     }
 
@@ -294,15 +353,14 @@ impl PeerClient {
             addr: addr.to_string(),
             detail,
         };
-        let peer = peer_address(addr).map_err(transport)?;
-        let url = format!("http://{peer}{path}");
+        let url = self.url(addr, path).map_err(transport)?;
         if self.faults.is_blocked(addr) {
             // A partition: the message is lost; the sender learns only that it timed out.
             tokio::time::sleep(timeout.min(Duration::from_millis(50))).await;
             return Err(transport("partitioned (fault injection)".into()));
         }
         let resp = self
-            .http
+            .http()
             .post(&url)
             .header(reqwest::header::CONTENT_TYPE, content_type)
             .header(SENDER_HEADER, &self.me)

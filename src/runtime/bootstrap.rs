@@ -1,8 +1,10 @@
 //! Ask the peers, once, whether a cluster already runs: the I/O half of
 //! [`crate::domain::bootstrap`].
 //!
-//! Runs only when a node starts with an empty data dir. Every peer is asked concurrently
-//! (`GET /v1/cluster`), each answer bounded by one timeout, so a start waits at most that long.
+//! Runs only when a node starts with an empty data dir. Every peer is asked concurrently, on
+//! its peer port with the node's peer client (`/raft/status`: the same document as
+//! `GET /v1/cluster`, reached with peer TLS when that is on, whatever the client port
+//! demands), each answer bounded by one timeout, so a start waits at most that long.
 //! A peer that does not answer (not up yet, unreachable) contributes no report.
 //!
 //! # What it must not do
@@ -14,29 +16,26 @@ use std::time::Duration;
 use crate::domain::bootstrap::PeerReport;
 use crate::domain::types::NodeId;
 use crate::raft::consensus::ClusterView;
+use crate::raft::network::{PeerClient, routes};
 
 /// Reports from every peer but `me` that answered within `timeout`.
 pub async fn probe_peers(
     me: NodeId,
     peers: &BTreeMap<NodeId, String>,
+    client: &PeerClient,
     timeout: Duration,
 ) -> Vec<PeerReport> {
-    let Ok(http) = reqwest::Client::builder()
-        .timeout(timeout)
-        .connect_timeout(timeout)
-        .build()
-    else {
-        return Vec::new();
-    };
     let asks = peers
         .iter()
         .filter(|(id, _)| **id != me)
         .map(|(id, addr)| {
-            let http = http.clone();
-            let url = format!("http://{addr}/v1/cluster");
             let id = *id;
             async move {
-                let view: ClusterView = http.get(&url).send().await.ok()?.json().await.ok()?;
+                let view: ClusterView = client
+                    .post_json(addr, routes::STATUS, &(), timeout)
+                    .await
+                    .map_err(|e| tracing::debug!(peer = id, error = %e, "peer did not report"))
+                    .ok()?;
                 tracing::info!(peer = id, leader = ?view.leader_id, term = view.term, "peer reports its cluster");
                 Some(PeerReport {
                     peer: view.node_id,
