@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Expiry lateness of abandoned leases while leaders keep dying (issue 10, item 5).
 #   scripts/lease-churn.sh [SECONDS] [LEASES] [TTL_MS]     (defaults 40, 200, 3000)
+#   LEADER_LIFE_MS=900: each leader lives a random 0..LEADER_LIFE_MS once every node follows it.
 # Starts its own 3-node cluster (ports 7201-7203, directory .lease-churn), runs
 # `leasecore bench expiry-churn` (leases registered over SECONDS, never refreshed, deletions
-# seen in the nodes' applied state), and meanwhile SIGKILLs the leader 0 to 0.9 s after every
+# seen in the nodes' applied state), and meanwhile SIGKILLs the leader 0 to LEADER_LIFE_MS after every
 # node follows it, restarting the victim once the survivors have committed a write through a
 # new leader: back-to-back failovers.
 # Prints the lateness (deletion seen - (grant reply + ttl)) p50/p99/max, early deletions (must
@@ -17,6 +18,7 @@ export PROFILE=${PROFILE:-release}
 export LEASECORE_CLUSTER_DIR=${LEASECORE_CLUSTER_DIR:-.lease-churn}
 export LEASECORE_BASE_PORT=${LEASECORE_BASE_PORT:-7201}
 P=$LEASECORE_BASE_PORT
+LEADER_LIFE_MS=${LEADER_LIFE_MS:-900}
 # LEASECORE_BIN runs the servers (e.g. an older build, for a baseline); the bench client is
 # always this checkout's.
 BENCH_BIN=target/$PROFILE/leasecore
@@ -40,10 +42,11 @@ bench=$!
 kills=0
 end=$((SECONDS + SECS + 5))
 while kill -0 "$bench" 2>/dev/null && [ $SECONDS -lt "$end" ]; do
-  # A leader that every node follows; it lives 0 to 0.9 s more, then dies. The victim stays
+  # A leader that every node follows; it lives 0 to LEADER_LIFE_MS more, then dies. The victim stays
   # down until the survivors have elected a new leader and committed a write through it.
   read -r l _ < <(agreed_leader) || { sleep 0.05; continue; }
-  sleep "0.$((RANDOM % 10))"
+  life=$(( (RANDOM * 32768 + RANDOM) % (LEADER_LIFE_MS + 1) ))
+  sleep "$((life / 1000)).$(printf %03d $((life % 1000)))"
   scripts/cluster.sh kill "$l" || continue
   kills=$((kills + 1))
   s=$(( l % 3 + 1 ))
