@@ -457,10 +457,16 @@ impl LeaseService {
                 match applied.await {
                     Ok(Response::LeasesExpired { expired: gone, .. }) => {
                         let done = this.hub.time.mono();
-                        let mut h = this.hub.metrics.lateness.lock().unwrap_or_else(|p| p.into_inner());
-                        for e in expired.iter().filter(|e| gone.contains(&e.name)) {
-                            h.observe(e.deadline.until(done) as f64 / 1000.0);
+                        let mut latest = 0;
+                        {
+                            let mut h = this.hub.metrics.lateness.lock().unwrap_or_else(|p| p.into_inner());
+                            for e in expired.iter().filter(|e| gone.contains(&e.name)) {
+                                let late = e.deadline.until(done);
+                                latest = latest.max(late);
+                                h.observe(late as f64 / 1000.0);
+                            }
                         }
+                        tracing::debug!(n = gone.len(), max_late_ms = latest, "leases expired");
                     }
                     Ok(other) => tracing::warn!(?other, "unexpected expiry result"),
                     // The tracker re-arms each lease; a leader retries, a deposed one demotes.
