@@ -121,6 +121,8 @@ pub struct NodeConfig {
     /// How long adding a node waits for it to answer and catch up before it is promoted to
     /// voter; on timeout it stays a learner (add it again to resume waiting).
     pub catch_up_ms: u64,
+    /// How long an auth token is valid (etcd's `--auth-token-ttl`).
+    pub auth_token_ttl_ms: u64,
 }
 
 /// The default of [`NodeConfig::snapshot_log_bytes`].
@@ -158,6 +160,7 @@ impl NodeConfig {
             flease: FleaseConfig::default(),
             peer_probe: Duration::from_secs(2),
             catch_up_ms: 10_000,
+            auth_token_ttl_ms: crate::runtime::auth::DEFAULT_TOKEN_TTL_MS,
         }
     }
 
@@ -421,6 +424,13 @@ impl Node {
             leases,
             watch: watch_hub.clone(),
             flease: flease.clone(),
+            auth: Arc::new(crate::runtime::auth::AuthService::new(
+                clock.clone(),
+                consensus.view().clone(),
+                cfg.auth_token_ttl_ms,
+                // Half the cores at most: password checks never take every core.
+                std::thread::available_parallelism().map_or(1, |n| n.get() / 2),
+            )),
         };
         // Two listeners, each with its own cap: clients that exhaust theirs leave the peers'
         // untouched.

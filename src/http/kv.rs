@@ -9,10 +9,13 @@ use axum::extract::State;
 use serde::Deserialize;
 
 use super::AppState;
+use super::auth::{check, check_key, guard};
 use super::error::ApiError;
 use super::extract::{ApiJson, ApiPath, ApiQuery};
+use crate::domain::auth::{Access, KeyRange};
 use crate::domain::command::{Command, Response};
 use crate::domain::types::Revision;
+use crate::runtime::auth::Caller;
 use crate::wire::{DeleteResponse, GetResponse, KeyValue, ListResponse, PutRequest, PutResponse};
 
 /// The default and the largest `limit` of a listing.
@@ -73,6 +76,7 @@ pub(super) async fn read_point(state: &AppState, c: Consistency) -> Result<(), A
 
 pub async fn put(
     State(state): State<AppState>,
+    caller: Caller,
     ApiPath(key): ApiPath<String>,
     ApiQuery(q): ApiQuery<WriteQuery>,
     ApiJson(body): ApiJson<PutRequest>,
@@ -88,6 +92,7 @@ pub async fn put(
         lease: body.lease,
         prev_revision: q.prev_revision.map(Revision),
     };
+    let cmd = guard(&state, &caller, cmd)?;
     match propose(&state, cmd).await? {
         Response::Put { revision } => Ok(Json(PutResponse { revision })),
         other => Err(unexpected(other)),
@@ -96,10 +101,12 @@ pub async fn put(
 
 pub async fn get(
     State(state): State<AppState>,
+    caller: Caller,
     ApiPath(key): ApiPath<String>,
     ApiQuery(q): ApiQuery<ReadQuery>,
 ) -> Result<Json<GetResponse>, ApiError> {
     state.limits.check_key(&key)?;
+    check_key(&state, &caller, Access::Read, &key)?;
     read_point(&state, q.consistency).await?;
     match state.consensus.view().get(&key) {
         (revision, Some(v)) => Ok(Json(GetResponse {
@@ -117,8 +124,11 @@ pub async fn get(
 
 pub async fn list(
     State(state): State<AppState>,
+    caller: Caller,
     ApiQuery(q): ApiQuery<ListQuery>,
 ) -> Result<Json<ListResponse>, ApiError> {
+    // As etcd: a range needs read on all of it (no silent filtering of what it returns).
+    check(&state, &caller, Access::Read, &KeyRange::prefix(&q.prefix))?;
     let limit = q.limit.unwrap_or(DEFAULT_LIST_LIMIT);
     if limit == 0 || limit > MAX_LIST_LIMIT {
         return Err(ApiError::invalid(format!(
@@ -142,6 +152,7 @@ pub async fn list(
 
 pub async fn delete(
     State(state): State<AppState>,
+    caller: Caller,
     ApiPath(key): ApiPath<String>,
     ApiQuery(q): ApiQuery<WriteQuery>,
 ) -> Result<Json<DeleteResponse>, ApiError> {
@@ -150,6 +161,7 @@ pub async fn delete(
         key,
         prev_revision: q.prev_revision.map(Revision),
     };
+    let cmd = guard(&state, &caller, cmd)?;
     match propose(&state, cmd).await? {
         Response::Delete { revision, deleted } => Ok(Json(DeleteResponse { revision, deleted })),
         other => Err(unexpected(other)),

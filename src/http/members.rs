@@ -5,13 +5,16 @@ use axum::extract::State;
 use axum::http::StatusCode;
 
 use super::AppState;
+use super::auth::{check, check_key, guard};
 use super::error::ApiError;
 use super::extract::{ApiJson, ApiPath};
 use super::kv::{propose, unexpected};
+use crate::domain::auth::{Access, KeyRange};
 use crate::domain::command::{Command, KvError, Response};
 use crate::domain::members::{
     MEMBERS_PREFIX, MemberRecord, check_member_id, member_id, member_key,
 };
+use crate::runtime::auth::Caller;
 use crate::runtime::lease::LeaseError;
 use crate::wire::{Heartbeat, MemberLeft, MemberList, MemberRegistered, RegisterMemberRequest};
 
@@ -25,6 +28,7 @@ fn member_not_found(id: &str) -> ApiError {
 
 pub async fn register(
     State(state): State<AppState>,
+    caller: Caller,
     ApiJson(req): ApiJson<RegisterMemberRequest>,
 ) -> Result<(StatusCode, Json<MemberRegistered>), ApiError> {
     check_member_id(&req.id)?;
@@ -47,6 +51,7 @@ pub async fn register(
         meta: req.meta,
         clock_ms: None,
     };
+    let cmd = guard(&state, &caller, cmd)?;
     match propose(&state, cmd).await? {
         Response::MemberRegistered { revision, .. } => {
             let key = member_key(&req.id);
@@ -66,9 +71,11 @@ pub async fn register(
 
 pub async fn heartbeat(
     State(state): State<AppState>,
+    caller: Caller,
     ApiPath(id): ApiPath<String>,
 ) -> Result<Json<Heartbeat>, ApiError> {
     check_member_id(&id)?;
+    check_key(&state, &caller, Access::Write, &member_key(&id))?;
     match state.leases.refresh(&member_key(&id)).await {
         Ok(ack) => Ok(Json(Heartbeat {
             id,
@@ -82,17 +89,15 @@ pub async fn heartbeat(
 
 pub async fn leave(
     State(state): State<AppState>,
+    caller: Caller,
     ApiPath(id): ApiPath<String>,
 ) -> Result<Json<MemberLeft>, ApiError> {
     check_member_id(&id)?;
-    match propose(
-        &state,
-        Command::RevokeLease {
-            name: member_key(&id),
-        },
-    )
-    .await?
-    {
+    check_key(&state, &caller, Access::Write, &member_key(&id))?;
+    let cmd = Command::RevokeLease {
+        name: member_key(&id),
+    };
+    match propose(&state, guard(&state, &caller, cmd)?).await? {
         Response::LeaseRevoked { revision, .. } => Ok(Json(MemberLeft { id, revision })),
         Response::Rejected {
             error: KvError::LeaseNotFound { .. },
@@ -101,7 +106,16 @@ pub async fn leave(
     }
 }
 
-pub async fn list(State(state): State<AppState>) -> Result<Json<MemberList>, ApiError> {
+pub async fn list(
+    State(state): State<AppState>,
+    caller: Caller,
+) -> Result<Json<MemberList>, ApiError> {
+    check(
+        &state,
+        &caller,
+        Access::Read,
+        &KeyRange::prefix(MEMBERS_PREFIX),
+    )?;
     state.consensus.read_barrier().await?;
     let (revision, items) = state.consensus.view().list(MEMBERS_PREFIX, usize::MAX);
     let members = items
