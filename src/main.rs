@@ -5,6 +5,8 @@
 //! `LEASECORE_ENDPOINTS`) and fail over between them. Output is for people; `--json` prints the
 //! server's documents as they are.
 
+#[path = "cli/auth.rs"]
+mod cli_auth;
 #[path = "cli/snapshot.rs"]
 mod cli_snapshot;
 
@@ -49,6 +51,27 @@ struct Cli {
 enum Command {
     /// Run a node.
     Serve(ServeArgs),
+    /// Turn authentication on or off, or show whether it is on.
+    Auth {
+        #[command(subcommand)]
+        cmd: cli_auth::AuthCmd,
+        #[command(flatten)]
+        conn: ConnArgs,
+    },
+    /// Manage users (root only once authentication is on).
+    User {
+        #[command(subcommand)]
+        cmd: cli_auth::UserCmd,
+        #[command(flatten)]
+        conn: ConnArgs,
+    },
+    /// Manage roles and their permissions (root only once authentication is on).
+    Role {
+        #[command(subcommand)]
+        cmd: cli_auth::RoleCmd,
+        #[command(flatten)]
+        conn: ConnArgs,
+    },
     /// Read and write keys.
     Kv {
         #[command(subcommand)]
@@ -187,6 +210,9 @@ struct ServeArgs {
     /// Flease phase timeout, in milliseconds.
     #[arg(long, env = "LEASECORE_FLEASE_ROUND_MS", default_value_t = 500)]
     flease_round_ms: u64,
+    /// How long an auth token is valid, in seconds.
+    #[arg(long, env = "LEASECORE_AUTH_TOKEN_TTL", default_value_t = 300)]
+    auth_token_ttl: u64,
     #[command(flatten)]
     resources: cli_resources::ResourceArgs,
 }
@@ -205,6 +231,24 @@ struct ConnArgs {
     /// Print the server's JSON documents as they are.
     #[arg(long, global = true)]
     json: bool,
+    /// Authenticate as this user: name:password, or name (the password is then asked for).
+    #[arg(long, global = true, env = "LEASECORE_USER", hide_env_values = true)]
+    user: Option<String>,
+    /// A bearer token (from `POST /v1/auth/authenticate`), when --user is not given.
+    #[arg(long, global = true, env = "LEASECORE_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+}
+
+impl ConnArgs {
+    /// The client of a command: endpoints plus credentials or a token.
+    fn client(&self) -> Result<Client, ClientError> {
+        cli_auth::client(&self.endpoints, self.user.as_deref(), self.token.as_deref())
+    }
+
+    /// A token for calls made outside [`Client`], if the command authenticates.
+    async fn bearer(&self) -> Result<Option<String>, ClientError> {
+        cli_auth::token(&self.endpoints, self.user.as_deref(), self.token.as_deref()).await
+    }
 }
 
 #[derive(Subcommand)]
@@ -421,6 +465,15 @@ fn main() -> ExitCode {
     runtime.block_on(async move {
         match cli.command {
             Command::Serve(args) => serve(args).await,
+            Command::Auth { cmd, conn } => {
+                report(async { cli_auth::auth(cmd, &conn.client()?, conn.json).await }.await)
+            }
+            Command::User { cmd, conn } => {
+                report(async { cli_auth::user(cmd, &conn.client()?, conn.json).await }.await)
+            }
+            Command::Role { cmd, conn } => {
+                report(async { cli_auth::role(cmd, &conn.client()?, conn.json).await }.await)
+            }
             Command::Kv { cmd, conn } => report(kv(cmd, &conn).await),
             Command::Lease { cmd, conn } => report(lease(cmd, &conn).await),
             Command::Cluster { cmd, conn } => report(cluster(cmd, &conn).await),
@@ -452,9 +505,10 @@ fn main() -> ExitCode {
                 report(agent(cfg, verbose, &conn).await)
             }
             Command::Bench(args) => report(run_bench(args).await),
-            Command::Snapshot { cmd, conn } => {
-                cli_snapshot::run(cmd, &conn.endpoints, conn.json).await
-            }
+            Command::Snapshot { cmd, conn } => match conn.bearer().await {
+                Ok(token) => cli_snapshot::run(cmd, &conn.endpoints, conn.json, token).await,
+                Err(e) => report(Err(e)),
+            },
         }
     })
 }
@@ -494,6 +548,7 @@ async fn serve(args: ServeArgs) -> ExitCode {
     cfg.limits.max_value_bytes = args.max_value_bytes;
     cfg.limits.max_leases = args.max_leases;
     cfg.cache_bytes = args.cache_mb << 20;
+    cfg.auth_token_ttl_ms = args.auth_token_ttl.saturating_mul(1000);
     args.resources.apply(&mut cfg);
     cfg.flease = FleaseConfig::derived(
         args.flease_lease_ms,
@@ -570,7 +625,7 @@ fn print_json<T: Serialize>(v: &T) {
 }
 
 async fn kv(cmd: KvCmd, conn: &ConnArgs) -> Result<(), ClientError> {
-    let client = Client::new(&conn.endpoints)?;
+    let client = conn.client()?;
     match cmd {
         KvCmd::Put {
             key,
@@ -643,7 +698,7 @@ fn print_lease(l: &LeaseInfo) {
 }
 
 async fn lease(cmd: LeaseCmd, conn: &ConnArgs) -> Result<(), ClientError> {
-    let client = Arc::new(Client::new(&conn.endpoints)?);
+    let client = Arc::new(conn.client()?);
     match cmd {
         LeaseCmd::Grant { name, ttl_ms } => {
             let r = client.grant(&name, ttl_ms).await?;
@@ -765,7 +820,7 @@ async fn watch(
     from_revision: Option<u64>,
     conn: &ConnArgs,
 ) -> Result<(), ClientError> {
-    let client = Arc::new(Client::new(&conn.endpoints)?);
+    let client = Arc::new(conn.client()?);
     let filter = match key {
         Some(k) => WatchFilter::Key(k),
         None => WatchFilter::Prefix(prefix.unwrap_or_default()),
@@ -840,7 +895,7 @@ fn print_flease(v: &LeaseView) {
 }
 
 async fn flease(proto: Protocol, cmd: FleaseCmd, conn: &ConnArgs) -> Result<(), ClientError> {
-    let client = Client::new(&conn.endpoints)?;
+    let client = conn.client()?;
     match cmd {
         FleaseCmd::Acquire {
             resource,
@@ -899,7 +954,7 @@ async fn flease(proto: Protocol, cmd: FleaseCmd, conn: &ConnArgs) -> Result<(), 
 }
 
 async fn member(cmd: MemberCmd, conn: &ConnArgs) -> Result<(), ClientError> {
-    let client = Client::new(&conn.endpoints)?;
+    let client = conn.client()?;
     match cmd {
         MemberCmd::List => {
             let r = client.members().await?;
@@ -942,7 +997,7 @@ async fn member(cmd: MemberCmd, conn: &ConnArgs) -> Result<(), ClientError> {
 }
 
 async fn agent(cfg: AgentConfig, verbose: bool, conn: &ConnArgs) -> Result<(), ClientError> {
-    let client = Arc::new(Client::new(&conn.endpoints)?);
+    let client = Arc::new(conn.client()?);
     let id = cfg.id.clone();
     run_agent(client, cfg, shutdown_signal(), |event| match event {
         AgentEvent::Heartbeat { .. } if !verbose => {}
@@ -959,13 +1014,14 @@ async fn agent(cfg: AgentConfig, verbose: bool, conn: &ConnArgs) -> Result<(), C
 }
 
 async fn cluster(cmd: ClusterCmd, conn: &ConnArgs) -> Result<(), ClientError> {
-    let client = Client::new(&conn.endpoints)?;
+    let client = conn.client()?;
     let view = match cmd {
         ClusterCmd::Status { ready } => {
-            return cluster_health::status(&conn.endpoints, conn.json, ready).await;
+            let token = conn.bearer().await?;
+            return cluster_health::status(&conn.endpoints, conn.json, ready, token).await;
         }
         ClusterCmd::Add { id, address } => {
-            return cluster_health::add(&conn.endpoints, conn.json, id, &address).await;
+            return cluster_health::add(&client, conn.json, id, &address).await;
         }
         ClusterCmd::Remove { id } => client.remove_node(id).await?,
     };
