@@ -228,6 +228,15 @@ pub struct TokenResponse {
     pub expires_at_ms: u64,
 }
 
+impl std::fmt::Debug for TokenResponse {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TokenResponse")
+            .field("user", &self.user)
+            .field("expires_at_ms", &self.expires_at_ms)
+            .finish_non_exhaustive()
+    }
+}
+
 /// Body of `PUT /v1/auth/users/{name}/password`.
 #[derive(Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
