@@ -257,7 +257,8 @@ impl AuthState {
                 }
                 let existed = self.roles.remove(name).is_some();
                 let held = self.users.values().any(|u| u.roles.contains(name));
-                if !existed && !(name == ROOT && held) {
+                // `root` is built in: deleting it (auth off) takes it from its holders.
+                if !(existed || (name == ROOT && held)) {
                     return Err(AuthError::RoleNotFound { name: name.clone() });
                 }
                 for u in self.users.values_mut() {
