@@ -1127,7 +1127,11 @@ async fn run_bench(args: BenchArgs) -> Result<(), ClientError> {
         _ => {}
     }
     let workload: Workload = args.workload.parse().map_err(ClientError::Usage)?;
-    let token = args.conn.bearer().await?.map(leasecore::domain::auth::Secret);
+    let token = args
+        .conn
+        .bearer()
+        .await?
+        .map(leasecore::domain::auth::Secret);
     let opts = BenchOptions {
         token,
         workload,
