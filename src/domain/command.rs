@@ -75,6 +75,7 @@ pub enum Command {
     /// `command` on behalf of `user`, while auth is on: apply checks the user's permission
     /// against the auth state as of this entry, and refuses with `permission_denied` if it no
     /// longer allows the command (a role revoked between the node's check and the commit).
+    /// `user` is `""` for a request made without a token (allowed only while auth is off).
     Guarded { user: String, command: Box<Command> },
 }
 

@@ -119,20 +119,20 @@ pub(super) fn require_root(state: &AppState, caller: &Caller) -> Result<(), ApiE
     }
 }
 
-/// Check `cmd` for `caller` and wrap it for the re-check at apply (auth on); as is otherwise.
+/// Check `cmd` for `caller` and wrap it for the re-check at apply. An anonymous write is
+/// wrapped too (as user `""`, which no user can be): a node that has not yet applied an
+/// `auth enable` lets it through here, and apply, which sees the enable, refuses it.
 pub(super) fn guard(state: &AppState, caller: &Caller, cmd: Command) -> Result<Command, ApiError> {
-    let Caller::User(user) = caller else {
-        return Ok(cmd);
-    };
-    let allowed = state
-        .consensus
-        .view()
-        .with_state(|kv| auth::guard::authorize(kv, user, &cmd));
+    let user = caller.user().unwrap_or_default();
+    let allowed = state.consensus.view().with_state(|kv| match caller {
+        Caller::Anonymous => !kv.auth().enabled(),
+        Caller::User(u) => auth::guard::authorize(kv, u, &cmd),
+    });
     if !allowed {
         return Err(AccessError::PermissionDenied.into());
     }
     Ok(Command::Guarded {
-        user: user.clone(),
+        user: user.to_string(),
         command: Box::new(cmd),
     })
 }
@@ -144,6 +144,9 @@ pub async fn authenticate(
     if auth::check_name(&req.name).is_err() || auth::check_password(&req.password).is_err() {
         return Err(AccessError::Unauthenticated("wrong user name or password").into());
     }
+    // Linearizable: a user (or an enable) acknowledged before this call is seen here, even
+    // on a follower that had not applied it yet.
+    state.consensus.read_barrier().await?;
     let (token, expires_at_ms) = state.auth.authenticate(&req.name, &req.password).await?;
     Ok(Json(TokenResponse {
         token,
@@ -271,8 +274,9 @@ async fn admin_read<T>(
     caller: &Caller,
     f: impl FnOnce(&auth::AuthState) -> T,
 ) -> Result<T, ApiError> {
-    require_root(state, caller)?;
+    // Checked after the barrier: a node behind an `auth enable` must not answer as if off.
     state.consensus.read_barrier().await?;
+    require_root(state, caller)?;
     Ok(state.auth.with_auth(f))
 }
 

@@ -106,8 +106,9 @@ pub async fn get(
     ApiQuery(q): ApiQuery<ReadQuery>,
 ) -> Result<Json<GetResponse>, ApiError> {
     state.limits.check_key(&key)?;
-    check_key(&state, &caller, Access::Read, &key)?;
+    // After the read point: a linearizable read is checked against the auth state as of then.
     read_point(&state, q.consistency).await?;
+    check_key(&state, &caller, Access::Read, &key)?;
     match state.consensus.view().get(&key) {
         (revision, Some(v)) => Ok(Json(GetResponse {
             kv: KeyValue::new(key, v),
@@ -127,8 +128,6 @@ pub async fn list(
     caller: Caller,
     ApiQuery(q): ApiQuery<ListQuery>,
 ) -> Result<Json<ListResponse>, ApiError> {
-    // As etcd: a range needs read on all of it (no silent filtering of what it returns).
-    check(&state, &caller, Access::Read, &KeyRange::prefix(&q.prefix))?;
     let limit = q.limit.unwrap_or(DEFAULT_LIST_LIMIT);
     if limit == 0 || limit > MAX_LIST_LIMIT {
         return Err(ApiError::invalid(format!(
@@ -136,6 +135,8 @@ pub async fn list(
         )));
     }
     read_point(&state, q.consistency).await?;
+    // As etcd: a range needs read on all of it (no silent filtering of what it returns).
+    check(&state, &caller, Access::Read, &KeyRange::prefix(&q.prefix))?;
     // One more than asked tells whether the listing was cut short.
     let (revision, mut items) = state.consensus.view().list(&q.prefix, limit + 1);
     let more = items.len() > limit;

@@ -110,13 +110,13 @@ pub async fn list(
     State(state): State<AppState>,
     caller: Caller,
 ) -> Result<Json<MemberList>, ApiError> {
+    state.consensus.read_barrier().await?;
     check(
         &state,
         &caller,
         Access::Read,
         &KeyRange::prefix(MEMBERS_PREFIX),
     )?;
-    state.consensus.read_barrier().await?;
     let (revision, items) = state.consensus.view().list(MEMBERS_PREFIX, usize::MAX);
     let members = items
         .into_iter()

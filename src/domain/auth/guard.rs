@@ -125,6 +125,13 @@ mod tests {
             kv.apply(&guarded("u", "a/1")).response,
             Response::Put { .. }
         ));
+        // An anonymous write checked by a node that had not applied the enable yet.
+        assert_eq!(
+            kv.apply(&guarded("", "a/1")).response,
+            Response::Rejected {
+                error: KvError::PermissionDenied
+            }
+        );
         assert_eq!(
             kv.apply(&guarded("u", "b")).response,
             Response::Rejected {
