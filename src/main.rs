@@ -5,6 +5,8 @@
 //! `LEASECORE_ENDPOINTS`) and fail over between them. Output is for people; `--json` prints the
 //! server's documents as they are.
 
+#[path = "cli/auth.rs"]
+mod cli_auth;
 #[path = "cli/snapshot.rs"]
 mod cli_snapshot;
 
@@ -51,6 +53,27 @@ struct Cli {
 enum Command {
     /// Run a node.
     Serve(ServeArgs),
+    /// Turn authentication on or off, or show whether it is on.
+    Auth {
+        #[command(subcommand)]
+        cmd: cli_auth::AuthCmd,
+        #[command(flatten)]
+        conn: ConnArgs,
+    },
+    /// Manage users (root only once authentication is on).
+    User {
+        #[command(subcommand)]
+        cmd: cli_auth::UserCmd,
+        #[command(flatten)]
+        conn: ConnArgs,
+    },
+    /// Manage roles and their permissions (root only once authentication is on).
+    Role {
+        #[command(subcommand)]
+        cmd: cli_auth::RoleCmd,
+        #[command(flatten)]
+        conn: ConnArgs,
+    },
     /// Read and write keys.
     Kv {
         #[command(subcommand)]
@@ -189,6 +212,9 @@ struct ServeArgs {
     /// Flease phase timeout, in milliseconds.
     #[arg(long, env = "LEASECORE_FLEASE_ROUND_MS", default_value_t = 500)]
     flease_round_ms: u64,
+    /// How long an auth token is valid, in seconds.
+    #[arg(long, env = "LEASECORE_AUTH_TOKEN_TTL", default_value_t = 300)]
+    auth_token_ttl: u64,
     #[command(flatten)]
     resources: cli_resources::ResourceArgs,
     #[command(flatten)]
@@ -211,14 +237,28 @@ struct ConnArgs {
     json: bool,
     #[command(flatten)]
     tls: cli_tls::ClientTlsArgs,
+    /// Authenticate as this user: name:password, or name (the password is then asked for).
+    #[arg(long, global = true, env = "LEASECORE_USER", hide_env_values = true)]
+    user: Option<String>,
+    /// A bearer token (from `POST /v1/auth/authenticate`), when --user is not given.
+    #[arg(long, global = true, env = "LEASECORE_TOKEN", hide_env_values = true)]
+    token: Option<String>,
 }
 
 impl ConnArgs {
-    /// The client of these endpoints: every client command builds its clients through here
-    /// (or after it: it also installs the TLS flags for the whole process).
+    /// The client of a command: endpoints plus credentials or a token. Every client
+    /// command builds its clients through here (or after it: it also installs the TLS flags
+    /// for the whole process).
     fn client(&self) -> Result<Client, ClientError> {
         self.tls.install()?;
-        Client::new(&self.endpoints)
+        cli_auth::client(&self.endpoints, self.user.as_deref(), self.token.as_deref())
+    }
+
+    /// A token for calls made outside [`Client`], if the command authenticates (installs the
+    /// TLS flags too).
+    async fn bearer(&self) -> Result<Option<String>, ClientError> {
+        self.tls.install()?;
+        cli_auth::token(&self.endpoints, self.user.as_deref(), self.token.as_deref()).await
     }
 }
 
@@ -436,6 +476,15 @@ fn main() -> ExitCode {
     runtime.block_on(async move {
         match cli.command {
             Command::Serve(args) => serve(args).await,
+            Command::Auth { cmd, conn } => {
+                report(async { cli_auth::auth(cmd, &conn.client()?, conn.json).await }.await)
+            }
+            Command::User { cmd, conn } => {
+                report(async { cli_auth::user(cmd, &conn.client()?, conn.json).await }.await)
+            }
+            Command::Role { cmd, conn } => {
+                report(async { cli_auth::role(cmd, &conn.client()?, conn.json).await }.await)
+            }
             Command::Kv { cmd, conn } => report(kv(cmd, &conn).await),
             Command::Lease { cmd, conn } => report(lease(cmd, &conn).await),
             Command::Cluster { cmd, conn } => report(cluster(cmd, &conn).await),
@@ -467,8 +516,8 @@ fn main() -> ExitCode {
                 report(agent(cfg, verbose, &conn).await)
             }
             Command::Bench(args) => report(run_bench(args).await),
-            Command::Snapshot { cmd, conn } => match conn.tls.install() {
-                Ok(()) => cli_snapshot::run(cmd, &conn.endpoints, conn.json).await,
+            Command::Snapshot { cmd, conn } => match conn.bearer().await {
+                Ok(token) => cli_snapshot::run(cmd, &conn.endpoints, conn.json, token).await,
                 Err(e) => report(Err(e)),
             },
         }
@@ -510,6 +559,7 @@ async fn serve(args: ServeArgs) -> ExitCode {
     cfg.limits.max_value_bytes = args.max_value_bytes;
     cfg.limits.max_leases = args.max_leases;
     cfg.cache_bytes = args.cache_mb << 20;
+    cfg.auth_token_ttl_ms = args.auth_token_ttl.saturating_mul(1000);
     args.resources.apply(&mut cfg);
     if let Err(e) = args.tls.apply(&mut cfg) {
         eprintln!("error: {e}");
@@ -982,10 +1032,11 @@ async fn cluster(cmd: ClusterCmd, conn: &ConnArgs) -> Result<(), ClientError> {
     let client = conn.client()?;
     let view = match cmd {
         ClusterCmd::Status { ready } => {
-            return cluster_health::status(&conn.endpoints, conn.json, ready).await;
+            let token = conn.bearer().await?;
+            return cluster_health::status(&conn.endpoints, conn.json, ready, token).await;
         }
         ClusterCmd::Add { id, address } => {
-            return cluster_health::add(&conn.endpoints, conn.json, id, &address).await;
+            return cluster_health::add(&client, conn.json, id, &address).await;
         }
         ClusterCmd::Remove { id } => client.remove_node(id).await?,
     };
@@ -1092,7 +1143,13 @@ async fn run_bench(args: BenchArgs) -> Result<(), ClientError> {
         _ => {}
     }
     let workload: Workload = args.workload.parse().map_err(ClientError::Usage)?;
+    let token = args
+        .conn
+        .bearer()
+        .await?
+        .map(leasecore::domain::auth::Secret);
     let opts = BenchOptions {
+        token,
         workload,
         endpoints: args.conn.endpoints,
         connections: args.connections.max(1),

@@ -127,6 +127,8 @@ pub struct NodeConfig {
     /// Mutual TLS on the peer side, listener and outgoing client (`None`: plaintext). Every
     /// node of a cluster must agree: the scheme peers are dialed with follows this setting.
     pub peer_tls: Option<PeerTls>,
+    /// How long an auth token is valid (etcd's `--auth-token-ttl`).
+    pub auth_token_ttl_ms: u64,
 }
 
 /// The default of [`NodeConfig::snapshot_log_bytes`].
@@ -166,6 +168,7 @@ impl NodeConfig {
             catch_up_ms: 10_000,
             client_tls: None,
             peer_tls: None,
+            auth_token_ttl_ms: crate::runtime::auth::DEFAULT_TOKEN_TTL_MS,
         }
     }
 
@@ -449,6 +452,13 @@ impl Node {
             leases,
             watch: watch_hub.clone(),
             flease: flease.clone(),
+            auth: Arc::new(crate::runtime::auth::AuthService::new(
+                clock.clone(),
+                consensus.view().clone(),
+                cfg.auth_token_ttl_ms,
+                // Half the cores at most: password checks never take every core.
+                std::thread::available_parallelism().map_or(1, |n| n.get() / 2),
+            )),
         };
         // Two listeners, each with its own cap: clients that exhaust theirs leave the peers'
         // untouched.

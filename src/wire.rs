@@ -202,3 +202,76 @@ pub struct MemberList {
     pub revision: Revision,
     pub members: Vec<crate::domain::members::MemberRecord>,
 }
+
+/// Body of `POST /v1/auth/authenticate` and of `POST /v1/auth/users`.
+#[derive(Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Credentials {
+    pub name: String,
+    pub password: String,
+}
+
+impl std::fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Credentials")
+            .field("name", &self.name)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Answer to `POST /v1/auth/authenticate`.
+#[derive(Clone, Serialize, Deserialize)]
+pub struct TokenResponse {
+    pub token: String,
+    pub user: String,
+    /// When the token expires, unix milliseconds.
+    pub expires_at_ms: u64,
+}
+
+impl std::fmt::Debug for TokenResponse {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TokenResponse")
+            .field("user", &self.user)
+            .field("expires_at_ms", &self.expires_at_ms)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Body of `PUT /v1/auth/users/{name}/password`.
+#[derive(Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PasswordRequest {
+    pub password: String,
+}
+
+/// Body of `POST /v1/auth/roles`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RoleRequest {
+    pub name: String,
+}
+
+/// `GET /v1/auth/status`, and the answer to enable and disable.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct AuthStatus {
+    pub enabled: bool,
+    pub auth_revision: u64,
+}
+
+/// The answer to a change of users or roles.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct AuthChanged {
+    pub auth_revision: u64,
+}
+
+/// `GET /v1/auth/users`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct UserList {
+    pub users: Vec<String>,
+}
+
+/// `GET /v1/auth/roles`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct RoleList {
+    pub roles: Vec<String>,
+}

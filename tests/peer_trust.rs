@@ -241,7 +241,8 @@ async fn forwarded_commands_are_checked_like_a_clients() {
     let leader = c.leader().await;
     let member = other_member(&c, &[leader]).to_string();
     let granted = c.client().grant("victim", 60_000).await.unwrap();
-    let propose = |cmd: Command| {
+    // Forwarded client commands travel guarded (on behalf of a user; "" without a token).
+    let propose_raw = |cmd: Command| {
         let body = serde_json::to_vec(&cmd).unwrap();
         let member = member.clone();
         let c = &c;
@@ -256,6 +257,12 @@ async fn forwarded_commands_are_checked_like_a_clients() {
             )
             .await
         }
+    };
+    let propose = |cmd: Command| {
+        propose_raw(Command::Guarded {
+            user: String::new(),
+            command: Box::new(cmd),
+        })
     };
     let put = |key: String, value: String| Command::Put {
         key,
@@ -314,6 +321,9 @@ async fn forwarded_commands_are_checked_like_a_clients() {
             400,
         ),
     ];
+    // A bare client command would skip apply's auth check: refused.
+    let (got, _) = propose_raw(put("bare".into(), "v".into())).await;
+    assert_eq!(got, 400, "a bare forwarded put");
     for (cmd, status) in forged {
         let what = format!("{:.80}", format!("{cmd:?}"));
         let (got, _) = propose(cmd).await;

@@ -92,6 +92,8 @@ pub struct BenchOptions {
     pub duration: Duration,
     pub keys: usize,
     pub value_size: usize,
+    /// A bearer token sent with every request (auth on); never printed.
+    pub token: Option<crate::domain::auth::Secret>,
 }
 
 /// What was measured.
@@ -221,9 +223,17 @@ fn lease_name(tag: &str, i: usize) -> String {
     format!("bench-{tag}-{i:08}")
 }
 
+/// `client` with the run's token, if any.
+fn authed(client: Client, opts: &BenchOptions) -> Client {
+    match &opts.token {
+        Some(t) => client.with_token(t.0.clone()),
+        None => client,
+    }
+}
+
 /// Register `keys` leases (long-lived) for the refresh workload.
 async fn preload_leases(opts: &BenchOptions) -> Result<(), ClientError> {
-    let client = Arc::new(Client::new(&opts.endpoints)?);
+    let client = Arc::new(authed(Client::new(&opts.endpoints)?, opts));
     let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let mut tasks = Vec::new();
     for _ in 0..32 {
@@ -251,7 +261,7 @@ async fn preload_leases(opts: &BenchOptions) -> Result<(), ClientError> {
 
 /// Write every key once so that reads find them.
 async fn preload(opts: &BenchOptions) -> Result<(), ClientError> {
-    let client = Arc::new(Client::new(&opts.endpoints)?);
+    let client = Arc::new(authed(Client::new(&opts.endpoints)?, opts));
     let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let mut tasks = Vec::new();
     for _ in 0..32 {
@@ -281,10 +291,19 @@ async fn worker(
     opts: &BenchOptions,
     deadline: Instant,
 ) -> (Vec<u32>, u64) {
+    let mut headers = reqwest::header::HeaderMap::new();
+    if let Some(value) = opts
+        .token
+        .as_ref()
+        .and_then(|t| reqwest::header::HeaderValue::from_str(&format!("Bearer {}", t.0)).ok())
+    {
+        headers.insert(reqwest::header::AUTHORIZATION, value);
+    }
     let http = crate::client::http_builder()
         .pool_max_idle_per_host(1)
         .tcp_nodelay(true)
         .timeout(Duration::from_secs(10))
+        .default_headers(headers)
         .build()
         .expect("an HTTP client with a built TLS config always builds");
     let mut latencies = Vec::new();

@@ -18,11 +18,16 @@ use leasecore::client::{Client, ClientError};
 use leasecore::raft::consensus::ClusterView;
 
 /// `cluster status [--ready]`.
-pub async fn status(endpoints: &[String], json: bool, ready: bool) -> Result<(), ClientError> {
+pub async fn status(
+    endpoints: &[String],
+    json: bool,
+    ready: bool,
+    token: Option<String>,
+) -> Result<(), ClientError> {
     if ready {
         return readiness(endpoints, json).await;
     }
-    let view = best_view(endpoints).await?;
+    let view = best_view(endpoints, token).await?;
     if json {
         println!(
             "{}",
@@ -42,7 +47,14 @@ pub async fn status(endpoints: &[String], json: bool, ready: bool) -> Result<(),
 
 /// The leader's view if one of the endpoints is the leader (only the leader knows every
 /// member's reachability and lag), else the first view any endpoint gives.
-async fn best_view(endpoints: &[String]) -> Result<ClusterView, ClientError> {
+async fn best_view(
+    endpoints: &[String],
+    token: Option<String>,
+) -> Result<ClusterView, ClientError> {
+    let authed = |c: Client| match &token {
+        Some(t) => c.with_token(t.clone()),
+        None => c,
+    };
     if endpoints.len() > 1 {
         let mut first = None;
         for ep in endpoints {
@@ -50,6 +62,7 @@ async fn best_view(endpoints: &[String]) -> Result<ClusterView, ClientError> {
             else {
                 continue;
             };
+            let client = authed(client);
             match client.cluster_status().await {
                 Ok(v) if v.leader_id == Some(v.node_id) && v.state == "leader" => return Ok(v),
                 Ok(v) => {
@@ -62,19 +75,12 @@ async fn best_view(endpoints: &[String]) -> Result<ClusterView, ClientError> {
             return Ok(v);
         }
     }
-    Client::new(endpoints)?.cluster_status().await
+    authed(Client::new(endpoints)?).cluster_status().await
 }
 
 /// `cluster add ID ADDRESS`.
-pub async fn add(
-    endpoints: &[String],
-    json: bool,
-    id: u64,
-    address: &str,
-) -> Result<(), ClientError> {
-    let answer = Client::new(endpoints)?
-        .add_node_detailed(id, address)
-        .await?;
+pub async fn add(client: &Client, json: bool, id: u64, address: &str) -> Result<(), ClientError> {
+    let answer = client.add_node_detailed(id, address).await?;
     if json {
         println!(
             "{}",

@@ -49,9 +49,14 @@ pub enum SnapshotCmd {
 }
 
 /// Run one snapshot command; `endpoints` are the nodes `save` may ask.
-pub async fn run(cmd: SnapshotCmd, endpoints: &[String], json: bool) -> ExitCode {
+pub async fn run(
+    cmd: SnapshotCmd,
+    endpoints: &[String],
+    json: bool,
+    token: Option<String>,
+) -> ExitCode {
     let result = match cmd {
-        SnapshotCmd::Save { file, local } => save(&file, endpoints, local).await,
+        SnapshotCmd::Save { file, local } => save(&file, endpoints, local, token).await,
         SnapshotCmd::Status { file } => std::fs::read(&file)
             .map_err(|e| format!("reading {}: {e}", file.display()))
             .and_then(|bytes| {
@@ -111,7 +116,12 @@ fn print_header(h: &BackupHeader, json: bool) {
 }
 
 /// Fetch a backup from the first endpoint that serves one, verify it, write it atomically.
-async fn save(file: &Path, endpoints: &[String], local: bool) -> Result<BackupHeader, String> {
+async fn save(
+    file: &Path,
+    endpoints: &[String],
+    local: bool,
+    token: Option<String>,
+) -> Result<BackupHeader, String> {
     let http = leasecore::client::http_builder()
         // A large state takes a while to encode and send; bounded all the same.
         .timeout(Duration::from_secs(600))
@@ -124,7 +134,11 @@ async fn save(file: &Path, endpoints: &[String], local: bool) -> Result<BackupHe
         if local {
             url.push_str("?consistency=local");
         }
-        let resp = match http.get(&url).send().await {
+        let mut req = http.get(&url);
+        if let Some(t) = &token {
+            req = req.bearer_auth(t);
+        }
+        let resp = match req.send().await {
             Ok(r) => r,
             Err(e) => {
                 errors.push(format!("{ep}: {e}"));

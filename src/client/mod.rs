@@ -18,6 +18,7 @@
 //! presented when one is given. With TLS configured, a bare `host:port` endpoint means https.
 
 pub mod agent;
+pub mod auth;
 pub mod keeper;
 pub mod watcher;
 pub use keeper::{LeaseKeeper, LeaseStatus};
@@ -42,9 +43,10 @@ use crate::domain::flease::Protocol;
 use crate::runtime::flease::LeaseView;
 use crate::runtime::lease::RefreshAck;
 use crate::wire::{
-    AddNodeRequest, DeleteResponse, ErrorBody, GetResponse, Heartbeat, LeaseGranted, LeaseInfo,
-    LeaseList, LeaseRevoked, ListResponse, MemberLeft, MemberList, MemberRegistered, PutRequest,
-    PutResponse, RegisterLeaseRequest, RegisterMemberRequest, WatchResponse,
+    AddNodeRequest, Credentials, DeleteResponse, ErrorBody, GetResponse, Heartbeat, LeaseGranted,
+    LeaseInfo, LeaseList, LeaseRevoked, ListResponse, MemberLeft, MemberList, MemberRegistered,
+    PutRequest, PutResponse, RegisterLeaseRequest, RegisterMemberRequest, TokenResponse,
+    WatchResponse,
 };
 
 /// Characters escaped in a key path segment. `/` stays literal: keys may contain it.
@@ -178,6 +180,15 @@ pub struct Client {
     preferred: AtomicUsize,
     /// Attempts per call, across endpoints.
     attempts: usize,
+    /// The bearer token and the credentials that renew it (auth on).
+    session: std::sync::Mutex<Session>,
+}
+
+/// What the client authenticates with. Never printed.
+#[derive(Default)]
+struct Session {
+    token: Option<String>,
+    credentials: Option<(String, String)>,
 }
 
 impl Client {
@@ -234,7 +245,58 @@ impl Client {
             http,
             preferred: AtomicUsize::new(0),
             attempts,
+            session: Default::default(),
         })
+    }
+
+    /// Send `token` as `Authorization: Bearer` on every call.
+    pub fn with_token(self, token: impl Into<String>) -> Self {
+        self.session_mut().token = Some(token.into());
+        self
+    }
+
+    /// Authenticate as `user` on the first call, and again whenever the token expires.
+    pub fn with_credentials(self, user: impl Into<String>, password: impl Into<String>) -> Self {
+        self.session_mut().credentials = Some((user.into(), password.into()));
+        self
+    }
+
+    fn session_mut(&self) -> std::sync::MutexGuard<'_, Session> {
+        self.session.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The current token, if any.
+    pub fn token(&self) -> Option<String> {
+        self.session_mut().token.clone()
+    }
+
+    /// Get a token for `user` (`POST /v1/auth/authenticate`) and use it from now on.
+    pub async fn authenticate(
+        &self,
+        user: &str,
+        password: &str,
+    ) -> Result<TokenResponse, ClientError> {
+        let body = Credentials {
+            name: user.to_string(),
+            password: password.to_string(),
+        };
+        let opts = CallOptions {
+            idempotent: true,
+            timeout: None,
+        };
+        let value = self
+            .send_raw(
+                Method::POST,
+                "/v1/auth/authenticate",
+                Some(&body),
+                opts,
+                None,
+            )
+            .await?;
+        let answer: TokenResponse = serde_json::from_value(value)
+            .map_err(|e| ClientError::Unavailable(format!("undecodable answer: {e}")))?;
+        self.session_mut().token = Some(answer.token.clone());
+        Ok(answer)
     }
 
     /// The endpoints, normalized.
@@ -270,13 +332,42 @@ impl Client {
             .map_err(|e| ClientError::Unavailable(format!("undecodable answer: {e}")))
     }
 
-    /// Send one call with failover; return the success document as JSON.
+    /// Send one call with failover; return the success document as JSON. With credentials,
+    /// authenticates first if it has no token, and once more if the token was refused (401).
     pub async fn call_raw(
         &self,
         method: Method,
         path: &str,
         body: Option<&(impl Serialize + ?Sized)>,
         opts: CallOptions,
+    ) -> Result<Value, ClientError> {
+        let (token, credentials) = {
+            let s = self.session_mut();
+            (s.token.clone(), s.credentials.clone())
+        };
+        let token = match (token, &credentials) {
+            (None, Some((user, password))) => Some(self.authenticate(user, password).await?.token),
+            (token, _) => token,
+        };
+        let first = self
+            .send_raw(method.clone(), path, body, opts, token.as_deref())
+            .await;
+        match (&first, credentials) {
+            (Err(e), Some((user, password))) if e.status() == Some(401) => {
+                let token = self.authenticate(&user, &password).await?.token;
+                self.send_raw(method, path, body, opts, Some(&token)).await
+            }
+            _ => first,
+        }
+    }
+
+    async fn send_raw(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<&(impl Serialize + ?Sized)>,
+        opts: CallOptions,
+        token: Option<&str>,
     ) -> Result<Value, ClientError> {
         let body = match body {
             Some(b) => Some(serde_json::to_vec(b).map_err(|e| ClientError::Usage(e.to_string()))?),
@@ -292,6 +383,9 @@ impl Client {
             let mut req = self.http.request(method.clone(), &url);
             if let Some(t) = opts.timeout {
                 req = req.timeout(t);
+            }
+            if let Some(token) = token {
+                req = req.bearer_auth(token);
             }
             if let Some(b) = &body {
                 req = req

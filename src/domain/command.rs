@@ -13,6 +13,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use super::auth::{AuthChange, AuthError};
 use super::types::Revision;
 
 /// A state-machine command, proposed through Raft and applied on every replica.
@@ -68,9 +69,25 @@ pub enum Command {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         clock_ms: Option<u64>,
     },
+    /// A change to users, roles or the auth switch (validated at apply, see
+    /// [`crate::domain::auth`]). Changes no key and no store revision.
+    Auth { change: AuthChange },
+    /// `command` on behalf of `user`, while auth is on: apply checks the user's permission
+    /// against the auth state as of this entry, and refuses with `permission_denied` if it no
+    /// longer allows the command (a role revoked between the node's check and the commit).
+    /// `user` is `""` for a request made without a token (allowed only while auth is off).
+    Guarded { user: String, command: Box<Command> },
 }
 
 impl Command {
+    /// The command under any [`Command::Guarded`] wrapper.
+    pub fn inner_mut(&mut self) -> &mut Command {
+        match self {
+            Command::Guarded { command, .. } => command.inner_mut(),
+            other => other,
+        }
+    }
+
     /// A cheap estimate of the encoded size, for batching and transport budgets.
     pub fn approx_bytes(&self) -> usize {
         const OVERHEAD: usize = 48;
@@ -102,6 +119,8 @@ impl Command {
                         .map(|(k, v)| k.len() + v.len() + 8)
                         .sum::<usize>()
             }
+            Command::Auth { .. } => OVERHEAD + 256,
+            Command::Guarded { user, command } => user.len() + command.approx_bytes(),
         }
     }
 }
@@ -155,6 +174,8 @@ pub enum Response {
         revision: Revision,
         lease_revision: Revision,
     },
+    /// An auth change applied; the auth revision after it.
+    AuthChanged { auth_revision: u64 },
     /// The command was applied and changed nothing, for this reason.
     Rejected { error: KvError },
 }
@@ -179,6 +200,12 @@ pub enum KvError {
     /// A member registration found a live registration of the same id.
     #[error("member {id:?} is already registered")]
     MemberExists { id: String },
+    /// A guarded command the user's permissions no longer allowed when it applied.
+    #[error("permission denied")]
+    PermissionDenied,
+    /// An auth change refused by its validation.
+    #[error("{error}")]
+    Auth { error: AuthError },
 }
 
 /// A change to the set of leases, for the leader's tracker.

@@ -25,6 +25,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
+use super::auth::AuthState;
 use super::command::{
     Cause, Command, Event, EventKind, KvError, LeaseChange, LeaseCheckpoint, LeaseRef, Response,
 };
@@ -76,6 +77,9 @@ pub struct KvSnapshot {
     pub keys: BTreeMap<String, Versioned>,
     #[serde(default)]
     pub leases: BTreeMap<String, LeaseRecord>,
+    /// Users, roles and the auth switch (absent in snapshots older than auth: auth off).
+    #[serde(default)]
+    pub auth: AuthState,
 }
 
 /// The replicated key-value state.
@@ -91,6 +95,10 @@ pub struct KvState {
     dirty: BTreeSet<String>,
     /// Leases changed since the last [`KvState::take_dirty_leases`].
     dirty_leases: BTreeSet<String>,
+    /// Users, roles and the auth switch.
+    auth: AuthState,
+    /// The auth state changed since the last [`KvState::take_dirty_auth`].
+    dirty_auth: bool,
     /// The lease clock: the highest checkpoint stamp applied (see [`crate::domain::lease`]).
     /// Derived, not stored: rebuilt from the leases' stamps, which may make it lower after a
     /// restart, and a lower clock only makes a new leader's deadlines later (never earlier).
@@ -125,6 +133,8 @@ impl KvState {
             leases: snapshot.leases,
             dirty: BTreeSet::new(),
             dirty_leases: BTreeSet::new(),
+            auth: snapshot.auth,
+            dirty_auth: false,
             lease_clock_ms,
             data_bytes,
         }
@@ -171,6 +181,11 @@ impl KvState {
             .take(limit)
             .map(|(k, v)| (k.as_str(), v))
             .collect()
+    }
+
+    /// Users, roles and the auth switch.
+    pub fn auth(&self) -> &AuthState {
+        &self.auth
     }
 
     /// One lease.
@@ -222,6 +237,26 @@ impl KvState {
                 meta,
                 clock_ms,
             } => self.register_member(id, address, *ttl_ms, meta, *clock_ms),
+            Command::Auth { change } => match self.auth.apply(change) {
+                Ok(()) => {
+                    self.dirty_auth = true;
+                    Applied {
+                        response: Response::AuthChanged {
+                            auth_revision: self.auth.revision,
+                        },
+                        events: vec![],
+                        lease_changes: vec![],
+                    }
+                }
+                Err(error) => rejected(KvError::Auth { error }),
+            },
+            Command::Guarded { user, command } => {
+                if super::auth::guard::authorize(self, user, command) {
+                    self.apply(command)
+                } else {
+                    rejected(KvError::PermissionDenied)
+                }
+            }
             Command::Batch { commands } => {
                 let mut out = Applied {
                     response: Response::Empty,
@@ -561,12 +596,18 @@ impl KvState {
             .collect()
     }
 
+    /// The auth state if it changed since the last call (for the storage adapter).
+    pub fn take_dirty_auth(&mut self) -> Option<&AuthState> {
+        std::mem::take(&mut self.dirty_auth).then_some(&self.auth)
+    }
+
     /// A copy of the whole state, for a snapshot.
     pub fn snapshot(&self) -> KvSnapshot {
         KvSnapshot {
             revision: self.revision,
             keys: self.keys.clone(),
             leases: self.leases.clone(),
+            auth: self.auth.clone(),
         }
     }
 
@@ -577,11 +618,13 @@ impl KvState {
             revision: Revision,
             keys: &'a BTreeMap<String, Versioned>,
             leases: &'a BTreeMap<String, LeaseRecord>,
+            auth: &'a AuthState,
         }
         serde_json::to_vec(&View {
             revision: self.revision,
             keys: &self.keys,
             leases: &self.leases,
+            auth: &self.auth,
         })
         .expect("serializing plain data cannot fail")
     }

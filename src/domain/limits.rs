@@ -6,6 +6,7 @@
 
 use thiserror::Error;
 
+use super::auth::{self, AuthChange};
 use super::command::Command;
 use super::members::{MemberRecord, check_member_id};
 
@@ -195,6 +196,84 @@ impl Limits {
             | Command::Batch { .. } => Err(InvalidInput::Invalid(
                 "expiries, checkpoints and batches are the leader's own commands".into(),
             )),
+            // A client's command on behalf of a user (`""`: no token). Apply re-checks the
+            // user's permission; here, its shape and limits.
+            Command::Guarded { user, command } => {
+                if !user.is_empty() {
+                    auth::check_name(user).map_err(|e| InvalidInput::Invalid(e.to_string()))?;
+                }
+                match command.as_ref() {
+                    Command::Guarded { .. } => Err(InvalidInput::Invalid(
+                        "a guarded command cannot hold another".into(),
+                    )),
+                    Command::Auth { change } => self.check_auth_change(change),
+                    inner => self.check_command(inner, ttl),
+                }
+            }
+            Command::Auth { .. } => Err(InvalidInput::Invalid(
+                "auth changes are proposed on behalf of a user (guarded)".into(),
+            )),
+        }
+    }
+
+    /// An auth change within the limits a client request for it passes: names, a granted
+    /// key (a prefix may be empty: every key), and secrets of a sane size (argon2 hashes and
+    /// signing keys are well under a KiB).
+    pub fn check_auth_change(&self, change: &AuthChange) -> Result<(), InvalidInput> {
+        const MAX_SECRET_BYTES: usize = 1024;
+        let name = |n: &str| auth::check_name(n).map_err(|e| InvalidInput::Invalid(e.to_string()));
+        let secret = |s: &auth::Secret| {
+            if s.0.is_empty() || s.0.len() > MAX_SECRET_BYTES {
+                return Err(InvalidInput::Invalid(format!(
+                    "a hash or key must be 1 to {MAX_SECRET_BYTES} bytes"
+                )));
+            }
+            Ok(())
+        };
+        let key = |k: &str, prefix: bool| {
+            if prefix && k.is_empty() {
+                Ok(())
+            } else {
+                self.check_key(k)
+            }
+        };
+        use AuthChange as C;
+        match change {
+            C::Enable { signing_key } => secret(signing_key),
+            C::Disable => Ok(()),
+            C::UserAdd {
+                name: n,
+                password_hash,
+            }
+            | C::UserPasswd {
+                name: n,
+                password_hash,
+            } => {
+                name(n)?;
+                secret(password_hash)
+            }
+            C::UserDelete { name: n } | C::RoleAdd { name: n } | C::RoleDelete { name: n } => {
+                name(n)
+            }
+            C::UserGrantRole { name: n, role } | C::UserRevokeRole { name: n, role } => {
+                name(n)?;
+                name(role)
+            }
+            C::RoleGrant {
+                name: n,
+                permission,
+            } => {
+                name(n)?;
+                key(&permission.key, permission.prefix)
+            }
+            C::RoleRevoke {
+                name: n,
+                key: k,
+                prefix,
+            } => {
+                name(n)?;
+                key(k, *prefix)
+            }
         }
     }
 

@@ -11,6 +11,7 @@
 //!
 //! # Layout
 //! - [`types`]: newtypes shared by every layer (revisions, time).
+//! - [`auth`]: users, roles, permissions, tokens (etcd-style RBAC).
 //! - [`bootstrap`]: may a node with an empty data dir start (lost-data protection).
 //! - [`command`]: the Raft log vocabulary: `Command` in, `Response` and `Event` out.
 //! - [`limits`]: input validation shared by the HTTP edge and the CLI.
@@ -24,6 +25,7 @@
 //! - [`resources`]: connection cap, storage quota, log compaction by bytes, peer addresses.
 //! - [`replay`]: rebuilding the watch history at start-up from the snapshot and the log.
 
+pub mod auth;
 pub mod bootstrap;
 pub mod command;
 pub mod flease;

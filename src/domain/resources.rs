@@ -215,6 +215,8 @@ fn grows(cmd: &Command) -> bool {
         | Command::ExpireLeases { .. }
         | Command::CheckpointLeases { .. } => false,
         Command::Batch { commands } => commands.iter().any(grows),
+        Command::Guarded { command, .. } => grows(command),
+        Command::Auth { .. } => true,
     }
 }
 

@@ -19,13 +19,15 @@ use super::error::ApiError;
 use super::extract::{ApiJson, ApiPath};
 use crate::domain::health::NotReady;
 use crate::raft::consensus::{AdminOutcome, AdminRequest, ClusterView};
+use crate::runtime::auth::Caller;
 use crate::wire::{AddNodeRequest, AddNodeResponse};
 use axum::http::StatusCode;
 
 /// How long `/readyz` lets a node that is only behind on apply catch up before judging it.
 const READY_APPLY_WAIT: std::time::Duration = std::time::Duration::from_millis(500);
 
-pub async fn status(State(state): State<AppState>) -> Json<ClusterView> {
+/// Any authenticated caller (as etcd's member list).
+pub async fn status(State(state): State<AppState>, _caller: Caller) -> Json<ClusterView> {
     Json(state.consensus.cluster_view())
 }
 
@@ -33,8 +35,10 @@ pub async fn status(State(state): State<AppState>) -> Json<ClusterView> {
 /// or catch up in time): the answer says why, and the node can be removed or added again.
 pub async fn add_node(
     State(state): State<AppState>,
+    caller: Caller,
     ApiJson(req): ApiJson<AddNodeRequest>,
 ) -> Result<(StatusCode, Json<AddNodeResponse>), ApiError> {
+    super::auth::require_root(&state, &caller)?;
     check_address(&req.address)?;
     let outcome = state
         .consensus
@@ -68,8 +72,10 @@ pub async fn add_node(
 
 pub async fn remove_node(
     State(state): State<AppState>,
+    caller: Caller,
     ApiPath(id): ApiPath<u64>,
 ) -> Result<Json<ClusterView>, ApiError> {
+    super::auth::require_root(&state, &caller)?;
     state
         .consensus
         .admin(AdminRequest::RemoveNode { id })

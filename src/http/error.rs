@@ -8,10 +8,12 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::{Map, Value, json};
 
+use crate::domain::auth::AuthError;
 use crate::domain::command::KvError;
 use crate::domain::health::NotReady;
 use crate::domain::limits::InvalidInput;
 use crate::raft::consensus::ConsensusError;
+use crate::runtime::auth::AccessError;
 use crate::runtime::lease::LeaseError;
 use crate::wire::{ErrorBody, ErrorDetail};
 
@@ -86,7 +88,82 @@ impl From<KvError> for ApiError {
             KvError::LeaseExists { lease } => {
                 ApiError::new(StatusCode::CONFLICT, "lease_exists", message).with("lease", lease)
             }
+            KvError::PermissionDenied => AccessError::PermissionDenied.into(),
+            KvError::Auth { error } => error.into(),
         }
+    }
+}
+
+impl From<AccessError> for ApiError {
+    fn from(e: AccessError) -> Self {
+        let message = e.to_string();
+        match e {
+            AccessError::Unauthenticated(_) => {
+                ApiError::new(StatusCode::UNAUTHORIZED, "unauthenticated", message)
+            }
+            AccessError::PermissionDenied => {
+                ApiError::new(StatusCode::FORBIDDEN, "permission_denied", message)
+            }
+            AccessError::Busy => {
+                ApiError::new(StatusCode::TOO_MANY_REQUESTS, "too_many_requests", message)
+            }
+            AccessError::NotEnabled => {
+                ApiError::new(StatusCode::CONFLICT, "auth_not_enabled", message)
+            }
+            AccessError::Invalid(m) => ApiError::invalid(m),
+        }
+    }
+}
+
+impl From<AuthError> for ApiError {
+    fn from(e: AuthError) -> Self {
+        let message = e.to_string();
+        let conflict = StatusCode::CONFLICT;
+        match e {
+            AuthError::UserExists { name } => {
+                ApiError::new(conflict, "user_exists", message).with("name", name)
+            }
+            AuthError::UserNotFound { name } => {
+                ApiError::not_found("user_not_found", message).with("name", name)
+            }
+            AuthError::RoleExists { name } => {
+                ApiError::new(conflict, "role_exists", message).with("name", name)
+            }
+            AuthError::RoleNotFound { name } => {
+                ApiError::not_found("role_not_found", message).with("name", name)
+            }
+            AuthError::RoleNotGranted { name, role } => {
+                ApiError::not_found("role_not_granted", message)
+                    .with("name", name)
+                    .with("role", role)
+            }
+            AuthError::PermissionNotGranted { name, key, .. } => {
+                ApiError::not_found("permission_not_granted", message)
+                    .with("name", name)
+                    .with("key", key)
+            }
+            AuthError::RootUserRequired => ApiError::new(conflict, "root_user_required", message),
+            AuthError::InvalidChange { .. } => ApiError::invalid(message),
+        }
+    }
+}
+
+#[cfg(test)]
+mod auth_tests {
+    use super::*;
+
+    #[test]
+    fn auth_failures_map_to_401_and_403() {
+        let e: ApiError = AccessError::Unauthenticated("x").into();
+        assert_eq!(
+            (e.status, e.code),
+            (StatusCode::UNAUTHORIZED, "unauthenticated")
+        );
+        let e: ApiError = KvError::PermissionDenied.into();
+        assert_eq!(
+            (e.status, e.code),
+            (StatusCode::FORBIDDEN, "permission_denied")
+        );
     }
 }
 

@@ -9,12 +9,15 @@ use axum::{Extension, Json};
 use serde::{Deserialize, Serialize};
 
 use super::AppState;
+use super::auth::check_key;
 use super::error::ApiError;
 use super::extract::{ApiJson, ApiPath};
 use super::peer_trust::{PeerSender, member_ids, record};
+use crate::domain::auth::Access;
 use crate::domain::flease::{Envelope, Protocol, validate};
 use crate::domain::peer_trust::Refusal;
 use crate::raft::network::MSGPACK;
+use crate::runtime::auth::Caller;
 use crate::runtime::flease::{FleaseError, LeaseView, MSG_ROUTE};
 
 /// Body of acquire and release.
@@ -28,6 +31,25 @@ pub struct OwnerRequest {
 #[derive(Serialize)]
 pub struct ReleaseResponse {
     released: bool,
+}
+
+/// The key whose permission guards a resource (auth on): `flease/<resource>` or
+/// `paxoslease/<resource>`. Acquire and release need write on it, get needs read.
+pub fn resource_key(proto: Protocol, resource: &str) -> String {
+    match proto {
+        Protocol::Flease => format!("flease/{resource}"),
+        Protocol::PaxosLease => format!("paxoslease/{resource}"),
+    }
+}
+
+fn allowed(
+    state: &AppState,
+    caller: &Caller,
+    proto: Protocol,
+    resource: &str,
+    access: Access,
+) -> Result<(), ApiError> {
+    check_key(state, caller, access, &resource_key(proto, resource))
 }
 
 fn check(resource: &str, owner: Option<&str>) -> Result<(), ApiError> {
@@ -46,11 +68,12 @@ impl From<FleaseError> for ApiError {
 
 async fn acquire_in(
     proto: Protocol,
-    state: AppState,
+    (state, caller): (AppState, Caller),
     resource: String,
     req: OwnerRequest,
 ) -> Result<Json<LeaseView>, ApiError> {
     check(&resource, Some(&req.owner))?;
+    allowed(&state, &caller, proto, &resource, Access::Write)?;
     Ok(Json(
         state.flease.acquire(proto, &resource, &req.owner).await?,
     ))
@@ -58,64 +81,76 @@ async fn acquire_in(
 
 async fn release_in(
     proto: Protocol,
-    state: AppState,
+    (state, caller): (AppState, Caller),
     resource: String,
     req: OwnerRequest,
 ) -> Result<Json<ReleaseResponse>, ApiError> {
     check(&resource, Some(&req.owner))?;
+    allowed(&state, &caller, proto, &resource, Access::Write)?;
     let released = state.flease.release(proto, &resource, &req.owner).await?;
     Ok(Json(ReleaseResponse { released }))
 }
 
-fn get_in(proto: Protocol, state: AppState, resource: String) -> Result<Json<LeaseView>, ApiError> {
+fn get_in(
+    proto: Protocol,
+    (state, caller): (AppState, Caller),
+    resource: String,
+) -> Result<Json<LeaseView>, ApiError> {
     check(&resource, None)?;
+    allowed(&state, &caller, proto, &resource, Access::Read)?;
     Ok(Json(state.flease.peek(proto, &resource)))
 }
 
 pub async fn acquire(
     State(state): State<AppState>,
+    caller: Caller,
     ApiPath(resource): ApiPath<String>,
     ApiJson(req): ApiJson<OwnerRequest>,
 ) -> Result<Json<LeaseView>, ApiError> {
-    acquire_in(Protocol::Flease, state, resource, req).await
+    acquire_in(Protocol::Flease, (state, caller), resource, req).await
 }
 
 pub async fn release(
     State(state): State<AppState>,
+    caller: Caller,
     ApiPath(resource): ApiPath<String>,
     ApiJson(req): ApiJson<OwnerRequest>,
 ) -> Result<Json<ReleaseResponse>, ApiError> {
-    release_in(Protocol::Flease, state, resource, req).await
+    release_in(Protocol::Flease, (state, caller), resource, req).await
 }
 
 pub async fn get(
     State(state): State<AppState>,
+    caller: Caller,
     ApiPath(resource): ApiPath<String>,
 ) -> Result<Json<LeaseView>, ApiError> {
-    get_in(Protocol::Flease, state, resource)
+    get_in(Protocol::Flease, (state, caller), resource)
 }
 
 pub async fn paxos_acquire(
     State(state): State<AppState>,
+    caller: Caller,
     ApiPath(resource): ApiPath<String>,
     ApiJson(req): ApiJson<OwnerRequest>,
 ) -> Result<Json<LeaseView>, ApiError> {
-    acquire_in(Protocol::PaxosLease, state, resource, req).await
+    acquire_in(Protocol::PaxosLease, (state, caller), resource, req).await
 }
 
 pub async fn paxos_release(
     State(state): State<AppState>,
+    caller: Caller,
     ApiPath(resource): ApiPath<String>,
     ApiJson(req): ApiJson<OwnerRequest>,
 ) -> Result<Json<ReleaseResponse>, ApiError> {
-    release_in(Protocol::PaxosLease, state, resource, req).await
+    release_in(Protocol::PaxosLease, (state, caller), resource, req).await
 }
 
 pub async fn paxos_get(
     State(state): State<AppState>,
+    caller: Caller,
     ApiPath(resource): ApiPath<String>,
 ) -> Result<Json<LeaseView>, ApiError> {
-    get_in(Protocol::PaxosLease, state, resource)
+    get_in(Protocol::PaxosLease, (state, caller), resource)
 }
 
 /// A batch of register messages, compact MessagePack both ways. A message the acceptor must

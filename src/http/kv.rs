@@ -9,10 +9,13 @@ use axum::extract::State;
 use serde::Deserialize;
 
 use super::AppState;
+use super::auth::{check, check_key, guard};
 use super::error::ApiError;
 use super::extract::{ApiJson, ApiPath, ApiQuery};
+use crate::domain::auth::{Access, KeyRange};
 use crate::domain::command::{Command, Response};
 use crate::domain::types::Revision;
+use crate::runtime::auth::Caller;
 use crate::wire::{DeleteResponse, GetResponse, KeyValue, ListResponse, PutRequest, PutResponse};
 
 /// The default and the largest `limit` of a listing.
@@ -69,8 +72,12 @@ pub(super) async fn propose(state: &AppState, cmd: Command) -> Result<Response, 
 pub(super) fn admit(state: &AppState, cmd: &Command) -> Result<(), ApiError> {
     let ttl = state.leases.hub().config().ttl_bounds();
     state.limits.check_command(cmd, ttl)?;
+    let inner = match cmd {
+        Command::Guarded { command, .. } => command.as_ref(),
+        other => other,
+    };
     if matches!(
-        cmd,
+        inner,
         Command::RegisterLease { .. } | Command::RegisterMember { .. }
     ) {
         let leases = state.consensus.view().with_state(|kv| kv.leases().len());
@@ -89,6 +96,7 @@ pub(super) async fn read_point(state: &AppState, c: Consistency) -> Result<(), A
 
 pub async fn put(
     State(state): State<AppState>,
+    caller: Caller,
     ApiPath(key): ApiPath<String>,
     ApiQuery(q): ApiQuery<WriteQuery>,
     ApiJson(body): ApiJson<PutRequest>,
@@ -100,6 +108,7 @@ pub async fn put(
         prev_revision: q.prev_revision.map(Revision),
     };
     admit(&state, &cmd)?;
+    let cmd = guard(&state, &caller, cmd)?;
     match propose(&state, cmd).await? {
         Response::Put { revision } => Ok(Json(PutResponse { revision })),
         other => Err(unexpected(other)),
@@ -108,11 +117,14 @@ pub async fn put(
 
 pub async fn get(
     State(state): State<AppState>,
+    caller: Caller,
     ApiPath(key): ApiPath<String>,
     ApiQuery(q): ApiQuery<ReadQuery>,
 ) -> Result<Json<GetResponse>, ApiError> {
     state.limits.check_key(&key)?;
+    // After the read point: a linearizable read is checked against the auth state as of then.
     read_point(&state, q.consistency).await?;
+    check_key(&state, &caller, Access::Read, &key)?;
     match state.consensus.view().get(&key) {
         (revision, Some(v)) => Ok(Json(GetResponse {
             kv: KeyValue::new(key, v),
@@ -129,6 +141,7 @@ pub async fn get(
 
 pub async fn list(
     State(state): State<AppState>,
+    caller: Caller,
     ApiQuery(q): ApiQuery<ListQuery>,
 ) -> Result<Json<ListResponse>, ApiError> {
     let limit = q.limit.unwrap_or(DEFAULT_LIST_LIMIT);
@@ -138,6 +151,8 @@ pub async fn list(
         )));
     }
     read_point(&state, q.consistency).await?;
+    // As etcd: a range needs read on all of it (no silent filtering of what it returns).
+    check(&state, &caller, Access::Read, &KeyRange::prefix(&q.prefix))?;
     // One more than asked tells whether the listing was cut short.
     let (revision, mut items) = state.consensus.view().list(&q.prefix, limit + 1);
     let more = items.len() > limit;
@@ -154,6 +169,7 @@ pub async fn list(
 
 pub async fn delete(
     State(state): State<AppState>,
+    caller: Caller,
     ApiPath(key): ApiPath<String>,
     ApiQuery(q): ApiQuery<WriteQuery>,
 ) -> Result<Json<DeleteResponse>, ApiError> {
@@ -162,6 +178,7 @@ pub async fn delete(
         prev_revision: q.prev_revision.map(Revision),
     };
     admit(&state, &cmd)?;
+    let cmd = guard(&state, &caller, cmd)?;
     match propose(&state, cmd).await? {
         Response::Delete { revision, deleted } => Ok(Json(DeleteResponse { revision, deleted })),
         other => Err(unexpected(other)),

@@ -10,11 +10,14 @@ use axum::http::StatusCode;
 use serde::Deserialize;
 
 use super::AppState;
+use super::auth::{check_lease, guard, lease_allowed};
 use super::error::ApiError;
 use super::extract::{ApiJson, ApiPath, ApiQuery};
 use super::kv::{DEFAULT_LIST_LIMIT, MAX_LIST_LIMIT, admit, propose, unexpected};
+use crate::domain::auth::Access;
 use crate::domain::command::{Command, Response};
 use crate::domain::kv::LeaseRecord;
+use crate::runtime::auth::Caller;
 use crate::runtime::lease::RefreshAck;
 use crate::wire::{LeaseGranted, LeaseInfo, LeaseList, LeaseRevoked, RegisterLeaseRequest};
 
@@ -28,6 +31,7 @@ pub struct LeaseListQuery {
 
 pub async fn register(
     State(state): State<AppState>,
+    caller: Caller,
     ApiJson(req): ApiJson<RegisterLeaseRequest>,
 ) -> Result<(StatusCode, Json<LeaseGranted>), ApiError> {
     let cmd = Command::RegisterLease {
@@ -37,6 +41,7 @@ pub async fn register(
         clock_ms: None,
     };
     admit(&state, &cmd)?;
+    let cmd = guard(&state, &caller, cmd)?;
     match propose(&state, cmd).await? {
         Response::LeaseRegistered { revision } => Ok((
             StatusCode::CREATED,
@@ -52,9 +57,11 @@ pub async fn register(
 
 pub async fn refresh(
     State(state): State<AppState>,
+    caller: Caller,
     ApiPath(name): ApiPath<String>,
 ) -> Result<Json<RefreshAck>, ApiError> {
     state.limits.check_lease_name(&name)?;
+    check_lease(&state, &caller, &name, Access::Write)?;
     Ok(Json(state.leases.refresh(&name).await?))
 }
 
@@ -70,10 +77,13 @@ fn info(name: String, lease: LeaseRecord, remaining_ms: Option<u64>) -> LeaseInf
 
 pub async fn get(
     State(state): State<AppState>,
+    caller: Caller,
     ApiPath(name): ApiPath<String>,
 ) -> Result<Json<LeaseInfo>, ApiError> {
     state.limits.check_lease_name(&name)?;
     state.consensus.read_barrier().await?;
+    // The answer names the lease's keys: reading them is what it takes.
+    check_lease(&state, &caller, &name, Access::Read)?;
     let (_, lease) = state.consensus.view().lease(&name);
     let lease = lease.ok_or_else(|| lease_not_found(&name))?;
     let remaining = state.leases.remaining(std::slice::from_ref(&name)).await?;
@@ -86,6 +96,7 @@ pub async fn get(
 
 pub async fn list(
     State(state): State<AppState>,
+    caller: Caller,
     ApiQuery(q): ApiQuery<LeaseListQuery>,
 ) -> Result<Json<LeaseList>, ApiError> {
     let limit = q.limit.unwrap_or(DEFAULT_LIST_LIMIT);
@@ -99,6 +110,8 @@ pub async fn list(
     let mut leases: Vec<_> = all
         .into_iter()
         .filter(|(n, _)| n.starts_with(&q.prefix))
+        // Only the leases whose keys the caller may read (their keys are in the answer).
+        .filter(|(n, _)| lease_allowed(&state, &caller, n, Access::Read))
         .take(limit + 1)
         .collect();
     let more = leases.len() > limit;
@@ -118,10 +131,12 @@ pub async fn list(
 
 pub async fn revoke(
     State(state): State<AppState>,
+    caller: Caller,
     ApiPath(name): ApiPath<String>,
 ) -> Result<Json<LeaseRevoked>, ApiError> {
     let cmd = Command::RevokeLease { name };
     admit(&state, &cmd)?;
+    let cmd = guard(&state, &caller, cmd)?;
     match propose(&state, cmd).await? {
         Response::LeaseRevoked {
             revision,

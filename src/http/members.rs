@@ -5,13 +5,16 @@ use axum::extract::State;
 use axum::http::StatusCode;
 
 use super::AppState;
+use super::auth::{check, check_key, guard};
 use super::error::ApiError;
 use super::extract::{ApiJson, ApiPath};
 use super::kv::{admit, propose, unexpected};
+use crate::domain::auth::{Access, KeyRange};
 use crate::domain::command::{Command, KvError, Response};
 use crate::domain::members::{
     MEMBERS_PREFIX, MemberRecord, check_member_id, member_id, member_key,
 };
+use crate::runtime::auth::Caller;
 use crate::runtime::lease::LeaseError;
 use crate::wire::{Heartbeat, MemberLeft, MemberList, MemberRegistered, RegisterMemberRequest};
 
@@ -25,6 +28,7 @@ fn member_not_found(id: &str) -> ApiError {
 
 pub async fn register(
     State(state): State<AppState>,
+    caller: Caller,
     ApiJson(req): ApiJson<RegisterMemberRequest>,
 ) -> Result<(StatusCode, Json<MemberRegistered>), ApiError> {
     let cmd = Command::RegisterMember {
@@ -35,6 +39,7 @@ pub async fn register(
         clock_ms: None,
     };
     admit(&state, &cmd)?;
+    let cmd = guard(&state, &caller, cmd)?;
     match propose(&state, cmd).await? {
         Response::MemberRegistered { revision, .. } => {
             let key = member_key(&req.id);
@@ -54,9 +59,11 @@ pub async fn register(
 
 pub async fn heartbeat(
     State(state): State<AppState>,
+    caller: Caller,
     ApiPath(id): ApiPath<String>,
 ) -> Result<Json<Heartbeat>, ApiError> {
     check_member_id(&id)?;
+    check_key(&state, &caller, Access::Write, &member_key(&id))?;
     match state.leases.refresh(&member_key(&id)).await {
         Ok(ack) => Ok(Json(Heartbeat {
             id,
@@ -70,14 +77,16 @@ pub async fn heartbeat(
 
 pub async fn leave(
     State(state): State<AppState>,
+    caller: Caller,
     ApiPath(id): ApiPath<String>,
 ) -> Result<Json<MemberLeft>, ApiError> {
     check_member_id(&id)?;
+    check_key(&state, &caller, Access::Write, &member_key(&id))?;
     let cmd = Command::RevokeLease {
         name: member_key(&id),
     };
     admit(&state, &cmd)?;
-    match propose(&state, cmd).await? {
+    match propose(&state, guard(&state, &caller, cmd)?).await? {
         Response::LeaseRevoked { revision, .. } => Ok(Json(MemberLeft { id, revision })),
         Response::Rejected {
             error: KvError::LeaseNotFound { .. },
@@ -86,8 +95,17 @@ pub async fn leave(
     }
 }
 
-pub async fn list(State(state): State<AppState>) -> Result<Json<MemberList>, ApiError> {
+pub async fn list(
+    State(state): State<AppState>,
+    caller: Caller,
+) -> Result<Json<MemberList>, ApiError> {
     state.consensus.read_barrier().await?;
+    check(
+        &state,
+        &caller,
+        Access::Read,
+        &KeyRange::prefix(MEMBERS_PREFIX),
+    )?;
     let (revision, items) = state.consensus.view().list(MEMBERS_PREFIX, usize::MAX);
     let members = items
         .into_iter()

@@ -13,6 +13,7 @@
 //!   membership are heard (`domain::peer_trust`).
 //! - Handlers translate; they decide nothing. Rules live in `domain`.
 
+pub mod auth;
 pub mod cluster;
 pub mod error;
 pub mod extract;
@@ -66,6 +67,7 @@ pub struct AppState {
     pub leases: Arc<LeaseService>,
     pub watch: Arc<WatchHub>,
     pub flease: Arc<FleaseService>,
+    pub auth: Arc<crate::runtime::auth::AuthService>,
 }
 
 /// Who a route is for.
@@ -176,6 +178,63 @@ pub fn route_table() -> Vec<RouteSpec> {
             "/v1/cluster/nodes/{id}",
             Public,
             delete(cluster::remove_node),
+        ),
+        spec(
+            "POST",
+            "/v1/auth/authenticate",
+            Public,
+            post(auth::authenticate),
+        ),
+        spec("GET", "/v1/auth/status", Public, get(auth::status)),
+        spec("POST", "/v1/auth/enable", Public, post(auth::enable)),
+        spec("POST", "/v1/auth/disable", Public, post(auth::disable)),
+        spec("GET", "/v1/auth/users", Public, get(auth::user_list)),
+        spec("POST", "/v1/auth/users", Public, post(auth::user_add)),
+        spec("GET", "/v1/auth/users/{name}", Public, get(auth::user_get)),
+        spec(
+            "DELETE",
+            "/v1/auth/users/{name}",
+            Public,
+            delete(auth::user_delete),
+        ),
+        spec(
+            "PUT",
+            "/v1/auth/users/{name}/password",
+            Public,
+            put(auth::user_passwd),
+        ),
+        spec(
+            "PUT",
+            "/v1/auth/users/{name}/roles/{role}",
+            Public,
+            put(auth::user_grant_role),
+        ),
+        spec(
+            "DELETE",
+            "/v1/auth/users/{name}/roles/{role}",
+            Public,
+            delete(auth::user_revoke_role),
+        ),
+        spec("GET", "/v1/auth/roles", Public, get(auth::role_list)),
+        spec("POST", "/v1/auth/roles", Public, post(auth::role_add)),
+        spec("GET", "/v1/auth/roles/{name}", Public, get(auth::role_get)),
+        spec(
+            "DELETE",
+            "/v1/auth/roles/{name}",
+            Public,
+            delete(auth::role_delete),
+        ),
+        spec(
+            "POST",
+            "/v1/auth/roles/{name}/permissions",
+            Public,
+            post(auth::role_grant),
+        ),
+        spec(
+            "DELETE",
+            "/v1/auth/roles/{name}/permissions",
+            Public,
+            delete(auth::role_revoke),
         ),
         spec("POST", routes::APPEND, Peer, post(peer::append)),
         spec("POST", routes::VOTE, Peer, post(peer::vote)),

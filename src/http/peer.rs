@@ -125,6 +125,12 @@ pub async fn propose(
     Extension(PeerSender(sender)): Extension<PeerSender>,
     ApiJson(cmd): ApiJson<Command>,
 ) -> Result<Json<Result<Response, ConsensusError>>, ApiError> {
+    // Every client command reaches the leader guarded (on behalf of a user, or `""`), so
+    // that apply checks it against the auth state: a bare one from a peer would skip that.
+    if !matches!(cmd, Command::Guarded { .. }) {
+        let e = ApiError::invalid("a forwarded command must be guarded (on behalf of a user)");
+        return Err(invalid(&state, sender, routes::PROPOSE, e));
+    }
     admit(&state, &cmd).map_err(|e| invalid(&state, sender, routes::PROPOSE, e))?;
     Ok(Json(state.consensus.propose_here(cmd).await))
 }

@@ -17,6 +17,7 @@ use super::extract::ApiQuery;
 use super::kv::Consistency;
 use crate::raft::backup;
 use crate::raft::consensus::ConsensusError;
+use crate::runtime::auth::Caller;
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -25,10 +26,13 @@ pub struct SnapshotQuery {
     consistency: Consistency,
 }
 
+/// Root only: a backup holds every key, and the auth state with its hashes and token key.
 pub async fn save(
     State(state): State<AppState>,
+    caller: Caller,
     ApiQuery(q): ApiQuery<SnapshotQuery>,
 ) -> Result<impl IntoResponse, ApiError> {
+    super::auth::require_root(&state, &caller)?;
     if q.consistency == Consistency::Linearizable {
         state.consensus.read_barrier().await?;
     }

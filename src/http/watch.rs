@@ -17,10 +17,13 @@ use futures::Stream;
 use serde::Deserialize;
 
 use super::AppState;
+use super::auth::{can_read, check, keep_visible};
 use super::error::ApiError;
 use super::extract::ApiQuery;
+use crate::domain::auth::{Access, KeyRange};
 use crate::domain::history::{Compacted, KeyFilter};
 use crate::domain::types::Revision;
+use crate::runtime::auth::Caller;
 use crate::wire::WatchResponse;
 
 /// Default and longest long-poll wait.
@@ -67,8 +70,17 @@ fn compacted(c: Compacted) -> ApiError {
     .with("compact_revision", c.compacted.0)
 }
 
+/// The keys a filter can match, for the permission check.
+fn filter_range(filter: &KeyFilter) -> KeyRange {
+    match filter {
+        KeyFilter::Key(k) => KeyRange::key(k),
+        KeyFilter::Prefix(p) => KeyRange::prefix(p),
+    }
+}
+
 pub async fn watch(
     State(state): State<AppState>,
+    caller: Caller,
     headers: HeaderMap,
     ApiQuery(q): ApiQuery<WatchQuery>,
 ) -> Result<Response, ApiError> {
@@ -80,6 +92,9 @@ pub async fn watch(
         }
         (None, p) => KeyFilter::Prefix(p.unwrap_or_default()),
     };
+    // As etcd: a watch needs read on its whole range when it starts; each event is checked
+    // again when it is delivered.
+    check(&state, &caller, Access::Read, &filter_range(&filter))?;
     let timeout_ms = q.timeout_ms.unwrap_or(DEFAULT_TIMEOUT_MS);
     if timeout_ms > MAX_TIMEOUT_MS {
         return Err(ApiError::invalid(format!(
@@ -113,15 +128,16 @@ pub async fn watch(
             .watch(&filter, Some(from), Duration::ZERO, 1)
             .await
             .map_err(compacted)?;
-        return Ok(Sse::new(event_stream(state, filter, from))
+        return Ok(Sse::new(event_stream(state, caller, filter, from))
             .keep_alive(KeepAlive::default())
             .into_response());
     }
-    let batch = state
+    let mut batch = state
         .watch
         .watch(&filter, from, Duration::from_millis(timeout_ms), limit)
         .await
         .map_err(compacted)?;
+    keep_visible(&state, &caller, &mut batch.events);
     Ok(Json(WatchResponse {
         revision: batch.through,
         events: batch.events,
@@ -134,12 +150,14 @@ pub async fn watch(
 /// retained history.
 fn event_stream(
     state: AppState,
+    caller: Caller,
     filter: KeyFilter,
     from: Revision,
 ) -> impl Stream<Item = Result<SseEvent, Infallible>> {
     use futures::StreamExt;
     futures::stream::unfold(Some(from), move |next| {
         let state = state.clone();
+        let caller = caller.clone();
         let filter = filter.clone();
         async move {
             let from = next?;
@@ -151,7 +169,8 @@ fn event_stream(
                 .watch(&filter, Some(from), SSE_PROGRESS, MAX_BATCH)
                 .await
             {
-                Ok(batch) => {
+                Ok(mut batch) => {
+                    keep_visible(&state, &caller, &mut batch.events);
                     // Never backwards: a node behind the client's start reports less than it.
                     let resume = from.max(batch.through.next());
                     let mut out: Vec<SseEvent> = batch
@@ -220,6 +239,7 @@ struct MatchedEvent<'a> {
 /// wakes once per applied batch whatever the number of watches, and matches through an index.
 pub async fn watch_many(
     State(state): State<AppState>,
+    caller: Caller,
     headers: HeaderMap,
     super::extract::ApiJson(req): super::extract::ApiJson<WatchManyRequest>,
 ) -> Result<Response, ApiError> {
@@ -258,6 +278,7 @@ pub async fn watch_many(
                 )));
             }
         };
+        check(&state, &caller, Access::Read, &filter_range(&filter))?;
         filters.push((w.id, filter));
     }
     let last_event_id = last_event_id(&headers)?;
@@ -269,13 +290,14 @@ pub async fn watch_many(
     };
     state.watch.since_all(from, 1).map_err(compacted)?;
     let set = std::sync::Arc::new(crate::domain::history::FilterSet::new(filters));
-    Ok(Sse::new(matched_stream(state, set, from))
+    Ok(Sse::new(matched_stream(state, caller, set, from))
         .keep_alive(KeepAlive::default())
         .into_response())
 }
 
 fn matched_stream(
     state: AppState,
+    caller: Caller,
     set: std::sync::Arc<crate::domain::history::FilterSet>,
     from: Revision,
 ) -> impl Stream<Item = Result<SseEvent, Infallible>> {
@@ -283,6 +305,7 @@ fn matched_stream(
     let revisions = state.watch.revisions();
     futures::stream::unfold(Some((from, revisions)), move |cursor| {
         let state = state.clone();
+        let caller = caller.clone();
         let set = set.clone();
         async move {
             let (mut from, mut revisions) = cursor?;
@@ -307,7 +330,7 @@ fn matched_stream(
                     .iter()
                     .filter_map(|e| {
                         let watches = set.matching(&e.key);
-                        if watches.is_empty() {
+                        if watches.is_empty() || !can_read(&state, &caller, &e.key) {
                             return None;
                         }
                         let kind = match e.kind {

@@ -405,7 +405,7 @@ impl Consensus {
     /// lease tracker's lock (expiries, checkpoints, clears) never re-enter it.
     fn stamp(&self, mut cmd: Command) -> Command {
         if let Command::RegisterLease { clock_ms, .. } | Command::RegisterMember { clock_ms, .. } =
-            &mut cmd
+            cmd.inner_mut()
             && clock_ms.is_none()
             && let Some(stamper) = self.inner.lease_stamper.get()
         {

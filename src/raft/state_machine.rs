@@ -40,6 +40,8 @@ const LEASE_PREFIX: &[u8] = b"l/";
 const KEY_APPLIED: &[u8] = b"m/applied";
 const KEY_MEMBERSHIP: &[u8] = b"m/membership";
 const KEY_REVISION: &[u8] = b"m/revision";
+/// Users, roles and the auth switch, as one JSON record (small; rewritten on every change).
+const KEY_AUTH: &[u8] = b"m/auth";
 
 /// How far the state machine has applied: published after every applied batch.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -258,10 +260,15 @@ impl StateMachine {
             Some(b) => serde_json::from_slice(&b).map_err(|e| corrupt("revision", e))?,
             None => Revision::default(),
         };
+        let auth = match read(KEY_AUTH)? {
+            Some(b) => serde_json::from_slice(&b).map_err(|e| corrupt("auth", e))?,
+            None => Default::default(),
+        };
         let kv = KvState::from_snapshot(KvSnapshot {
             revision,
             keys,
             leases,
+            auth,
         });
         let mark = AppliedMark {
             log_index: last_applied.map(|l| l.index).unwrap_or(0),
@@ -382,6 +389,9 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                     None => batch.remove(lease_key(&name)),
                 }
             }
+            if let Some(auth) = kv.take_dirty_auth() {
+                batch.insert(KEY_AUTH, json(auth)?);
+            }
             (kv.revision(), kv.lease_clock_ms())
         };
         batch.insert(KEY_APPLIED, json(&self.last_applied)?);
@@ -440,6 +450,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         for (name, lease) in &payload.kv.leases {
             batch.insert(lease_key(name), json(lease)?);
         }
+        batch.insert(KEY_AUTH, json(&payload.kv.auth)?);
         let revision = payload.kv.revision;
         batch.insert(KEY_APPLIED, json(&meta.last_log_id)?);
         batch.insert(KEY_MEMBERSHIP, json(&meta.last_membership)?);
@@ -574,6 +585,7 @@ pub(crate) fn seed(
     for (name, lease) in &kv.leases {
         batch.insert(lease_key(name), enc(lease)?);
     }
+    batch.insert(KEY_AUTH, enc(&kv.auth)?);
     batch.insert(KEY_APPLIED, enc(&meta.last_log_id)?);
     batch.insert(KEY_MEMBERSHIP, enc(&meta.last_membership)?);
     batch.insert(KEY_REVISION, enc(&kv.revision)?);

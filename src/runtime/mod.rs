@@ -5,6 +5,7 @@
 //! on the node's task tracker, so shutdown can stop and await it.
 //!
 //! # Layout
+//! - [`auth`]: password hashing (bounded), token issue and caller resolution.
 //! - [`batch`]: [`batch::RoundBatcher`], which lets many concurrent callers share one quorum
 //!   round (linearizable reads now, lease refreshes later).
 //! - [`bootstrap`]: asks the peers whether a cluster runs (empty data dir at start).
@@ -19,6 +20,7 @@
 //! every decision it sequences is made by the pure `domain::lease`, which is where its tests
 //! are; the shell itself is exercised end to end.
 
+pub mod auth;
 pub mod batch;
 pub mod bootstrap;
 pub mod compaction;
