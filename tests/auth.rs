@@ -141,6 +141,23 @@ async fn authenticate_while_auth_is_off_is_refused() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn credentials_are_harmless_while_auth_is_off_and_root_can_enable_with_them() {
+    // As etcd's clients: `--user root:...` before `auth enable` works, then keeps working.
+    let c = one_node().await;
+    let anon = c.client();
+    anon.user_add("root", ROOT_PASSWORD).await.unwrap();
+    anon.user_grant_role("root", "root").await.unwrap();
+    let root = c.client().with_credentials("root", ROOT_PASSWORD);
+    root.put("before", "v", None, None).await.unwrap();
+    assert!(root.auth_enable().await.unwrap().enabled);
+    root.put("after", "v", None, None).await.unwrap();
+    assert!(root.token().is_some(), "a token once auth is on");
+    let e = anon.put("anon", "v", None, None).await.unwrap_err();
+    assert_eq!(code(&e), "unauthenticated");
+    c.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_expired_token_is_401_and_a_client_with_credentials_renews_it() {
     let c = TestCluster::start_tweaked(1, |cfg| cfg.auth_token_ttl_ms = 1500).await;
     c.leader().await;

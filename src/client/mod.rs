@@ -346,7 +346,7 @@ impl Client {
             (s.token.clone(), s.credentials.clone())
         };
         let token = match (token, &credentials) {
-            (None, Some((user, password))) => Some(self.authenticate(user, password).await?.token),
+            (None, Some((user, password))) => self.log_in(user, password).await?,
             (token, _) => token,
         };
         let first = self
@@ -354,10 +354,22 @@ impl Client {
             .await;
         match (&first, credentials) {
             (Err(e), Some((user, password))) if e.status() == Some(401) => {
-                let token = self.authenticate(&user, &password).await?.token;
-                self.send_raw(method, path, body, opts, Some(&token)).await
+                let token = self.log_in(&user, &password).await?;
+                self.send_raw(method, path, body, opts, token.as_deref())
+                    .await
             }
             _ => first,
+        }
+    }
+
+    /// A token for the credentials, or none while the cluster has auth off (as etcd's
+    /// clients do: `--user` is harmless before `auth enable`, and `auth enable --user root`
+    /// works).
+    async fn log_in(&self, user: &str, password: &str) -> Result<Option<String>, ClientError> {
+        match self.authenticate(user, password).await {
+            Ok(answer) => Ok(Some(answer.token)),
+            Err(e) if e.code() == Some("auth_not_enabled") => Ok(None),
+            Err(e) => Err(e),
         }
     }
 
