@@ -426,6 +426,7 @@ impl Node {
             // Registrations leave the leader stamped with its lease clock.
             let hub = leases.hub_handle();
             consensus.set_lease_stamper(Arc::new(move || hub.clock_now()));
+            consensus.set_lease_tracking(leases.tracking());
         }
         tasks.spawn(leases.clone().run(cancel.clone()));
         let flease = Arc::new(FleaseService::new(

@@ -330,3 +330,67 @@ async fn registrations_past_the_lease_cap_get_a_clear_429() {
     .await;
     c.shutdown().await;
 }
+
+/// Issue 10, item 5: a registration accepted by a new leader before it tracks leases carried no
+/// lease clock stamp, so the next leader granted it its whole TTL again from its own promote
+/// (an abandoned lease outlived its TTL by a failover more). Every registration applied, also
+/// those racing a failover, carries its stamp.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn registrations_racing_a_failover_all_carry_the_lease_clock_stamp() {
+    let mut c = TestCluster::start(3).await;
+    let old = c.leader().await;
+    let stop = tokio_util::sync::CancellationToken::new();
+    let endpoints: Vec<String> = c.addrs.values().map(|a| format!("http://{a}")).collect();
+    let mut writers = Vec::new();
+    for w in 0..8 {
+        let (stop, client) = (
+            stop.clone(),
+            Client::with_timeout(&endpoints, Duration::from_secs(2)).unwrap(),
+        );
+        writers.push(tokio::spawn(async move {
+            let mut n = 0u32;
+            while !stop.is_cancelled() {
+                // Failures (no leader, the old leader stopping) are part of the race.
+                let _ = client.grant(&format!("race-{w}-{n}"), 60_000).await;
+                n += 1;
+            }
+        }));
+    }
+    c.stop(old).await;
+    let new = c.leader().await;
+    // Keep registering well into the new leader's term.
+    let target = c.nodes[&new]
+        .consensus()
+        .view()
+        .with_state(|kv| kv.leases().len())
+        + 200;
+    eventually(
+        Duration::from_secs(30),
+        "registrations under the new leader",
+        || async {
+            (c.nodes[&new]
+                .consensus()
+                .view()
+                .with_state(|kv| kv.leases().len())
+                >= target)
+                .then_some(())
+        },
+    )
+    .await;
+    stop.cancel();
+    for w in writers {
+        w.await.unwrap();
+    }
+    let unstamped: Vec<String> = c.nodes[&new].consensus().view().with_state(|kv| {
+        kv.lease_facts()
+            .into_iter()
+            .filter(|f| f.checkpoint_clock_ms.is_none())
+            .map(|f| f.name)
+            .collect()
+    });
+    assert!(
+        unstamped.is_empty(),
+        "registered without a stamp: {unstamped:?}"
+    );
+    c.shutdown().await;
+}

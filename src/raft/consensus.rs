@@ -44,7 +44,7 @@ use openraft::raft::VoteRequest;
 use openraft::{BasicNode, ChangeMembers, LogId, ServerState, Vote};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, watch};
 
 use super::network::{PeerClient, routes};
 use super::state_machine::StateView;
@@ -234,6 +234,10 @@ struct Inner {
     proposals: mpsc::UnboundedSender<Proposal>,
     /// Reads the leader's lease clock for registrations (set once by the lease service).
     lease_stamper: std::sync::OnceLock<LeaseStamper>,
+    /// The term the lease service tracks leases in (0: none), set once by the lease service:
+    /// a leader proposes a registration only once it tracks, so that the registration carries
+    /// its lease clock stamp.
+    lease_tracking: std::sync::OnceLock<watch::Receiver<u64>>,
     storage: StorageUse,
 }
 
@@ -388,6 +392,7 @@ impl Consensus {
                 leader_reads,
                 proposals,
                 lease_stamper: std::sync::OnceLock::new(),
+                lease_tracking: std::sync::OnceLock::new(),
                 storage,
             }),
         };
@@ -398,6 +403,34 @@ impl Consensus {
     /// [`crate::domain::lease`]: a stamped registration is a checkpoint). Set once.
     pub fn set_lease_stamper(&self, stamper: LeaseStamper) {
         let _ = self.inner.lease_stamper.set(stamper);
+    }
+
+    /// Install the lease service's view of the term it tracks leases in.
+    pub fn set_lease_tracking(&self, tracking: watch::Receiver<u64>) {
+        let _ = self.inner.lease_tracking.set(tracking);
+    }
+
+    /// Wait (bounded by an election timeout) until the lease service tracks leases in this
+    /// leader's term. A registration proposed before that would carry no lease clock stamp, and
+    /// the next leader would then grant it its whole TTL again from its own promote: an
+    /// abandoned lease registered just after a failover outlived its TTL by a failover more.
+    async fn until_lease_tracking(&self) -> Result<(), ConsensusError> {
+        let Some(rx) = self.inner.lease_tracking.get() else {
+            return Ok(());
+        };
+        let term = self.leader_term().ok_or(ConsensusError::NotLeader)?;
+        let mut rx = rx.clone();
+        match tokio::time::timeout(
+            self.inner.timeouts.election_timeout,
+            rx.wait_for(|t| *t == term),
+        )
+        .await
+        {
+            Ok(Ok(_)) => Ok(()),
+            // Nothing was proposed: the caller may retry (a new leader, or this one once it
+            // has caught up).
+            _ => Err(ConsensusError::NoLeader),
+        }
     }
 
     /// A registration leaves the leader stamped with its lease clock, when it has one. Only
@@ -606,9 +639,15 @@ impl Consensus {
 
     /// Propose on this node only (the target of forwarded proposals): `NotLeader` if it is not
     /// the leader, so that a forwarded request is never forwarded again.
-    pub async fn propose_here(&self, cmd: Command) -> Result<Response, ConsensusError> {
+    pub async fn propose_here(&self, mut cmd: Command) -> Result<Response, ConsensusError> {
         if !self.is_leader() {
             return Err(ConsensusError::NotLeader);
+        }
+        if matches!(
+            cmd.inner_mut(),
+            Command::RegisterLease { .. } | Command::RegisterMember { .. }
+        ) {
+            self.until_lease_tracking().await?;
         }
         // The leader's own use decides for the cluster: every write goes through here.
         let storage = &self.inner.storage;

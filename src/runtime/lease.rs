@@ -265,6 +265,11 @@ impl LeaseService {
         &self.hub
     }
 
+    /// The term this node tracks leases in (0: none), as it changes.
+    pub fn tracking(&self) -> watch::Receiver<u64> {
+        self.tracking.subscribe()
+    }
+
     /// A shared handle to the hub.
     pub fn hub_handle(&self) -> Arc<LeaseHub> {
         self.hub.clone()
