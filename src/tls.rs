@@ -235,6 +235,20 @@ impl ClientTls {
     }
 }
 
+/// A client config that trusts no certificate: for clients that speak plain http only (the
+/// plaintext peer client), and the fallback of a user client on a host without a system trust
+/// store (a `FROM scratch` container: reqwest's default would fail to build at all there;
+/// with this, http works and https without `--cacert` fails at the handshake).
+pub fn trust_nothing() -> ClientConfig {
+    let mut config = ClientConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .expect("the provider supports the default protocol versions")
+        .with_root_certificates(RootCertStore::empty())
+        .with_no_client_auth();
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    config
+}
+
 impl PeerTls {
     /// The peer side from the serve flags: all three or none.
     pub fn from_flags(

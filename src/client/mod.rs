@@ -168,8 +168,17 @@ fn with_tls_backend(
 ) -> reqwest::ClientBuilder {
     match tls {
         Some(config) => builder.tls_backend_preconfigured(config),
-        None => builder,
+        // The system trust store when the host has one; without one (a scratch container),
+        // reqwest's default could not build at all, so trust nothing: http still works.
+        None if system_trust_store_available() => builder,
+        None => builder.tls_backend_preconfigured(crate::tls::trust_nothing()),
     }
+}
+
+/// Whether reqwest's default TLS (the platform verifier) can load a trust store here.
+fn system_trust_store_available() -> bool {
+    static AVAILABLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *AVAILABLE.get_or_init(|| reqwest::Client::builder().build().is_ok())
 }
 
 /// A client of a leasecore cluster.

@@ -221,11 +221,12 @@ fn peer_http(tls: Option<rustls::ClientConfig>) -> Result<reqwest::Client, TlsEr
         // forwarded write into `outcome_unknown`).
         .pool_idle_timeout(Duration::from_secs(30))
         .tcp_nodelay(true);
-    let builder = match tls {
-        Some(config) => builder.tls_backend_preconfigured(config),
-        None => builder,
-    };
-    builder.build().map_err(|e| TlsError::Build(e.to_string()))
+    // Plaintext peers need no trust store (the host may have none: a scratch container).
+    let config = tls.unwrap_or_else(crate::tls::trust_nothing);
+    builder
+        .tls_backend_preconfigured(config)
+        .build()
+        .map_err(|e| TlsError::Build(e.to_string()))
 }
 
 impl PeerClient {
