@@ -32,6 +32,17 @@ pub struct ChurnExpiryResult {
     /// Leader terms seen during the run (first and last).
     pub first_term: u64,
     pub last_term: u64,
+    /// The five latest deletions, with wall-clock times to line up with the nodes' logs.
+    pub latest: Vec<LateLease>,
+}
+
+/// One late deletion: the key, when its lease was due (grant reply + ttl) and when it was seen
+/// gone, in Unix milliseconds.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct LateLease {
+    pub key: String,
+    pub due_unix_ms: u64,
+    pub gone_unix_ms: u64,
 }
 
 /// One lease of the experiment: when it was asked for, acknowledged, and seen gone.
@@ -195,11 +206,28 @@ pub async fn expiry_under_churn(
     }
     let mut early = 0;
     let mut late_us: Vec<u32> = Vec::new();
+    let wall = |at: Instant| -> u64 {
+        let now = Instant::now();
+        let unix = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_millis() as u64;
+        unix - now.saturating_duration_since(at).as_millis() as u64
+    };
+    let mut latest: Vec<(Duration, LateLease)> = Vec::new();
     for l in &tracked {
         let Some(gone) = l.gone else { continue };
         if gone < l.sent + ttl {
             early += 1;
         }
+        latest.push((
+            gone.saturating_duration_since(l.replied + ttl),
+            LateLease {
+                key: l.key.clone(),
+                due_unix_ms: wall(l.replied + ttl),
+                gone_unix_ms: wall(gone),
+            },
+        ));
         late_us.push(
             gone.saturating_duration_since(l.replied + ttl)
                 .as_micros()
@@ -217,6 +245,10 @@ pub async fn expiry_under_churn(
         max_ms: late_us.last().map_or(0.0, |l| *l as f64 / 1000.0),
         first_term,
         last_term: term(&nodes).await,
+        latest: {
+            latest.sort_by_key(|(late, _)| std::cmp::Reverse(*late));
+            latest.into_iter().take(5).map(|(_, l)| l).collect()
+        },
     })
 }
 

@@ -471,7 +471,12 @@ impl LeaseService {
                                 h.observe(late as f64 / 1000.0);
                             }
                         }
-                        tracing::debug!(n = gone.len(), max_late_ms = latest, "leases expired");
+                        tracing::debug!(
+                            n = gone.len(),
+                            max_late_ms = latest,
+                            names = ?gone.iter().take(8).collect::<Vec<_>>(),
+                            "leases expired"
+                        );
                     }
                     Ok(other) => tracing::warn!(?other, "unexpected expiry result"),
                     // The tracker re-arms each lease; a leader retries, a deposed one demotes.
