@@ -165,6 +165,8 @@ pub async fn status(State(state): State<AppState>) -> Json<AuthStatus> {
 /// Propose an auth change (root only) and return the auth revision after it.
 async fn change(state: &AppState, caller: &Caller, change: AuthChange) -> Result<u64, ApiError> {
     require_root(state, caller)?;
+    // The same check a forwarded auth change passes at the leader (`Limits::check_command`).
+    state.limits.check_auth_change(&change)?;
     let cmd = guard(state, caller, Command::Auth { change })?;
     match propose(state, cmd).await? {
         Response::AuthChanged { auth_revision } => Ok(auth_revision),
@@ -343,17 +345,8 @@ pub async fn role_grant(
     ApiPath(name): ApiPath<String>,
     ApiJson(permission): ApiJson<Permission>,
 ) -> Result<Json<AuthChanged>, ApiError> {
-    check_permission_key(&state, &permission.key, permission.prefix)?;
     let auth_revision = change(&state, &caller, AuthChange::RoleGrant { name, permission }).await?;
     Ok(Json(AuthChanged { auth_revision }))
-}
-
-/// A granted key must be a valid key; a prefix may also be empty (every key).
-fn check_permission_key(state: &AppState, key: &str, prefix: bool) -> Result<(), ApiError> {
-    if !(prefix && key.is_empty()) {
-        state.limits.check_key(key)?;
-    }
-    Ok(())
 }
 
 #[derive(Deserialize)]

@@ -50,6 +50,11 @@ use error::ApiError;
 /// The largest peer message (a snapshot frame).
 pub const MAX_PEER_BODY_BYTES: usize = 1 << 30;
 
+/// The peer routes open to any node, members or not: the status document (the same as the
+/// public `GET /v1/cluster`), which a starting node asks its configured peers before it is a
+/// member, and must get (a refusal would hide a running cluster from `domain::bootstrap`).
+const OPEN_PEER_ROUTES: [&str; 1] = [routes::STATUS];
+
 /// The peer routes that may carry more than a client's largest body.
 const BULK_PEER_ROUTES: [&str; 4] = [
     routes::APPEND,
@@ -278,12 +283,16 @@ fn build(state: AppState, audiences: &[Audience]) -> Router {
     let client_limit = DefaultBodyLimit::max(state.limits.max_body_bytes());
     let mut public = Router::new();
     let mut peers = Router::new();
+    let mut open_peers = Router::new();
     for r in route_table()
         .into_iter()
         .filter(|r| audiences.contains(&r.audience))
     {
         match r.audience {
             Audience::Public => public = public.route(r.path, r.handler),
+            Audience::Peer if OPEN_PEER_ROUTES.contains(&r.path) => {
+                open_peers = open_peers.route(r.path, r.handler.layer(client_limit))
+            }
             // Only Raft's bulk messages (log entries, snapshots, Flease batches) and the
             // remaining-time lookups of a listing need more than a client's largest body.
             Audience::Peer if BULK_PEER_ROUTES.contains(&r.path) => {
@@ -296,8 +305,8 @@ fn build(state: AppState, audiences: &[Audience]) -> Router {
         }
     }
     if audiences.contains(&Audience::Peer) {
-        // Every peer route admits members only (`peer_trust::gate`); an unknown path stays a
-        // 404. (A router without routes must not be given a route layer.)
+        // Every peer route but the open ones admits members only (`peer_trust::gate`); an
+        // unknown path stays a 404. (A router without routes must not be given a route layer.)
         peers = peers.route_layer(middleware::from_fn_with_state(
             state.clone(),
             peer_trust::gate,
@@ -313,6 +322,7 @@ fn build(state: AppState, audiences: &[Audience]) -> Router {
     public
         .layer(client_limit)
         .merge(peers)
+        .merge(open_peers)
         .fallback(unknown_route)
         .method_not_allowed_fallback(wrong_method)
         .layer(middleware::from_fn_with_state(state.clone(), track))

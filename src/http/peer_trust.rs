@@ -1,4 +1,5 @@
-//! The peer port's gate: every peer route but the status document admits only messages whose sender (the
+//! The peer port's gate: every peer route but the open ones (`http::OPEN_PEER_ROUTES`: the
+//! status document a starting node asks for) admits only messages whose sender (the
 //! `x-leasecore-node` header) is a member of this node's current membership
 //! (`domain::peer_trust::admit_sender`), and hands the sender to the handler, which checks the
 //! body's claims against it. This file reads the facts the rules need (membership, contact
@@ -25,7 +26,6 @@ use super::error::ApiError;
 use crate::domain::peer_trust::{Refusal, SENDER_HEADER, VoteContext, admit_sender};
 use crate::domain::types::NodeId;
 use crate::raft::consensus::Consensus;
-use crate::raft::network::routes;
 
 /// The admitted sender of a peer message (a request extension set by [`gate`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -33,12 +33,6 @@ pub struct PeerSender(pub NodeId);
 
 /// Admit a peer message or refuse it.
 pub async fn gate(State(state): State<AppState>, mut req: Request, next: Next) -> Response {
-    if req.uri().path() == routes::STATUS {
-        // The status document (the same as the public `GET /v1/cluster`) is what a starting
-        // node asks its configured peers before it is a member: a node with an empty data dir
-        // must learn that a cluster runs there (domain::bootstrap), not be refused.
-        return next.run(req).await;
-    }
     let header = req
         .headers()
         .get(SENDER_HEADER)

@@ -410,18 +410,20 @@ impl Consensus {
         let _ = self.inner.lease_tracking.set(tracking);
     }
 
-    /// Wait (bounded by an election timeout) until the lease service tracks leases in this
-    /// leader's term. A registration proposed before that would carry no lease clock stamp, and
-    /// the next leader would then grant it its whole TTL again from its own promote: an
-    /// abandoned lease registered just after a failover outlived its TTL by a failover more.
-    async fn until_lease_tracking(&self) -> Result<(), ConsensusError> {
+    /// Wait (bounded by two election timeouts: a new leader tracks once it applied an entry of
+    /// its term, usually within a heartbeat) until the lease service tracks leases in this
+    /// leader's term. The one wait of everything that needs the leader's lease tracker: a
+    /// refresh, and a registration, which proposed before that would carry no lease clock
+    /// stamp, so that the next leader would grant it its whole TTL again from its own promote
+    /// (an abandoned lease registered just after a failover outlived its TTL by a failover more).
+    pub async fn until_lease_tracking(&self) -> Result<(), ConsensusError> {
         let Some(rx) = self.inner.lease_tracking.get() else {
             return Ok(());
         };
         let term = self.leader_term().ok_or(ConsensusError::NotLeader)?;
         let mut rx = rx.clone();
         match tokio::time::timeout(
-            self.inner.timeouts.election_timeout,
+            self.inner.timeouts.election_timeout * 2,
             rx.wait_for(|t| *t == term),
         )
         .await

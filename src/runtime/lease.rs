@@ -294,20 +294,13 @@ impl LeaseService {
             .await
     }
 
-    /// Wait (briefly) until this node tracks leases in its current term.
+    /// Wait (briefly) until this node tracks leases in its current term (see
+    /// [`Consensus::until_lease_tracking`]); otherwise it is not the leader to ask.
     async fn until_tracking(&self) -> Result<(), LeaseError> {
-        let term = self
-            .consensus
-            .leader_term()
-            .ok_or(ConsensusError::NotLeader)?;
-        let mut rx = self.tracking.subscribe();
-        // A new leader tracks once it applied an entry of its term: usually within a heartbeat,
-        // but allow as long as an expiry retry (two election timeouts) on a loaded machine.
-        let wait = Duration::from_millis(self.hub.cfg.tracker.retry_ms.max(100));
-        match tokio::time::timeout(wait, rx.wait_for(|t| *t == term)).await {
-            Ok(Ok(_)) => Ok(()),
-            _ => Err(ConsensusError::NotLeader.into()),
-        }
+        self.consensus
+            .until_lease_tracking()
+            .await
+            .map_err(|_| ConsensusError::NotLeader.into())
     }
 
     /// Refresh on this node as leader.
