@@ -48,6 +48,7 @@ while kill -0 "$bench" 2>/dev/null && [ $SECONDS -lt "$end" ]; do
   life=$(( (RANDOM * 32768 + RANDOM) % (LEADER_LIFE_MS + 1) ))
   sleep "$((life / 1000)).$(printf %03d $((life % 1000)))"
   scripts/cluster.sh kill "$l" || continue
+  echo "$(date -u +%H:%M:%S.%3N) killed node $l" >>"$LEASECORE_CLUSTER_DIR/kills.log"
   kills=$((kills + 1))
   s=$(( l % 3 + 1 ))
   until curl -fsS -m 2 -XPUT "http://127.0.0.1:$((P + s - 1))/v1/kv/churn/warm" -d '{"value":"x"}' >/dev/null 2>&1; do

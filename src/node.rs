@@ -374,7 +374,7 @@ impl Node {
         let observers = Observers(vec![lease_hub.clone(), watch_hub.clone()]);
         let (mut state_machine, view) =
             StateMachine::open(&db, &cfg.data_dir, Arc::new(observers))?;
-        let mut log_store = log_store;
+        let mut log_store = log_store.with_receipts(lease_hub.clone());
         seed_watch_history(
             &mut log_store,
             &mut state_machine,
@@ -489,12 +489,17 @@ impl Node {
         }
         tasks.spawn(stop_on_fatal(consensus.clone(), cancel.clone()));
         let election_max = Duration::from_millis(cfg.timings.election_max_ms);
+        let heartbeat = Duration::from_millis(cfg.timings.heartbeat_ms.max(1));
         tasks.spawn(
             ElectionWatchdog {
                 port: consensus.clone(),
-                check_every: election_max / 2,
+                check_every: heartbeat,
                 stall_after: election_max * 4,
                 jitter_max: election_max,
+                // openraft's leader lease is the largest election timeout; a heartbeat more
+                // covers the other voters, which accepted the last append a little later.
+                silence_after: election_max + heartbeat,
+                silence_jitter_max: Duration::from_millis(cfg.timings.election_min_ms / 2),
             }
             .run(cancel.clone()),
         );

@@ -241,6 +241,9 @@ async fn forwarded_commands_are_checked_like_a_clients() {
     let leader = c.leader().await;
     let member = other_member(&c, &[leader]).to_string();
     let granted = c.client().grant("victim", 60_000).await.unwrap();
+    // Refreshed once, so no checkpoint is in force: the leader then writes nothing on its own
+    // (no lease clock ticks) and the log index below proves the forged commands did nothing.
+    c.client().refresh("victim", None).await.unwrap();
     // Forwarded client commands travel guarded (on behalf of a user; "" without a token).
     let propose_raw = |cmd: Command| {
         let body = serde_json::to_vec(&cmd).unwrap();

@@ -103,9 +103,13 @@ async fn grant_with_key(client: &Client, name: &str, ttl_ms: u64) -> Option<Trac
 }
 
 /// Poll every node's applied state (one local listing each, concurrently, every 20 ms) and
-/// note when each key under `prefix` is first seen gone. A key counts as gone on a node whose
+/// note when each key under `prefix` is first seen gone. A node that does not answer within
+/// [`LISTING_WAIT`] is skipped for the round (a dying or restarting node must not delay what
+/// the others show). A key counts as gone on a node whose
 /// store revision is past the key's revision when it was seen present (a restarted node that
 /// has not caught up yet proves nothing). Runs until `stop`, publishing key -> when seen gone.
+const LISTING_WAIT: Duration = Duration::from_millis(200);
+
 async fn observe_deletions(
     nodes: Arc<Vec<Client>>,
     prefix: String,
@@ -115,11 +119,14 @@ async fn observe_deletions(
     let mut present_at: HashMap<String, u64> = HashMap::new();
     let mut gone: HashMap<String, Instant> = HashMap::new();
     while !stop.is_cancelled() {
-        let listings =
-            futures::future::join_all(nodes.iter().map(|n| n.list(&prefix, Some(100_000), true)))
-                .await;
+        let listings = futures::future::join_all(
+            nodes
+                .iter()
+                .map(|n| tokio::time::timeout(LISTING_WAIT, n.list(&prefix, Some(100_000), true))),
+        )
+        .await;
         let now = Instant::now();
-        for listing in listings.into_iter().flatten() {
+        for listing in listings.into_iter().flatten().flatten() {
             let mut here: HashMap<&str, u64> = HashMap::new();
             for kv in &listing.items {
                 here.insert(kv.key.as_str(), kv.mod_revision.0);

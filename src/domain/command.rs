@@ -54,6 +54,10 @@ pub enum Command {
     /// Record (or clear, with `remaining_ms: None`) the remaining time of leases, so that a
     /// new leader does not restart their full TTL; each stamp also advances the lease clock.
     CheckpointLeases { checkpoints: Vec<LeaseCheckpoint> },
+    /// The leader's lease clock, recorded while checkpoints are in force and nothing else
+    /// stamped it lately: a node that restarts, and so dates the clock anew, then loses at most
+    /// that interval (see [`crate::domain::lease::ClockWitness`]). Changes nothing else.
+    LeaseClock { clock_ms: u64 },
     /// Several commands in one log entry (group commit), applied in order as if they were
     /// consecutive entries. A batch inside a batch is applied the same way.
     Batch { commands: Vec<Command> },
@@ -85,6 +89,29 @@ impl Command {
         match self {
             Command::Guarded { command, .. } => command.inner_mut(),
             other => other,
+        }
+    }
+
+    /// The highest lease clock stamp this command carries (registrations, checkpoints, and
+    /// anything inside a batch or a guard), if any.
+    pub fn lease_clock_stamp(&self) -> Option<u64> {
+        match self {
+            Command::RegisterLease { clock_ms, .. } | Command::RegisterMember { clock_ms, .. } => {
+                *clock_ms
+            }
+            Command::LeaseClock { clock_ms } => Some(*clock_ms),
+            Command::CheckpointLeases { checkpoints } => {
+                checkpoints.iter().filter_map(|c| c.clock_ms).max()
+            }
+            Command::Batch { commands } => {
+                commands.iter().filter_map(Self::lease_clock_stamp).max()
+            }
+            Command::Guarded { command, .. } => command.lease_clock_stamp(),
+            Command::Put { .. }
+            | Command::Delete { .. }
+            | Command::RevokeLease { .. }
+            | Command::ExpireLeases { .. }
+            | Command::Auth { .. } => None,
         }
     }
 
@@ -120,6 +147,7 @@ impl Command {
                         .sum::<usize>()
             }
             Command::Auth { .. } => OVERHEAD + 256,
+            Command::LeaseClock { .. } => OVERHEAD,
             Command::Guarded { user, command } => user.len() + command.approx_bytes(),
         }
     }

@@ -80,6 +80,10 @@ pub struct KvSnapshot {
     /// Users, roles and the auth switch (absent in snapshots older than auth: auth off).
     #[serde(default)]
     pub auth: AuthState,
+    /// The lease clock: the highest lease clock stamp applied (absent in older snapshots:
+    /// rebuilt from the leases' checkpoints, see [`KvState::from_snapshot`]).
+    #[serde(default)]
+    pub lease_clock_ms: u64,
 }
 
 /// The replicated key-value state.
@@ -99,9 +103,10 @@ pub struct KvState {
     auth: AuthState,
     /// The auth state changed since the last [`KvState::take_dirty_auth`].
     dirty_auth: bool,
-    /// The lease clock: the highest checkpoint stamp applied (see [`crate::domain::lease`]).
-    /// Derived, not stored: rebuilt from the leases' stamps, which may make it lower after a
-    /// restart, and a lower clock only makes a new leader's deadlines later (never earlier).
+    /// The lease clock: the highest lease clock stamp applied (see
+    /// [`crate::domain::lease::ClockWitness`]). Part of the replicated state, snapshots and
+    /// restarts included: a node that came back with a lower value would start a clock ahead
+    /// of the leader that wrote the newest stamps, and age their checkpoints too fast.
     lease_clock_ms: u64,
     /// Bytes of every live key and value (what the storage quota counts of the state).
     data_bytes: u64,
@@ -120,12 +125,12 @@ impl KvState {
 
     /// Rebuild a state from a snapshot (or from the persisted keys).
     pub fn from_snapshot(snapshot: KvSnapshot) -> Self {
+        // Stores written before the clock was persisted rebuild it from the checkpoints left.
         let lease_clock_ms = snapshot
             .leases
             .values()
             .filter_map(|l| l.checkpoint_clock_ms)
-            .max()
-            .unwrap_or(0);
+            .fold(snapshot.lease_clock_ms, u64::max);
         let data_bytes = snapshot.keys.iter().map(|(k, v)| entry_bytes(k, v)).sum();
         KvState {
             revision: snapshot.revision,
@@ -214,6 +219,12 @@ impl KvState {
 
     /// Apply one command. Total: any well-formed command applies, no input panics.
     pub fn apply(&mut self, cmd: &Command) -> Applied {
+        // Every stamp a committed entry carries advances the clock, whether or not its command
+        // takes effect (a duplicate registration, a guard that refuses): a stamp is a leader's
+        // reading all the same, and the clock then follows the log's latest stamp exactly.
+        if let Some(stamp) = cmd.lease_clock_stamp() {
+            self.lease_clock_ms = self.lease_clock_ms.max(stamp);
+        }
         match cmd {
             Command::Put {
                 key,
@@ -230,6 +241,12 @@ impl KvState {
             Command::RevokeLease { name } => self.revoke_lease(name),
             Command::ExpireLeases { leases } => self.expire_leases(leases),
             Command::CheckpointLeases { checkpoints } => self.checkpoint_leases(checkpoints),
+            // Its stamp advanced the clock above; nothing else changes.
+            Command::LeaseClock { .. } => Applied {
+                response: Response::Empty,
+                events: vec![],
+                lease_changes: vec![],
+            },
             Command::RegisterMember {
                 id,
                 address,
@@ -334,9 +351,6 @@ impl KvState {
                 checkpoint_clock_ms: clock_ms,
             },
         );
-        if let Some(clock) = clock_ms {
-            self.lease_clock_ms = self.lease_clock_ms.max(clock);
-        }
         self.dirty_leases.insert(name.to_string());
         Applied {
             response: Response::LeaseRegistered { revision },
@@ -398,10 +412,6 @@ impl KvState {
                 l.checkpoint_ms = c.remaining_ms;
                 l.checkpoint_clock_ms = c.remaining_ms.and(c.clock_ms);
                 self.dirty_leases.insert(c.name.clone());
-            }
-            // A stamp advances the clock even when its lease is gone meanwhile.
-            if let Some(clock) = c.clock_ms {
-                self.lease_clock_ms = self.lease_clock_ms.max(clock);
             }
         }
         Applied {
@@ -608,6 +618,7 @@ impl KvState {
             keys: self.keys.clone(),
             leases: self.leases.clone(),
             auth: self.auth.clone(),
+            lease_clock_ms: self.lease_clock_ms,
         }
     }
 

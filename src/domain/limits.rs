@@ -134,7 +134,8 @@ impl Limits {
     /// before it is proposed, used by the client handlers and by the peer route that receives
     /// forwarded proposals alike (which must never accept more than a client could send).
     ///
-    /// The leader's own commands (`ExpireLeases`, `CheckpointLeases`, `Batch`) and the lease
+    /// The leader's own commands (`ExpireLeases`, `CheckpointLeases`, `LeaseClock`, `Batch`)
+    /// and the lease
     /// clock stamp (`clock_ms`, which the leader adds when it submits a registration) are never
     /// a client's: they are refused. (The lease count is state, checked by the caller with
     /// [`Limits::check_lease_count`].)
@@ -193,8 +194,10 @@ impl Limits {
             }
             Command::ExpireLeases { .. }
             | Command::CheckpointLeases { .. }
+            | Command::LeaseClock { .. }
             | Command::Batch { .. } => Err(InvalidInput::Invalid(
-                "expiries, checkpoints and batches are the leader's own commands".into(),
+                "expiries, checkpoints, lease clocks and batches are the leader's own commands"
+                    .into(),
             )),
             // A client's command on behalf of a user (`""`: no token). Apply re-checks the
             // user's permission; here, its shape and limits.
@@ -388,6 +391,7 @@ mod tests {
             Command::CheckpointLeases {
                 checkpoints: vec![],
             },
+            Command::LeaseClock { clock_ms: 1 },
             Command::Batch {
                 commands: vec![put("k", "v")],
             },

@@ -213,7 +213,8 @@ fn grows(cmd: &Command) -> bool {
         Command::Delete { .. }
         | Command::RevokeLease { .. }
         | Command::ExpireLeases { .. }
-        | Command::CheckpointLeases { .. } => false,
+        | Command::CheckpointLeases { .. }
+        | Command::LeaseClock { .. } => false,
         Command::Batch { commands } => commands.iter().any(grows),
         Command::Guarded { command, .. } => grows(command),
         Command::Auth { .. } => true,

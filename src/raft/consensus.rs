@@ -1279,6 +1279,17 @@ impl ElectionPort for Consensus {
         self.inner.raft.metrics().borrow().current_leader.is_some()
     }
 
+    fn leader_silence_ms(&self) -> Option<u64> {
+        let following = {
+            let m = self.inner.raft.metrics();
+            let m = m.borrow();
+            m.state == ServerState::Follower && m.current_leader.is_some_and(|l| l != self.inner.id)
+        };
+        following
+            .then(|| self.inner.peers.contacts().led_age())
+            .flatten()
+    }
+
     fn is_voter(&self) -> bool {
         let m = self.inner.raft.metrics();
         let m = m.borrow();

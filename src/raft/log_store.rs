@@ -29,7 +29,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use openraft::storage::{LogFlushed, LogState, RaftLogStorage};
-use openraft::{OptionalSend, RaftLogReader, StorageIOError, Vote};
+use openraft::{EntryPayload, OptionalSend, RaftLogReader, StorageIOError, Vote};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
@@ -45,6 +45,17 @@ const KEY_PURGED: &[u8] = b"m/purged";
 /// sends at most this much per AppendEntries anyway.
 pub const READ_BUDGET_BYTES: usize = super::network::MAX_APPEND_BYTES;
 
+/// Told which entries this node's log received and lost (the lease clock's witness, see
+/// [`crate::domain::lease::ClockWitness`]). Called before the entries are written, so before
+/// any of them can apply. Must be quick: it runs on the append path.
+pub trait LogReceipts: Send + Sync + 'static {
+    /// Entries `first..=last` were appended; `stamps` are `(index, highest lease clock stamp)`
+    /// of those that carry one.
+    fn received(&self, first: u64, last: u64, stamps: &[(u64, u64)]);
+    /// Entries from `index` on were removed (a conflicting suffix).
+    fn truncated(&self, index: u64);
+}
+
 /// The sled-backed log store. Cheap to clone: clones share the same tree.
 #[derive(Clone)]
 pub struct LogStore {
@@ -54,6 +65,7 @@ pub struct LogStore {
     committed: Arc<AtomicU64>,
     /// Bytes of the stored entries.
     log_bytes: Arc<AtomicU64>,
+    receipts: Option<Arc<dyn LogReceipts>>,
 }
 
 impl LogStore {
@@ -68,7 +80,14 @@ impl LogStore {
             tree,
             committed: Arc::new(AtomicU64::new(0)),
             log_bytes: Arc::new(AtomicU64::new(bytes)),
+            receipts: None,
         })
+    }
+
+    /// Report appended and truncated entries to `receipts` from now on.
+    pub fn with_receipts(mut self, receipts: Arc<dyn LogReceipts>) -> Self {
+        self.receipts = Some(receipts);
+        self
     }
 
     /// Bytes of the stored entries (shared; updated as the log changes).
@@ -235,10 +254,22 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     {
         let mut batch = sled::Batch::default();
         let mut added = 0u64;
+        let mut span: Option<(u64, u64)> = None;
+        let mut stamps = Vec::new();
         for entry in entries {
+            let index = entry.log_id.index;
+            span = Some(span.map_or((index, index), |(first, _)| (first, index)));
+            if let EntryPayload::Normal(cmd) = &entry.payload
+                && let Some(stamp) = cmd.lease_clock_stamp()
+            {
+                stamps.push((index, stamp));
+            }
             let bytes = encode_entry(&entry)?;
             added += bytes.len() as u64;
-            batch.insert(&index_key(ENTRY, entry.log_id.index), bytes);
+            batch.insert(&index_key(ENTRY, index), bytes);
+        }
+        if let (Some(receipts), Some((first, last))) = (&self.receipts, span) {
+            receipts.received(first, last, &stamps);
         }
         self.tree
             .apply_batch(batch)
@@ -252,6 +283,9 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn truncate(&mut self, log_id: LogId) -> Result<(), StorageError> {
+        if let Some(receipts) = &self.receipts {
+            receipts.truncated(log_id.index);
+        }
         let mut batch = sled::Batch::default();
         let mut removed = 0u64;
         for item in self

@@ -42,6 +42,8 @@ const KEY_MEMBERSHIP: &[u8] = b"m/membership";
 const KEY_REVISION: &[u8] = b"m/revision";
 /// Users, roles and the auth switch, as one JSON record (small; rewritten on every change).
 const KEY_AUTH: &[u8] = b"m/auth";
+/// The lease clock (the highest stamp applied): persisted, never rebuilt lower.
+const KEY_LEASE_CLOCK: &[u8] = b"m/lease_clock";
 
 /// How far the state machine has applied: published after every applied batch.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -264,11 +266,16 @@ impl StateMachine {
             Some(b) => serde_json::from_slice(&b).map_err(|e| corrupt("auth", e))?,
             None => Default::default(),
         };
+        let lease_clock_ms: u64 = match read(KEY_LEASE_CLOCK)? {
+            Some(b) => serde_json::from_slice(&b).map_err(|e| corrupt("lease clock", e))?,
+            None => 0,
+        };
         let kv = KvState::from_snapshot(KvSnapshot {
             revision,
             keys,
             leases,
             auth,
+            lease_clock_ms,
         });
         let mark = AppliedMark {
             log_index: last_applied.map(|l| l.index).unwrap_or(0),
@@ -397,6 +404,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         batch.insert(KEY_APPLIED, json(&self.last_applied)?);
         batch.insert(KEY_MEMBERSHIP, json(&self.membership)?);
         batch.insert(KEY_REVISION, json(&revision)?);
+        batch.insert(KEY_LEASE_CLOCK, json(&lease_clock_ms)?);
         // Not flushed here: the log holds every applied entry durably, and sled recovers a
         // prefix of writes, so a lost tail is re-applied from the log on restart.
         self.state.apply_batch(batch).map_err(write_err)?;
@@ -451,6 +459,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             batch.insert(lease_key(name), json(lease)?);
         }
         batch.insert(KEY_AUTH, json(&payload.kv.auth)?);
+        batch.insert(KEY_LEASE_CLOCK, json(&payload.kv.lease_clock_ms)?);
         let revision = payload.kv.revision;
         batch.insert(KEY_APPLIED, json(&meta.last_log_id)?);
         batch.insert(KEY_MEMBERSHIP, json(&meta.last_membership)?);
@@ -586,6 +595,7 @@ pub(crate) fn seed(
         batch.insert(lease_key(name), enc(lease)?);
     }
     batch.insert(KEY_AUTH, enc(&kv.auth)?);
+    batch.insert(KEY_LEASE_CLOCK, enc(&kv.lease_clock_ms)?);
     batch.insert(KEY_APPLIED, enc(&meta.last_log_id)?);
     batch.insert(KEY_MEMBERSHIP, enc(&meta.last_membership)?);
     batch.insert(KEY_REVISION, enc(&kv.revision)?);

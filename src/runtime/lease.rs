@@ -27,14 +27,15 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::clock::Clock;
-use crate::domain::command::{Cause, LeaseChange, Response};
+use crate::domain::command::{Cause, Command, LeaseChange, Response};
 use crate::domain::lease::{
-    ClockReading, LeaseTracker, RefreshError, TrackerConfig, checkpoint_command, clear_command,
-    expire_command, should_track,
+    ClockReading, ClockWitness, LeaseTracker, RefreshError, TrackerConfig, checkpoint_command,
+    clear_command, expire_command, should_track,
 };
 use crate::domain::limits::{InvalidInput, TtlBounds};
 use crate::metrics::Histogram;
 use crate::raft::consensus::{Consensus, ConsensusError, Delivery, Forwardable};
+use crate::raft::log_store::LogReceipts;
 use crate::raft::network::routes;
 use crate::raft::state_machine::{AppliedBatch, ApplyObserver};
 
@@ -73,6 +74,9 @@ impl LeaseConfig {
                 promote_extension_ms: election_max_ms / 10,
                 retry_ms: election_max_ms.saturating_mul(2),
                 checkpoints: true,
+                // With it, a leader that restarted just before it was elected runs at most
+                // half an election behind (domain::lease::clock).
+                clock_tick_ms: election_max_ms / 2,
             },
         }
     }
@@ -132,8 +136,9 @@ pub struct LeaseHub {
     time: Arc<dyn Clock>,
     cfg: LeaseConfig,
     tracker: Mutex<LeaseTracker>,
-    /// When this node saw the lease clock advance (`None`: not since it started).
-    clock: Mutex<Option<ClockReading>>,
+    /// This node's evidence about the lease clock: fed by the log store (receipts) and the
+    /// apply path (the highest stamp applied).
+    clock: Mutex<ClockWitness>,
     /// Woken when something may have moved the next wake-up earlier.
     wake: Notify,
     pub metrics: LeaseMetrics,
@@ -145,7 +150,7 @@ impl LeaseHub {
             time: clock,
             cfg,
             tracker: Mutex::new(LeaseTracker::new(cfg.tracker)),
-            clock: Mutex::new(None),
+            clock: Mutex::new(ClockWitness::new()),
             wake: Notify::new(),
             metrics: LeaseMetrics::default(),
         }
@@ -162,8 +167,8 @@ impl LeaseHub {
     /// The lease clock now, if this node tracks leases (the stamp of a registration it
     /// proposes as leader).
     pub fn clock_now(&self) -> Option<u64> {
-        let t = self.tracker();
-        t.is_primary().then(|| t.clock_at(self.time.mono()))
+        let mut t = self.tracker();
+        t.is_primary().then(|| t.stamp(self.time.mono()))
     }
 
     /// The number of leases this node tracks (0 on followers).
@@ -171,31 +176,37 @@ impl LeaseHub {
         self.tracker().len()
     }
 
-    /// This node's reading of the lease clock, given the state's current value: when it saw
-    /// that value applied, or now if it has not seen it advance since it started (later is
-    /// always safe, see domain::lease).
+    fn witness(&self) -> std::sync::MutexGuard<'_, ClockWitness> {
+        self.clock.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// This node's reading of the lease clock, given the state's current value (see
+    /// domain::lease::clock).
     fn clock_reading(&self, value: u64, now: crate::domain::types::MonoMillis) -> ClockReading {
-        let seen = *self.clock.lock().unwrap_or_else(|p| p.into_inner());
-        ClockReading::for_promote(seen, value, now)
+        self.witness().reading(value, now)
+    }
+}
+
+impl LogReceipts for LeaseHub {
+    fn received(&self, first: u64, last: u64, stamps: &[(u64, u64)]) {
+        let now = self.time.mono();
+        self.witness()
+            .received(first, last, stamps.iter().copied(), now);
+    }
+
+    fn truncated(&self, index: u64) {
+        self.witness().truncated(index);
     }
 }
 
 impl ApplyObserver for LeaseHub {
     fn on_applied(&self, batch: &AppliedBatch) {
-        {
-            let mut seen = self.clock.lock().unwrap_or_else(|p| p.into_inner());
-            let now = self.time.mono();
-            *seen = Some(ClockReading::observe(
-                *seen,
-                batch.lease_clock_ms,
-                batch.reset,
-                now,
-            ));
-        }
+        let now = self.time.mono();
+        self.witness()
+            .applied(batch.mark.log_index, batch.lease_clock_ms, batch.reset, now);
         if batch.lease_changes.is_empty() {
             return;
         }
-        let now = self.time.mono();
         let m = &self.metrics;
         {
             let mut t = self.tracker();
@@ -491,6 +502,19 @@ impl LeaseService {
                 let _slot = slot;
                 if let Err(e) = applied.await {
                     tracing::warn!(error = %e, "lease checkpoint not applied");
+                }
+            });
+        }
+        if !self.slot_free() {
+            return None;
+        }
+        if let Some(clock_ms) = t.clock_tick_due(now) {
+            let slot = self.take_slot();
+            let applied = self.consensus.submit(Command::LeaseClock { clock_ms });
+            self.tasks.spawn(async move {
+                let _slot = slot;
+                if let Err(e) = applied.await {
+                    tracing::debug!(error = %e, "lease clock tick not applied");
                 }
             });
         }

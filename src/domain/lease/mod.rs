@@ -48,17 +48,14 @@
 //!
 //! # The lease clock: aging a checkpoint without trusting anyone's clock
 //! Every checkpoint is stamped with the leader's reading of the *lease clock*, and the
-//! replicated state keeps the highest stamp applied ([`ClockReading`] on each node: that value
-//! and the local monotonic time at which this node applied it). A leader's lease clock starts at
-//! promote from its own reading, `value + (now - seen_at)`, and runs on its monotonic clock.
-//! Invariant: a stamp never exceeds an earlier stamp plus the real time elapsed between them.
-//! It holds by induction: a stamp is applied after it was made, so `now - seen_at` is at most
-//! the real time since the stamp, and each leader adds only time its own clock measured. A new
-//! leader ages a checkpoint `(stamp, remaining)` to `remaining - (clock_now - stamp)`: it
-//! subtracts at most the real time that passed since the checkpoint, so the deadline stays
-//! after the old leader's deadline. A node that restarts rebuilds the value from the leases
-//! still present (possibly lower) and `seen_at` from its start: both only make it later.
-//! No wall clock is involved, and no clock is ever compared across nodes.
+//! replicated state keeps the highest stamp applied. Each node keeps a [`ClockWitness`]: when it
+//! received the entry that carried that stamp (or applied it, if it does not know). A leader's
+//! lease clock starts at promote from that [`ClockReading`], `value + (now - seen_at)`, and runs
+//! on its monotonic clock. A new leader ages a checkpoint `(stamp, remaining)` to
+//! `remaining - (clock_now - stamp)`. It subtracts at most the real time that passed since the
+//! checkpoint, so the deadline stays after the old leader's deadline. Why that holds, and why
+//! stamps are dated at receipt, is in [`clock`]. No wall clock is involved, and no clock is
+//! ever compared across nodes.
 //!
 //! A checkpoint must never shorten a lease below what a client was told. A checkpoint written
 //! at `t_c` says "at most `r` left", which is false as soon as a refresh is acknowledged after
@@ -81,6 +78,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use super::command::{Command, LeaseCheckpoint, LeaseRef};
 use super::types::{MonoMillis, Revision};
 
+mod clock;
+pub use clock::{ClockReading, ClockWitness};
+
 /// The promote condition: a node tracks leases only while it is the leader of `current_term`
 /// and has applied an entry of that term (so every earlier entry is applied too, and it knows
 /// every lease the previous leader knew).
@@ -98,6 +98,11 @@ pub struct TrackerConfig {
     /// Checkpoint leases at promote and when idle (see the module docs); `false` disables
     /// checkpoints (tests of the protocol without them).
     pub checkpoints: bool,
+    /// While a checkpoint is in force, the longest the leader goes without stamping its lease
+    /// clock into the log (a [`Command::LeaseClock`] if nothing else did); 0: never. A node
+    /// that restarts dates the latest stamp at its start, so this bounds how far behind its
+    /// clock runs if it leads next (see [`clock`]).
+    pub clock_tick_ms: u64,
 }
 
 /// A lease as the replicated state knows it: what promote needs.
@@ -110,47 +115,6 @@ pub struct LeaseFacts {
     pub checkpoint_ms: Option<u64>,
     /// The lease clock when it was checkpointed (`None`: an old, unaged checkpoint).
     pub checkpoint_clock_ms: Option<u64>,
-}
-
-/// This node's reading of the replicated lease clock (see the module docs): the highest stamp
-/// applied, and the local monotonic time at which it was applied (or at which this node started,
-/// whichever is later).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ClockReading {
-    pub value: u64,
-    pub seen_at: MonoMillis,
-}
-
-impl ClockReading {
-    /// What a node remembers after applying a batch that leaves the state's clock at `value`:
-    /// the first sighting of each higher value (a later `seen_at` is always safe, an earlier
-    /// one never), and any value after a snapshot replaced the state.
-    pub fn observe(seen: Option<Self>, value: u64, reset: bool, now: MonoMillis) -> Self {
-        match seen {
-            Some(s) if value <= s.value && !reset => s,
-            _ => ClockReading {
-                value,
-                seen_at: now,
-            },
-        }
-    }
-
-    /// The reading to promote with when the state's clock is `value`: the remembered sighting
-    /// of that value, or `now` when this node has not seen it applied (after a restart).
-    pub fn for_promote(seen: Option<Self>, value: u64, now: MonoMillis) -> Self {
-        match seen {
-            Some(s) if s.value == value => s,
-            _ => ClockReading {
-                value,
-                seen_at: now,
-            },
-        }
-    }
-
-    /// The lease clock at `now`, as far as this node can vouch: never ahead of real time.
-    pub fn at(&self, now: MonoMillis) -> u64 {
-        self.value.saturating_add(self.seen_at.until(now))
-    }
 }
 
 /// When a lease refreshed (or granted) at `at` counts as idle: after half its TTL, later than
@@ -242,6 +206,9 @@ pub struct LeaseTracker {
     checkpoints: BTreeSet<(MonoMillis, String)>,
     /// The lease clock since promote: (its value at promote, the local time of promote).
     clock: ClockReading,
+    /// When the leader next considers stamping its clock into the log (see
+    /// [`TrackerConfig::clock_tick_ms`]); any stamp it writes pushes this back.
+    next_clock_tick: MonoMillis,
 }
 
 impl LeaseTracker {
@@ -257,6 +224,7 @@ impl LeaseTracker {
                 value: 0,
                 seen_at: MonoMillis(0),
             },
+            next_clock_tick: MonoMillis(0),
         }
     }
 
@@ -291,6 +259,7 @@ impl LeaseTracker {
             value: clock.at(now),
             seen_at: now,
         };
+        self.next_clock_tick = now;
         for facts in leases {
             // The extension is granted once, on top of a TTL counted from this promote; a
             // checkpoint already carries the extension its leader granted, and adding it again
@@ -333,6 +302,32 @@ impl LeaseTracker {
     /// The lease clock at `now` (meaningful while primary).
     pub fn clock_at(&self, now: MonoMillis) -> u64 {
         self.clock.at(now)
+    }
+
+    /// The lease clock at `now`, for a stamp the leader is about to write (a registration's):
+    /// the next [`LeaseTracker::clock_tick_due`] is not needed before a tick from now.
+    pub fn stamp(&mut self, now: MonoMillis) -> u64 {
+        self.stamped(now);
+        self.clock.at(now)
+    }
+
+    fn stamped(&mut self, now: MonoMillis) {
+        self.next_clock_tick = self.next_clock_tick.max(now.plus(self.cfg.clock_tick_ms));
+    }
+
+    /// The lease clock to record as a [`Command::LeaseClock`], when a tick has passed without a
+    /// stamp and some lease has a checkpoint in force (a lease the next leader will age by the
+    /// clock). Healthy clients clear their checkpoint at their first refresh, so a cluster
+    /// whose clients are alive writes none.
+    pub fn clock_tick_due(&mut self, now: MonoMillis) -> Option<u64> {
+        if !self.primary || self.cfg.clock_tick_ms == 0 || now < self.next_clock_tick {
+            return None;
+        }
+        self.next_clock_tick = now.plus(self.cfg.clock_tick_ms);
+        self.leases
+            .values()
+            .any(|t| t.checkpoint_seq > t.cleared_seq && !t.expiring)
+            .then(|| self.clock.at(now))
     }
 
     fn schedule_checkpoint(&mut self, name: &str, due: MonoMillis) {
@@ -542,6 +537,9 @@ impl LeaseTracker {
                 clock_ms,
             });
         }
+        if !out.is_empty() {
+            self.stamped(now);
+        }
         out
     }
 
@@ -549,10 +547,9 @@ impl LeaseTracker {
     pub fn next_wakeup(&self) -> Option<MonoMillis> {
         let expiry = self.queue.first().map(|(at, _)| *at);
         let checkpoint = self.checkpoints.first().map(|(at, _)| *at);
-        match (expiry, checkpoint) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        let tick =
+            (self.cfg.clock_tick_ms > 0 && !self.leases.is_empty()).then_some(self.next_clock_tick);
+        [expiry, checkpoint, tick].into_iter().flatten().min()
     }
 
     /// Time left on a lease (0 once expiring); `None` if untracked.
@@ -610,6 +607,7 @@ mod tests {
         promote_extension_ms: 1000,
         retry_ms: 500,
         checkpoints: false,
+        clock_tick_ms: 0,
     };
 
     fn facts(name: &str, ttl: u64) -> LeaseFacts {
@@ -951,35 +949,30 @@ mod tests {
     }
 
     #[test]
-    fn a_node_remembers_the_first_sighting_of_each_clock_value() {
-        let first = ClockReading::observe(None, 5, false, MonoMillis(10));
-        assert_eq!(first, clock(5, 10));
-        // The same value applied again later keeps its first sighting; a higher one is new.
-        assert_eq!(
-            ClockReading::observe(Some(first), 5, false, MonoMillis(90)),
-            first
-        );
-        assert_eq!(
-            ClockReading::observe(Some(first), 7, false, MonoMillis(90)),
-            clock(7, 90)
-        );
-        // A snapshot install restarts the sighting, even at a lower value.
-        assert_eq!(
-            ClockReading::observe(Some(first), 3, true, MonoMillis(95)),
-            clock(3, 95)
-        );
-        // Promote uses the sighting of the state's value, else now (never earlier).
-        assert_eq!(
-            ClockReading::for_promote(Some(first), 5, MonoMillis(99)),
-            first
-        );
-        assert_eq!(
-            ClockReading::for_promote(Some(first), 6, MonoMillis(99)),
-            clock(6, 99)
-        );
-        assert_eq!(
-            ClockReading::for_promote(None, 6, MonoMillis(99)),
-            clock(6, 99)
-        );
+    fn the_leader_ticks_its_clock_into_the_log_only_while_a_checkpoint_is_in_force() {
+        let mut t = LeaseTracker::new(TrackerConfig {
+            checkpoints: true,
+            clock_tick_ms: 500,
+            ..CFG
+        });
+        t.promote(MonoMillis(0), clock(100, 0), []);
+        // Nothing to age: no tick, and the next look is a tick later.
+        assert_eq!(t.clock_tick_due(MonoMillis(0)), None);
+        // A stamped registration is a checkpoint in force; its stamp counts as a tick.
+        let stamp = t.stamp(MonoMillis(200));
+        assert_eq!(stamp, 300);
+        t.on_registered("a", Revision(1), 3000, MonoMillis(210), true);
+        assert_eq!(t.next_wakeup(), Some(MonoMillis(700)));
+        assert_eq!(t.clock_tick_due(MonoMillis(699)), None);
+        assert_eq!(t.clock_tick_due(MonoMillis(700)), Some(800));
+        assert_eq!(t.clock_tick_due(MonoMillis(1100)), None);
+        assert_eq!(t.clock_tick_due(MonoMillis(1200)), Some(1300));
+        // The client refreshes and the clear commits: nothing in force, no more ticks.
+        let ticket = t.refresh("a", MonoMillis(1300)).unwrap().clear.unwrap();
+        t.on_cleared(&ticket);
+        assert_eq!(t.clock_tick_due(MonoMillis(5000)), None);
+        // A follower never ticks.
+        t.demote();
+        assert_eq!(t.clock_tick_due(MonoMillis(9000)), None);
     }
 }
