@@ -10,6 +10,7 @@
 #   scripts/cluster.sh status      show the cluster as node 1 sees it
 #   scripts/cluster.sh kill ID     SIGKILL one node (for failover experiments)
 #   scripts/cluster.sh restart ID  start one stopped node again from its data
+#   scripts/cluster.sh clean       stop the nodes and delete the cluster's data and logs
 # Data and logs live in .cluster/ (LEASECORE_CLUSTER_DIR to change). Set PROFILE=release for an
 # optimized build (slower to build, faster to run), or LEASECORE_BIN=path to use a given binary.
 set -euo pipefail
@@ -24,6 +25,10 @@ build() {
   [ -z "${LEASECORE_BIN:-}" ] || return 0
   if ! command -v cargo >/dev/null; then
     echo "cargo is not installed: see https://rustup.rs" >&2; exit 1
+  fi
+  # The first build takes minutes: say so, and let cargo show its progress.
+  if [ ! -x "$BIN" ]; then
+    echo "building leasecore ($PROFILE; the first build takes a few minutes)..." >&2
   fi
   if [ "$PROFILE" = release ]; then cargo build --release --quiet; else cargo build --quiet; fi
 }
@@ -145,9 +150,23 @@ case "${1:-}" in
       $(if [ -e "$DIR/tls" ]; then echo "--cacert $DIR/certs/ca.pem"; fi)
     ;;
   kill)
-    kill -KILL "$(cat "$DIR/node-$2.pid")" && rm -f "$DIR/node-$2.pid"
+    [ -n "${2:-}" ] || { echo "usage: $0 kill ID" >&2; exit 2; }
+    pidfile="$DIR/node-$2.pid"
+    if [ ! -e "$pidfile" ] || ! kill -0 "$(cat "$pidfile")" 2>/dev/null; then
+      echo "node $2 is not running" >&2
+      rm -f "$pidfile"
+      exit 1
+    fi
+    kill -KILL "$(cat "$pidfile")" && rm -f "$pidfile"
+    ;;
+  clean)
+    "$0" stop >/dev/null
+    rm -rf "$DIR"
+    echo "removed $DIR"
     ;;
   restart)
+    [ -n "${2:-}" ] || { echo "usage: $0 restart ID" >&2; exit 2; }
+    [ -e "$DIR/size" ] || { echo "no cluster in $DIR: run '$0 start' first" >&2; exit 1; }
     if [ -e "$DIR/node-$2.pid" ] && kill -0 "$(cat "$DIR/node-$2.pid")" 2>/dev/null; then
       echo "node $2 is already running (pid $(cat "$DIR/node-$2.pid"))" >&2
       exit 1
@@ -155,6 +174,6 @@ case "${1:-}" in
     start_node "$2" "$(cat "$DIR/size")"
     ;;
   *)
-    sed -n '2,14p' "$0"; exit 2
+    sed -n '2,15p' "$0"; exit 2
     ;;
 esac

@@ -1,5 +1,6 @@
 //! `scripts/cluster.sh`, run as users run it (with the test's binary and its own directory and
-//! ports): a second `start` must not orphan the running cluster.
+//! ports): a second `start` must not orphan the running cluster; `kill` of a stopped node says
+//! so plainly; `clean` wipes the cluster.
 
 use std::path::Path;
 use std::process::{Command, Output};
@@ -72,9 +73,25 @@ fn starting_twice_refuses_and_keeps_the_running_cluster() {
     assert_eq!(pids(&dir), before);
     assert!(before.iter().all(|p| alive(p)));
 
+    // Killing a node twice: the second time says it is not running, and nothing else.
+    let kill = script(&dir, base, &["kill", "2"]);
+    assert!(
+        kill.status.success(),
+        "{}",
+        String::from_utf8_lossy(&kill.stderr)
+    );
+    let again = script(&dir, base, &["kill", "2"]);
+    let err = String::from_utf8_lossy(&again.stderr);
+    assert!(!again.status.success());
+    assert_eq!(err.trim(), "node 2 is not running");
+
     let stop = script(&dir, base, &["stop"]);
     assert!(stop.status.success());
     assert!(before.iter().all(|p| !alive(p)), "stop stops every node");
+
+    let clean = script(&dir, base, &["clean"]);
+    assert!(clean.status.success());
+    assert!(!dir.exists(), "clean removes the cluster's directory");
 }
 
 #[test]

@@ -325,8 +325,35 @@ fn build(state: AppState, audiences: &[Audience]) -> Router {
         .merge(open_peers)
         .fallback(unknown_route)
         .method_not_allowed_fallback(wrong_method)
+        .layer(middleware::map_response(end_json_with_newline))
         .layer(middleware::from_fn_with_state(state.clone(), track))
         .with_state(state)
+}
+
+/// A JSON answer ends with a newline, so that `curl` output does not run into the
+/// shell prompt (JSON parsers skip the whitespace). The body is streamed on with one more
+/// chunk, never buffered; a known `Content-Length` grows by one byte.
+async fn end_json_with_newline(resp: Response) -> Response {
+    use futures::StreamExt;
+    let is_json = resp
+        .headers()
+        .get(axum::http::header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
+    if !is_json {
+        return resp;
+    }
+    let (mut parts, body) = resp.into_parts();
+    // A whole body (every JSON answer but a long listing's) keeps a Content-Length; otherwise
+    // hyper sends it chunked.
+    parts.headers.remove(axum::http::header::CONTENT_LENGTH);
+    if let Some(len) = http_body::Body::size_hint(&body).exact() {
+        parts
+            .headers
+            .insert(axum::http::header::CONTENT_LENGTH, (len + 1).into());
+    }
+    let newline = futures::stream::once(async { Ok(bytes::Bytes::from_static(b"\n")) });
+    let body = axum::body::Body::from_stream(body.into_data_stream().chain(newline));
+    Response::from_parts(parts, body)
 }
 
 async fn unknown_route() -> ApiError {
