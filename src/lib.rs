@@ -14,7 +14,7 @@
 //! - [`http`] maps requests to calls and errors to statuses in one place; [`wire`] holds the
 //!   JSON documents shared with [`client`].
 //! - [`node`] wires a node together and shuts it down in order; [`clock`] is the only place
-//!   that reads clocks; [`metrics`] renders Prometheus text; [`bench`] is the load generator.
+//!   that reads clocks; [`metrics`] renders Prometheus text; [`bench`](mod@bench) is the load generator.
 //!
 //! # The dependency rule
 //! `domain` imports nothing above it. Adapters translate and never decide.

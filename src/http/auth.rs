@@ -4,7 +4,7 @@
 //! - Every client route takes a [`Caller`] first: with auth on, a request without a valid token
 //!   gets 401 before its body is read. `/health`, `/livez`, `/readyz`, `/metrics`,
 //!   `GET /v1/auth/status` and `POST /v1/auth/authenticate` take none.
-//! - Writes go through [`guard`]: checked here against the applied state (an early 403), then
+//! - Writes go through `guard`: checked here against the applied state (an early 403), then
 //!   proposed as `Command::Guarded`, re-checked by apply against the state it applies to.
 //! - Admin routes need the root role (anyone while auth is off, as in etcd: that is how the
 //!   first users are made). Passwords are hashed here, before proposing: the log holds hashes.

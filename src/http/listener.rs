@@ -6,7 +6,7 @@
 //! - a header timeout ([`ListenerLimits::header_timeout`]): hyper starts it whenever it waits
 //!   for a request head, so it closes both slowloris connections (headers dribbled byte by
 //!   byte) and keep-alive connections idle between requests;
-//! - a body deadline ([`DeadlineBody`]): a request's body must arrive whole within the same
+//! - a body deadline (`DeadlineBody`): a request's body must arrive whole within the same
 //!   time after its head, or reading it fails with [`BodyDeadlineExceeded`] (408);
 //! - a connection cap ([`ListenerLimits::max_connections`]): a full listener evicts the
 //!   connection idle the longest (never one with a request in flight) to admit the new one,
@@ -416,7 +416,7 @@ impl DeadlineBody {
     }
 }
 
-/// A request body that did not arrive within its deadline (see [`DeadlineBody`]).
+/// A request body that did not arrive within its deadline (see `DeadlineBody`).
 #[derive(Debug, thiserror::Error)]
 #[error("the request body did not arrive in time")]
 pub struct BodyDeadlineExceeded;

@@ -9,7 +9,7 @@
 //! what the body claims against the sender (`domain::peer_trust`): an append's or a snapshot's
 //! leader, a vote's candidate. A vote request while a leader is alive is answered "not
 //! granted" without reaching Raft. Forwarded commands and requests pass the same checks as a
-//! client's ([`super::kv::admit`], `domain::limits`): a peer can never ask for more than a
+//! client's (`kv::admit`, `domain::limits`): a peer can never ask for more than a
 //! client could.
 
 use axum::extract::State;

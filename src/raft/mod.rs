@@ -9,7 +9,7 @@
 //! - [`state_machine`]: `RaftStateMachine` on sled, mirrored in memory for reads.
 //! - [`history_replay`]: at start-up, rebuilds the watch history from the snapshot and the log.
 //! - [`network`]: the peer client (append, vote, snapshot, forwarded proposals and reads).
-//! - [`consensus`]: [`Consensus`], the handle the HTTP layer and the drivers use: propose a
+//! - [`consensus`]: [`Consensus`](consensus::Consensus), the handle the HTTP layer and the drivers use: propose a
 //!   command (forwarding to the leader), confirm leadership for reads, change membership.
 
 pub mod backup;

@@ -371,7 +371,7 @@ impl LeaseService {
     }
 
     /// Remaining times on this node as leader. `None` (untracked) is an answer only once a
-    /// quorum confirmed this node still leads, for the reason given at [`Self::not_found`].
+    /// quorum confirmed this node still leads, for the reason given at `not_found`.
     pub async fn remaining_here(&self, names: &[String]) -> Result<Vec<Option<u64>>, LeaseError> {
         self.until_tracking().await?;
         let now = self.hub.time.mono();

@@ -78,7 +78,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use super::command::{Command, LeaseCheckpoint, LeaseRef};
 use super::types::{MonoMillis, Revision};
 
-mod clock;
+pub mod clock;
 pub use clock::{ClockReading, ClockWitness};
 
 /// The promote condition: a node tracks leases only while it is the leader of `current_term`

@@ -1,0 +1,222 @@
+//! Membership changes on the leader: a learner first, a voter once it answered and caught up
+//! (within a bounded wait), removal; one change at a time. See the parent module's invariants:
+//! once a step may have taken effect, losing leadership is `OutcomeUnknown`, never `NoLeader`.
+
+use super::*;
+
+impl Consensus {
+    /// Apply a membership request from any node (forwarded to the leader).
+    pub async fn admin(&self, req: AdminRequest) -> Result<AdminOutcome, ConsensusError> {
+        self.on_leader(routes::ADMIN, &req, Delivery::AtMostOnce, || {
+            self.admin_here(req.clone())
+        })
+        .await
+    }
+
+    /// Apply a membership request on this node as leader.
+    pub async fn admin_here(&self, req: AdminRequest) -> Result<AdminOutcome, ConsensusError> {
+        if !self.is_leader() {
+            return Err(ConsensusError::NotLeader);
+        }
+        if self.quorum_lost() {
+            return Err(ConsensusError::NoQuorum);
+        }
+        let membership = self.inner.raft.metrics().borrow().membership_config.clone();
+        let membership = membership.membership();
+        let voters: BTreeSet<NodeId> = membership.voter_ids().collect();
+        match req {
+            AdminRequest::AddNode { id, address } => {
+                let existing = membership.get_node(&id).map(|n| n.addr.clone());
+                // A voter of the configuration being entered counts as a voter only once the
+                // joint configuration is left: adding it again finishes the change.
+                let is_voter = voters.contains(&id) && membership.get_joint_config().len() == 1;
+                if existing.as_deref() == Some(address.as_str())
+                    && voters.contains(&id)
+                    && !is_voter
+                {
+                    let ids = BTreeSet::from([id]);
+                    self.change_membership(ChangeMembers::AddVoterIds(ids))
+                        .await?;
+                    return Ok(AdminOutcome::Done);
+                }
+                self.add_node_here(id, address, existing, is_voter).await
+            }
+            AdminRequest::RemoveNode { id } => {
+                if membership.get_node(&id).is_none() {
+                    return Err(ConsensusError::NodeNotFound { id });
+                }
+                let ids = BTreeSet::from([id]);
+                let change = if voters.contains(&id) {
+                    if voters.len() == 1 {
+                        return Err(ConsensusError::InvalidMembership {
+                            message: format!("node {id} is the last voter; it cannot be removed"),
+                        });
+                    }
+                    ChangeMembers::RemoveVoters(ids)
+                } else {
+                    ChangeMembers::RemoveNodes(ids)
+                };
+                self.change_membership(change).await?;
+                Ok(AdminOutcome::Done)
+            }
+        }
+    }
+
+    /// Add `id` as a learner (unless it is one), wait (bounded) until it answered and caught
+    /// up, then promote it to voter. On timeout it stays a learner.
+    async fn add_node_here(
+        &self,
+        id: NodeId,
+        address: String,
+        existing: Option<String>,
+        is_voter: bool,
+    ) -> Result<AdminOutcome, ConsensusError> {
+        let raft = &self.inner.raft;
+        let membership_index = match existing {
+            Some(addr) if addr != address => {
+                return Err(ConsensusError::InvalidMembership {
+                    message: format!(
+                        "node {id} is already in the cluster at {addr}; remove it first"
+                    ),
+                });
+            }
+            Some(_) if is_voter => return Ok(AdminOutcome::Done),
+            // Already a learner (an earlier add that timed out): resume waiting. The
+            // membership that holds it is the current one.
+            Some(_) => {
+                let m = raft.metrics().borrow().membership_config.clone();
+                m.log_id().map(|l| l.index).unwrap_or(0)
+            }
+            // Learner first: it catches up (by snapshot if the log was purged) without
+            // counting toward any quorum. Not `blocking`: openraft's own wait judges "caught
+            // up" by a lag threshold alone, which a node that never answered passes while the
+            // log is short.
+            None => {
+                let t = self.inner.timeouts.request;
+                let add = raft.add_learner(id, BasicNode::new(address), false);
+                match tokio::time::timeout(t, add).await {
+                    Ok(Ok(resp)) => resp.log_id.index,
+                    // Refused before anything was written: the caller may retry elsewhere;
+                    // but a core that stopped may have the learner entry in its log.
+                    Ok(Err(e)) => {
+                        return Err(match from_write_error(e) {
+                            ConsensusError::ShuttingDown => ConsensusError::OutcomeUnknown {
+                                detail: format!(
+                                    "this node stopped while adding node {id}; check \
+                                     `GET /v1/cluster`"
+                                ),
+                            },
+                            other => other,
+                        });
+                    }
+                    Err(_) => {
+                        return Err(ConsensusError::Timeout {
+                            ms: t.as_millis() as u64,
+                        });
+                    }
+                }
+            }
+        };
+        // From here on the learner is in the membership: an error must not claim that nothing
+        // was done.
+        let after_learner = |e: ConsensusError| match e {
+            ConsensusError::NotLeader | ConsensusError::NoLeader | ConsensusError::ShuttingDown => {
+                ConsensusError::OutcomeUnknown {
+                    detail: format!(
+                        "node {id} was added as a learner, then this node lost the leadership \
+                         or stopped while promoting it; check `GET /v1/cluster`"
+                    ),
+                }
+            }
+            ConsensusError::ChangeInProgress { message } => ConsensusError::ChangeInProgress {
+                message: format!("node {id} stays a learner: {message}"),
+            },
+            other => other,
+        };
+        let wait = self.inner.timeouts.catch_up;
+        let mut metrics = raft.metrics();
+        let judged = metrics.wait_for(|m| {
+            let gone = m.membership_config.membership().get_node(&id).is_none();
+            let deposed = m.state != ServerState::Leader;
+            gone || deposed || caught_up(m, id, membership_index)
+        });
+        // Only whether it settled: the metrics guard must not live across the awaits below.
+        let settled = matches!(tokio::time::timeout(wait, judged).await, Ok(Ok(_)));
+        let m = raft.metrics().borrow().clone();
+        if m.membership_config.membership().get_node(&id).is_none() {
+            return Ok(AdminOutcome::Removed {
+                message: format!("node {id} was removed while it was catching up"),
+            });
+        }
+        if m.state != ServerState::Leader {
+            // The learner's entry committed (add_learner returned) and no promotion was
+            // proposed: the outcome is known, and it is not "nothing was done".
+            return Ok(AdminOutcome::Learner {
+                message: format!(
+                    "node {id} stays a learner: this node lost the leadership while it was \
+                     catching up; add it again to promote it, or remove it"
+                ),
+            });
+        }
+        if !settled || !caught_up(&m, id, membership_index) {
+            let matched = replicated_index(&m, id);
+            return Ok(AdminOutcome::Learner {
+                message: format!(
+                    "node {id} stays a learner: within {} ms it did not answer and catch up \
+                     (acknowledged log index {}, leader at {}, membership entry {membership_index}); \
+                     remove it, or add it again to keep waiting",
+                    wait.as_millis(),
+                    matched.map_or("none".to_string(), |i| i.to_string()),
+                    m.last_log_index.unwrap_or(0),
+                ),
+            });
+        }
+        let ids = BTreeSet::from([id]);
+        self.change_membership(ChangeMembers::AddVoterIds(ids))
+            .await
+            .map_err(after_learner)?;
+        Ok(AdminOutcome::Done)
+    }
+
+    /// Propose a membership change (joint, then uniform), bounded by the request timeout.
+    async fn change_membership(
+        &self,
+        change: ChangeMembers<NodeId, BasicNode>,
+    ) -> Result<(), ConsensusError> {
+        let t = self.inner.timeouts.request;
+        let change = self.inner.raft.change_membership(change, false);
+        match tokio::time::timeout(t, change).await {
+            Ok(Ok(_)) => Ok(()),
+            // A leader change in the middle may leave the joint configuration proposed.
+            // So may a Raft core that stops with the change in its log (the next leader may
+            // commit it): neither is "nothing was done".
+            Ok(Err(e)) => Err(match from_write_error(e) {
+                ConsensusError::NotLeader | ConsensusError::ShuttingDown => {
+                    ConsensusError::OutcomeUnknown {
+                        detail: "this node lost the leadership or stopped during the membership \
+                                 change; check `GET /v1/cluster`"
+                            .into(),
+                    }
+                }
+                other => other,
+            }),
+            Err(_) => Err(ConsensusError::Timeout {
+                ms: t.as_millis() as u64,
+            }),
+        }
+    }
+}
+
+/// Whether learner `id`, added by the membership entry at `membership_index`, may be promoted.
+fn caught_up(
+    m: &openraft::RaftMetrics<NodeId, BasicNode>,
+    id: NodeId,
+    membership_index: u64,
+) -> bool {
+    health::learner_caught_up(
+        replicated_index(m, id),
+        membership_index,
+        m.last_log_index.unwrap_or(0),
+        PROMOTE_MAX_LAG,
+    )
+}
