@@ -18,6 +18,7 @@
 //! - [`history`]: `EventHistory`, the bounded recent changes that watches read.
 //! - [`kv`]: `KvState`, the replicated key-value state machine (keys and leases).
 //! - [`lease`]: `LeaseTracker`, the leader-only lease deadlines.
+//! - [`lwlease`]: the Chockler–Malkhi light-weight lease over one read/write register.
 //! - [`members`]: membership as leased keys (`members/{id}`): layout and record.
 //! - [`peer_trust`]: which peer messages a node accepts (sender membership, consistent
 //!   claims, no disruptive votes).
@@ -34,6 +35,7 @@ pub mod history;
 pub mod kv;
 pub mod lease;
 pub mod limits;
+pub mod lwlease;
 pub mod members;
 pub mod peer_trust;
 pub mod replay;
