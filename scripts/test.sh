@@ -35,3 +35,6 @@ else
 fi
 
 cargo test --locked --all-targets
+
+# The dashboard in a real browser (skips with a message where Chromium cannot be installed).
+scripts/browser-test.sh

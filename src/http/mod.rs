@@ -25,6 +25,7 @@ pub mod members;
 pub mod peer;
 pub mod peer_trust;
 pub mod snapshot;
+pub mod ui;
 pub mod watch;
 
 use std::sync::Arc;
@@ -114,6 +115,10 @@ pub fn route_table() -> Vec<RouteSpec> {
         spec("GET", "/livez", Public, get(cluster::livez)),
         spec("GET", "/readyz", Public, get(cluster::readyz)),
         spec("GET", "/metrics", Public, get(cluster::metrics)),
+        spec("GET", "/ui", Public, get(ui::page)),
+        spec("GET", "/ui/", Public, get(ui::page)),
+        spec("GET", "/ui/app.js", Public, get(ui::script)),
+        spec("GET", "/ui/style.css", Public, get(ui::style)),
         spec("GET", "/v1/kv", Public, get(kv::list)),
         spec("PUT", "/v1/kv/{*key}", Public, put(kv::put)),
         spec("GET", "/v1/kv/{*key}", Public, get(kv::get)),

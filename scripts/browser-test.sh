@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# The dashboard in a real browser (tests/browser/test_dashboard.py): starts a 3-node loopback
+# cluster with the debug build, drives headless Chromium with Selenium, stops the cluster.
+# Installs chromium, chromium-driver (apt-get, as root) and selenium (pip) where missing and
+# possible; otherwise prints SKIP and exits 0. Screenshots go to docs/screenshots/.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+have_browser() { command -v chromium >/dev/null && command -v chromedriver >/dev/null; }
+have_selenium() { python3 -c 'import selenium' >/dev/null 2>&1; }
+
+if ! have_browser && command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
+  echo "installing chromium and chromium-driver"
+  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver) \
+    >/dev/null 2>&1 || true
+fi
+if ! have_selenium && command -v python3 >/dev/null; then
+  echo "installing selenium"
+  python3 -m pip install -q selenium >/dev/null 2>&1 || true
+fi
+if ! command -v python3 >/dev/null || ! have_browser || ! have_selenium; then
+  echo "SKIP: the dashboard browser test needs python3, chromium, chromedriver and selenium"
+  exit 0
+fi
+
+cargo build --quiet
+# Selenium Manager must not go online (it fetches driver lists and sends statistics).
+export SE_OFFLINE=true SE_AVOID_STATS=true
+export LEASECORE_BIN=${LEASECORE_BIN:-target/debug/leasecore}
+export LEASECORE_CLUSTER_DIR=${LEASECORE_CLUSTER_DIR:-$(mktemp -d)/cluster}
+export LEASECORE_BASE_PORT=${LEASECORE_BASE_PORT:-7401}
+trap 'scripts/cluster.sh clean >/dev/null 2>&1 || true' EXIT
+scripts/cluster.sh start 3 >/dev/null
+LEASECORE_UI_URL="http://127.0.0.1:$LEASECORE_BASE_PORT" python3 tests/browser/test_dashboard.py
