@@ -3,11 +3,12 @@ loopback cluster (started by scripts/browser-test.sh, which passes its URL in LE
 
 It checks that the page shows the leader and the three nodes, creates a key through the editor
 and sees it in the tree, grants a lease with an attached key and sees its countdown fall,
-revokes it with the button and sees the attached key vanish, and saves screenshots to
-docs/screenshots/. Every wait is for a condition, with a deadline (WebDriverWait).
+revokes it with the button and sees the attached key vanish, saves screenshots to
+docs/screenshots/, and sees the page recover when the node serving it is killed and restarted. Every wait is for a condition, with a deadline (WebDriverWait).
 """
 import json
 import os
+import subprocess
 import sys
 import urllib.request
 
@@ -78,6 +79,13 @@ def main():
         wait.until(lambda d: not d.find_elements(By.CSS_SELECTOR, '#key-tree [data-key="locks/job-42"]'))
         wait.until(lambda d: "delete locks/job-42" in text_of(d, "#events li"))
         driver.save_screenshot(os.path.join(SHOTS, "dashboard-after-revoke.png"))
+
+        # The node serving the page restarts: a banner while it is down, then back to normal.
+        subprocess.run(["scripts/cluster.sh", "kill", "1"], check=True)
+        wait.until(lambda d: d.find_element(By.ID, "banner").is_displayed())
+        subprocess.run(["scripts/cluster.sh", "restart", "1"], check=True)
+        WebDriverWait(driver, 60).until(lambda d: not d.find_element(By.ID, "banner").is_displayed())
+        WebDriverWait(driver, 60).until(lambda d: d.find_element(By.ID, "health").text == "healthy")
         print("dashboard browser test: ok")
     except Exception:
         os.makedirs(SHOTS, exist_ok=True)
