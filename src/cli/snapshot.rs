@@ -43,7 +43,7 @@ pub enum SnapshotCmd {
         #[arg(long)]
         id: NodeId,
         /// The new cluster's voters, this node included: ID=HOST:PORT,...
-        #[arg(long, value_parser = crate::parse_peers)]
+        #[arg(long, value_parser = super::serve::parse_peers)]
         peers: BTreeMap<NodeId, String>,
     },
 }

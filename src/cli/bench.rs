@@ -1,0 +1,172 @@
+//! `leasecore bench WORKLOAD`: drive a running cluster with load (or run one of the
+//! experiments) and report throughput and latency. The workloads live in `leasecore::bench`.
+
+use std::time::Duration;
+
+use clap::Args;
+use leasecore::bench::{self, BenchOptions, Workload};
+use leasecore::client::ClientError;
+use leasecore::domain::flease::Protocol;
+use serde::Serialize;
+
+use super::ConnArgs;
+
+#[derive(Args)]
+pub struct BenchArgs {
+    /// put, get (linearizable), get-local, lease-grant, lease-refresh, flease-acquire,
+    /// flease-contended, paxoslease-acquire, paxoslease-contended; or an experiment: watch
+    /// (wake-up latency at --watchers), expiry (lateness of --leases never refreshed),
+    /// expiry-churn (the same, registered over --duration seconds while scripts/lease-churn.sh
+    /// kills leaders), mass-expiry (--leases all due at the same instant, start + --ttl-ms:
+    /// write stall, leader changes, apply lag),
+    /// lease-memory (resident bytes per lease with one key, at --leases), flease-memory and
+    /// paxoslease-memory (resident bytes per idle resource, at --resources; serve with a lease
+    /// time longer than the run so that no cell is collected meanwhile).
+    pub workload: String,
+    /// Watchers for `watch`.
+    #[arg(long, default_value_t = 1000)]
+    pub watchers: usize,
+    /// `watch` over one SSE stream per watcher instead of long polls.
+    #[arg(long)]
+    pub sse: bool,
+    /// `watch` with the watchers spread over this many multi-watch streams
+    /// (`POST /v1/watches`), as etcd clients multiplex watches on a few gRPC streams.
+    #[arg(long, default_value_t = 0)]
+    pub streams: usize,
+    /// Puts observed by the watchers in `watch`.
+    #[arg(long, default_value_t = 20)]
+    pub events: usize,
+    /// Leases for `expiry` and `lease-memory`.
+    #[arg(long, default_value_t = 10_000)]
+    pub leases: usize,
+    /// Resources for `flease-memory` and `paxoslease-memory`.
+    #[arg(long, default_value_t = 1_000_000)]
+    pub resources: usize,
+    /// TTL of the leases in `expiry`.
+    #[arg(long, default_value_t = 5000)]
+    pub ttl_ms: u64,
+    #[command(flatten)]
+    pub conn: ConnArgs,
+    /// Concurrent connections (each sends one request at a time).
+    #[arg(long, short = 'c', default_value_t = 16)]
+    pub connections: usize,
+    /// Seconds to run.
+    #[arg(long, short = 'd', default_value_t = 10.0)]
+    pub duration: f64,
+    /// Distinct keys written and read.
+    #[arg(long, default_value_t = 10_000)]
+    pub keys: usize,
+    /// Value size in bytes.
+    #[arg(long, default_value_t = 64)]
+    pub value_size: usize,
+}
+
+fn print_result<T: Serialize + std::fmt::Debug>(r: &T, json: bool) {
+    if json {
+        println!(
+            "{}",
+            serde_json::to_string(r).expect("plain data serializes")
+        );
+    } else {
+        println!("{r:?}");
+    }
+}
+
+pub async fn run(args: BenchArgs) -> Result<(), ClientError> {
+    use leasecore::bench::experiments;
+    args.conn.tls.install()?;
+    match args.workload.as_str() {
+        "watch" => {
+            let r = experiments::watch_latency(
+                &args.conn.endpoints,
+                args.watchers,
+                args.events,
+                Duration::from_millis(200),
+                args.sse,
+                args.streams,
+            )
+            .await?;
+            print_result(&r, args.conn.json);
+            return Ok(());
+        }
+        "expiry" => {
+            let r = experiments::expiry_lateness(
+                &args.conn.endpoints,
+                args.leases,
+                args.ttl_ms,
+                args.connections,
+            )
+            .await?;
+            print_result(&r, args.conn.json);
+            return Ok(());
+        }
+        "expiry-churn" => {
+            let r = leasecore::bench::churn::expiry_under_churn(
+                &args.conn.endpoints,
+                args.leases,
+                args.ttl_ms,
+                Duration::from_secs_f64(args.duration.max(0.1)),
+            )
+            .await?;
+            print_result(&r, args.conn.json);
+            return Ok(());
+        }
+        "mass-expiry" => {
+            let r = leasecore::bench::churn::mass_expiry(
+                &args.conn.endpoints,
+                args.leases,
+                args.ttl_ms,
+                args.connections,
+            )
+            .await?;
+            print_result(&r, args.conn.json);
+            return Ok(());
+        }
+        "lease-memory" => {
+            let r = experiments::lease_memory(&args.conn.endpoints, args.leases).await?;
+            print_result(&r, args.conn.json);
+            return Ok(());
+        }
+        "flease-memory" | "paxoslease-memory" => {
+            let proto = if args.workload.starts_with("flease") {
+                Protocol::Flease
+            } else {
+                Protocol::PaxosLease
+            };
+            let r = experiments::flease_memory(&args.conn.endpoints, proto, args.resources).await?;
+            print_result(&r, args.conn.json);
+            return Ok(());
+        }
+        _ => {}
+    }
+    let workload: Workload = args.workload.parse().map_err(ClientError::Usage)?;
+    let token = args
+        .conn
+        .bearer()
+        .await?
+        .map(leasecore::domain::auth::Secret);
+    let opts = BenchOptions {
+        token,
+        workload,
+        endpoints: args.conn.endpoints,
+        connections: args.connections.max(1),
+        duration: Duration::from_secs_f64(args.duration.max(0.1)),
+        keys: args.keys.max(1),
+        value_size: args.value_size,
+    };
+    let result = bench::run(&opts).await?;
+    if args.conn.json {
+        println!(
+            "{}",
+            serde_json::to_string(&result).expect("plain data serializes")
+        );
+    } else {
+        println!("{result}");
+    }
+    if result.ok == 0 {
+        return Err(ClientError::Unavailable(
+            "no request succeeded; is the cluster running?".into(),
+        ));
+    }
+    Ok(())
+}

@@ -1,0 +1,126 @@
+//! The `leasecore` command line: one module per role (a subcommand's arguments and its
+//! handler), plus what every client command shares here: the connection flags ([`ConnArgs`]),
+//! printing (`--json` or lines for people) and the process-level plumbing (signals, exit codes).
+//!
+//! Modules print and exit; they decide nothing about the state (the library does).
+
+pub mod auth;
+pub mod bench;
+pub mod cluster;
+pub mod cluster_health;
+pub mod flease;
+pub mod kv;
+pub mod lease;
+pub mod member;
+pub mod resources;
+pub mod serve;
+pub mod snapshot;
+pub mod tls;
+pub mod watch;
+
+use std::process::ExitCode;
+
+use clap::Args;
+use leasecore::client::{Client, ClientError};
+use serde::Serialize;
+
+#[derive(Args, Clone)]
+pub struct ConnArgs {
+    /// Nodes to talk to, comma-separated; the client fails over between them.
+    #[arg(
+        long,
+        global = true,
+        env = "LEASECORE_ENDPOINTS",
+        value_delimiter = ',',
+        default_value = "http://127.0.0.1:7001"
+    )]
+    pub endpoints: Vec<String>,
+    /// Print the server's JSON documents as they are.
+    #[arg(long, global = true)]
+    pub json: bool,
+    #[command(flatten)]
+    pub tls: tls::ClientTlsArgs,
+    /// Authenticate as this user: name:password, or name (the password is then asked for).
+    #[arg(long, global = true, env = "LEASECORE_USER", hide_env_values = true)]
+    pub user: Option<String>,
+    /// A bearer token (from `POST /v1/auth/authenticate`), when --user is not given.
+    #[arg(long, global = true, env = "LEASECORE_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+}
+
+impl ConnArgs {
+    /// The client of a command: endpoints plus credentials or a token. Every client
+    /// command builds its clients through here (or after it: it also installs the TLS flags
+    /// for the whole process).
+    pub fn client(&self) -> Result<Client, ClientError> {
+        self.tls.install()?;
+        auth::client(&self.endpoints, self.user.as_deref(), self.token.as_deref())
+    }
+
+    /// A token for calls made outside [`Client`], if the command authenticates (installs the
+    /// TLS flags too).
+    pub async fn bearer(&self) -> Result<Option<String>, ClientError> {
+        self.tls.install()?;
+        auth::token(&self.endpoints, self.user.as_deref(), self.token.as_deref()).await
+    }
+}
+
+pub fn parse_meta(s: &str) -> Result<(String, String), String> {
+    s.split_once('=')
+        .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
+        .filter(|(k, _)| !k.is_empty())
+        .ok_or_else(|| format!("{s:?} is not KEY=VALUE"))
+}
+
+pub fn report(result: Result<(), ClientError>) -> ExitCode {
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+pub async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .expect("installing a SIGTERM handler");
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = ctrl_c.await;
+    }
+}
+
+/// A 404 the client turned into `None`, back as an error for the command line.
+pub fn not_found(code: &str, message: String) -> ClientError {
+    ClientError::Api {
+        status: 404,
+        code: code.into(),
+        message,
+        body: serde_json::Value::Null,
+    }
+}
+
+/// Print the server's document with `--json`, else the person-readable line(s).
+pub fn show<T: Serialize>(json: bool, doc: &T, for_people: impl FnOnce(&T)) {
+    if json {
+        print_json(doc);
+    } else {
+        for_people(doc);
+    }
+}
+
+pub fn print_json<T: Serialize>(v: &T) {
+    println!(
+        "{}",
+        serde_json::to_string_pretty(v).unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"))
+    );
+}

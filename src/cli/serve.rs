@@ -1,0 +1,160 @@
+//! `leasecore serve`: run a node. Every flag also reads an environment variable
+//! (`LEASECORE_ID`, `LEASECORE_LISTEN`, ...), for containers.
+//!
+//! It only maps flags onto `NodeConfig` and waits for a signal or a fatal stop; the node itself
+//! lives in `leasecore::node`.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Args;
+use leasecore::domain::flease::FleaseConfig;
+use leasecore::domain::limits::{DEFAULT_MAX_LEASES, DEFAULT_MAX_VALUE_BYTES};
+use leasecore::domain::types::NodeId;
+use leasecore::node::{EXIT_FATAL, EXIT_REFUSED, Node, NodeConfig, NodeError, RaftTimings};
+
+use super::shutdown_signal;
+
+#[derive(Args)]
+pub struct ServeArgs {
+    /// This node's id (stable across restarts).
+    #[arg(long, env = "LEASECORE_ID", default_value_t = 1)]
+    pub id: NodeId,
+    /// Address to listen on for clients (peers use --peer-listen).
+    #[arg(long, env = "LEASECORE_LISTEN", default_value = "127.0.0.1:7001")]
+    pub listen: String,
+    /// Address peers and clients reach this node at (default: this node's --peers entry, else
+    /// --listen).
+    #[arg(long, env = "LEASECORE_ADVERTISE")]
+    pub advertise: Option<String>,
+    /// Data directory (default: ./leasecore-data/node-<id>).
+    #[arg(long, env = "LEASECORE_DATA")]
+    pub data: Option<PathBuf>,
+    /// The initial voters, this node included: ID=HOST:PORT,ID=HOST:PORT,...
+    #[arg(long, env = "LEASECORE_PEERS", value_parser = parse_peers)]
+    pub peers: Option<BTreeMap<NodeId, String>>,
+    /// Do not form a cluster: wait to be added to one (`leasecore cluster add`).
+    #[arg(long, env = "LEASECORE_JOIN")]
+    pub join: bool,
+    /// Leader heartbeat interval, in milliseconds.
+    #[arg(long, env = "LEASECORE_HEARTBEAT_MS", default_value_t = RaftTimings::default().heartbeat_ms)]
+    pub heartbeat_ms: u64,
+    /// Smallest election timeout, in milliseconds.
+    #[arg(long, env = "LEASECORE_ELECTION_MIN_MS", default_value_t = RaftTimings::default().election_min_ms)]
+    pub election_min_ms: u64,
+    /// Largest election timeout, in milliseconds.
+    #[arg(long, env = "LEASECORE_ELECTION_MAX_MS", default_value_t = RaftTimings::default().election_max_ms)]
+    pub election_max_ms: u64,
+    /// Snapshot and compact the log every this many applied entries.
+    #[arg(long, env = "LEASECORE_SNAPSHOT_THRESHOLD", default_value_t = 10_000)]
+    pub snapshot_threshold: u64,
+    /// The largest value, in bytes.
+    #[arg(long, env = "LEASECORE_MAX_VALUE_BYTES", default_value_t = DEFAULT_MAX_VALUE_BYTES)]
+    pub max_value_bytes: usize,
+    /// The most leases (members included) the cluster holds; registrations past it get 429.
+    #[arg(long, env = "LEASECORE_MAX_LEASES", default_value_t = DEFAULT_MAX_LEASES)]
+    pub max_leases: usize,
+    /// sled page cache, in MiB.
+    #[arg(long, env = "LEASECORE_CACHE_MB", default_value_t = 64)]
+    pub cache_mb: u64,
+    /// Flease and PaxosLease lease time (PaxosLease's maximum lease time), in milliseconds.
+    #[arg(long, env = "LEASECORE_FLEASE_LEASE_MS", default_value_t = 10_000)]
+    pub flease_lease_ms: u64,
+    /// Flease clock-skew bound between any two nodes, in milliseconds (for PaxosLease, the margin
+    /// for clock-rate drift over one lease time).
+    #[arg(long, env = "LEASECORE_FLEASE_EPS_MS", default_value_t = 500)]
+    pub flease_eps_ms: u64,
+    /// Flease phase timeout, in milliseconds.
+    #[arg(long, env = "LEASECORE_FLEASE_ROUND_MS", default_value_t = 500)]
+    pub flease_round_ms: u64,
+    /// How long an auth token is valid, in seconds.
+    #[arg(long, env = "LEASECORE_AUTH_TOKEN_TTL", default_value_t = 300)]
+    pub auth_token_ttl: u64,
+    #[command(flatten)]
+    pub resources: super::resources::ResourceArgs,
+    #[command(flatten)]
+    pub tls: super::tls::ServeTlsArgs,
+}
+
+pub fn parse_peers(s: &str) -> Result<BTreeMap<NodeId, String>, String> {
+    let mut peers = BTreeMap::new();
+    for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let (id, addr) = part
+            .split_once('=')
+            .ok_or_else(|| format!("{part:?} is not ID=HOST:PORT"))?;
+        let id: NodeId = id
+            .trim()
+            .parse()
+            .map_err(|_| format!("{id:?} is not a node id"))?;
+        if peers.insert(id, addr.trim().to_string()).is_some() {
+            return Err(format!("node id {id} appears twice"));
+        }
+    }
+    if peers.is_empty() {
+        return Err("--peers is empty".into());
+    }
+    Ok(peers)
+}
+
+pub async fn run(args: ServeArgs) -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("LEASECORE_LOG")
+                .unwrap_or_else(|_| "info,openraft=warn,sled=warn".into()),
+        )
+        .init();
+    leasecore::node::exit_on_panic();
+    let data = args
+        .data
+        .unwrap_or_else(|| PathBuf::from(format!("leasecore-data/node-{}", args.id)));
+    let mut cfg = NodeConfig::new(args.id, data);
+    cfg.listen = args.listen;
+    cfg.advertise = args.advertise;
+    cfg.peers = args.peers.unwrap_or_default();
+    cfg.join = args.join;
+    cfg.timings = RaftTimings {
+        heartbeat_ms: args.heartbeat_ms,
+        election_min_ms: args.election_min_ms,
+        election_max_ms: args.election_max_ms,
+    };
+    cfg.snapshot_threshold = args.snapshot_threshold;
+    cfg.limits.max_value_bytes = args.max_value_bytes;
+    cfg.limits.max_leases = args.max_leases;
+    cfg.cache_bytes = args.cache_mb << 20;
+    cfg.auth_token_ttl_ms = args.auth_token_ttl.saturating_mul(1000);
+    args.resources.apply(&mut cfg);
+    if let Err(e) = args.tls.apply(&mut cfg) {
+        eprintln!("error: {e}");
+        return ExitCode::FAILURE;
+    }
+    cfg.flease = FleaseConfig::derived(
+        args.flease_lease_ms,
+        args.flease_eps_ms,
+        args.flease_round_ms,
+    );
+    let node = match Node::start(cfg).await {
+        Ok(node) => node,
+        Err(e @ NodeError::Refused(_)) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(EXIT_REFUSED);
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let failed = node.cancelled();
+    let fatal = tokio::select! {
+        _ = shutdown_signal() => false,
+        _ = failed.cancelled() => true,
+    };
+    if fatal {
+        eprintln!("error: the Raft core stopped; the node exits (see the log above)");
+        node.shutdown().await;
+        return ExitCode::from(EXIT_FATAL);
+    }
+    tracing::info!("signal received; shutting down");
+    node.shutdown().await;
+    ExitCode::SUCCESS
+}
