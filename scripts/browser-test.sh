@@ -2,7 +2,8 @@
 # The dashboard in a real browser (tests/browser/test_dashboard.py): starts a 3-node loopback
 # cluster with the debug build, drives headless Chromium with Selenium, stops the cluster.
 # Installs chromium, chromium-driver (apt-get, as root) and selenium (pip) where missing and
-# possible; otherwise prints SKIP and exits 0. Screenshots go to docs/screenshots/.
+# possible; otherwise prints SKIP and exits 0. Screenshots go to target/screenshots/
+# (LEASECORE_SCREENSHOTS=docs/screenshots to refresh the README's).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -26,6 +27,7 @@ fi
 cargo build --quiet
 # Selenium Manager must not go online (it fetches driver lists and sends statistics).
 export SE_OFFLINE=true SE_AVOID_STATS=true
+export LEASECORE_SCREENSHOTS=${LEASECORE_SCREENSHOTS:-$PWD/target/screenshots}
 export LEASECORE_BIN=${LEASECORE_BIN:-target/debug/leasecore}
 export LEASECORE_CLUSTER_DIR=${LEASECORE_CLUSTER_DIR:-$(mktemp -d)/cluster}
 export LEASECORE_BASE_PORT=${LEASECORE_BASE_PORT:-7401}

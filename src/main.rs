@@ -130,12 +130,12 @@ fn main() -> ExitCode {
             Command::Cluster { cmd, conn } => report(cli::cluster::run(cmd, &conn).await),
             Command::Watch(args) => report(cli::watch::run(args).await),
             Command::Member { cmd, conn } => report(cli::member::run(cmd, &conn).await),
-            Command::Flease { cmd, conn } => {
-                report(cli::flease::run(Protocol::Flease, cmd, &conn).await)
-            }
-            Command::Paxoslease { cmd, conn } => {
-                report(cli::flease::run(Protocol::PaxosLease, cmd, &conn).await)
-            }
+            Command::Flease { cmd, conn } => cli::flease::run(Protocol::Flease, cmd, &conn)
+                .await
+                .unwrap_or_else(|e| report(Err(e))),
+            Command::Paxoslease { cmd, conn } => cli::flease::run(Protocol::PaxosLease, cmd, &conn)
+                .await
+                .unwrap_or_else(|e| report(Err(e))),
             Command::Agent(args) => report(cli::member::agent(args).await),
             Command::Bench(args) => report(cli::bench::run(args).await),
             Command::Snapshot { cmd, conn } => match conn.bearer().await {
@@ -144,4 +144,40 @@ fn main() -> ExitCode {
             },
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::Cli;
+
+    /// Every argument of every subcommand says what it is for (units and defaults live in
+    /// the help text too, but a missing help is what a test can catch).
+    #[test]
+    fn every_argument_has_help() {
+        let cmd = Cli::command();
+        cmd.clone().debug_assert();
+        let mut missing = Vec::new();
+        walk(&cmd, "leasecore", &mut missing);
+        assert!(missing.is_empty(), "arguments without help: {missing:#?}");
+    }
+
+    fn walk(cmd: &clap::Command, path: &str, missing: &mut Vec<String>) {
+        for arg in cmd.get_arguments() {
+            let id = arg.get_id().as_str();
+            if matches!(id, "help" | "version") {
+                continue;
+            }
+            if arg.get_help().is_none() && arg.get_long_help().is_none() {
+                missing.push(format!("{path} {id}"));
+            }
+        }
+        for sub in cmd.get_subcommands() {
+            if sub.get_about().is_none() {
+                missing.push(format!("{path} {} (the subcommand)", sub.get_name()));
+            }
+            walk(sub, &format!("{path} {}", sub.get_name()), missing);
+        }
+    }
 }

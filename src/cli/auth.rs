@@ -98,32 +98,63 @@ pub enum AuthCmd {
 #[derive(Subcommand)]
 pub enum UserCmd {
     /// Add a user (the password is asked for, or read from standard input).
-    Add { name: String },
+    Add {
+        /// The user's name.
+        name: String,
+    },
     /// Delete a user.
-    Delete { name: String },
+    Delete {
+        /// The user's name.
+        name: String,
+    },
     /// Change a user's password (asked for, or read from standard input).
-    Passwd { name: String },
+    Passwd {
+        /// The user's name.
+        name: String,
+    },
     /// Give a user a role.
-    GrantRole { name: String, role: String },
+    GrantRole {
+        /// The user's name.
+        name: String,
+        /// The role's name.
+        role: String,
+    },
     /// Take a role from a user.
-    RevokeRole { name: String, role: String },
+    RevokeRole {
+        /// The user's name.
+        name: String,
+        /// The role's name.
+        role: String,
+    },
     /// List the users.
     List,
     /// Show a user and their roles.
-    Get { name: String },
+    Get {
+        /// The user's name.
+        name: String,
+    },
 }
 
 #[derive(Subcommand)]
 pub enum RoleCmd {
     /// Add a role.
-    Add { name: String },
+    Add {
+        /// The role's name.
+        name: String,
+    },
     /// Delete a role (and take it from every user).
-    Delete { name: String },
+    Delete {
+        /// The role's name.
+        name: String,
+    },
     /// Grant a permission: KIND is read, write or readwrite.
     Grant {
+        /// The role's name.
         name: String,
+        /// read, write or readwrite.
         #[arg(value_parser = parse_kind)]
         kind: PermKind,
+        /// The key (or with --prefix, the key prefix) the permission covers.
         key: String,
         /// On every key starting with KEY ("" with --prefix: every key).
         #[arg(long)]
@@ -131,15 +162,21 @@ pub enum RoleCmd {
     },
     /// Revoke the permission on KEY (with --prefix: the prefix grant).
     Revoke {
+        /// The role's name.
         name: String,
+        /// The key (or with --prefix, the key prefix) of the permission to revoke.
         key: String,
+        /// Revoke the prefix grant on KEY rather than the single-key one.
         #[arg(long)]
         prefix: bool,
     },
     /// List the roles.
     List,
     /// Show a role and its permissions.
-    Get { name: String },
+    Get {
+        /// The role's name.
+        name: String,
+    },
 }
 
 fn parse_kind(s: &str) -> Result<PermKind, String> {

@@ -42,7 +42,7 @@ pub struct BenchArgs {
     /// Resources for `flease-memory` and `paxoslease-memory`.
     #[arg(long, default_value_t = 1_000_000)]
     pub resources: usize,
-    /// TTL of the leases in `expiry`.
+    /// TTL of the leases in `expiry`, `expiry-churn` and `mass-expiry`, in milliseconds.
     #[arg(long, default_value_t = 5000)]
     pub ttl_ms: u64,
     #[command(flatten)]
@@ -50,7 +50,7 @@ pub struct BenchArgs {
     /// Concurrent connections (each sends one request at a time).
     #[arg(long, short = 'c', default_value_t = 16)]
     pub connections: usize,
-    /// Seconds to run.
+    /// How long to run, in seconds (fractions allowed; at least 0.1).
     #[arg(long, short = 'd', default_value_t = 10.0)]
     pub duration: f64,
     /// Distinct keys written and read.

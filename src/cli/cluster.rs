@@ -17,9 +17,17 @@ pub enum ClusterCmd {
         ready: bool,
     },
     /// Add a node (it must be running with --join): learner first, then voter.
-    Add { id: NodeId, address: String },
+    Add {
+        /// The new node's id (its `serve --id`).
+        id: NodeId,
+        /// The new node's advertised address, HOST:PORT (its client port; peers use port + 1000).
+        address: String,
+    },
     /// Remove a node from the membership.
-    Remove { id: NodeId },
+    Remove {
+        /// The id of the node to remove.
+        id: NodeId,
+    },
 }
 
 pub async fn run(cmd: ClusterCmd, conn: &ConnArgs) -> Result<(), ClientError> {

@@ -9,7 +9,9 @@ use super::{ConnArgs, not_found, print_json, show};
 pub enum KvCmd {
     /// Set a key.
     Put {
+        /// The key (any UTF-8 string; `/` has no special meaning but prefixes group keys).
         key: String,
+        /// The value to store (UTF-8; at most the server's --max-value-bytes).
         value: String,
         /// Attach the key to this lease.
         #[arg(long)]
@@ -20,6 +22,7 @@ pub enum KvCmd {
     },
     /// Print a key's value.
     Get {
+        /// The key to read.
         key: String,
         /// Serve from the answering node's applied state, without a quorum round.
         #[arg(long)]
@@ -27,16 +30,22 @@ pub enum KvCmd {
     },
     /// Delete a key.
     Del {
+        /// The key to delete.
         key: String,
+        /// Only if the key's mod revision is this (0: only if it does not exist).
         #[arg(long)]
         prev_revision: Option<u64>,
     },
     /// List keys under a prefix.
     List {
+        /// List keys starting with this (default: every key).
         #[arg(default_value = "")]
         prefix: String,
+        /// At most this many keys (server default 10000, at most 100000); the footer says
+        /// when there were more.
         #[arg(long)]
         limit: Option<usize>,
+        /// Serve from the answering node's applied state, without a quorum round.
         #[arg(long)]
         local: bool,
     },

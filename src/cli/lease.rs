@@ -13,28 +13,44 @@ use super::{ConnArgs, not_found, print_json, show, shutdown_signal};
 pub enum LeaseCmd {
     /// Register a lease.
     Grant {
+        /// The lease's name (unique in the cluster).
         name: String,
         /// Time to live, in milliseconds.
         #[arg(long)]
         ttl_ms: u64,
     },
     /// Refresh a lease once.
-    Refresh { name: String },
+    Refresh {
+        /// The lease's name.
+        name: String,
+    },
     /// Revoke a lease, deleting its keys.
-    Revoke { name: String },
+    Revoke {
+        /// The lease's name.
+        name: String,
+    },
     /// Show a lease: TTL, time left on the leader, revision, keys.
-    Get { name: String },
+    Get {
+        /// The lease's name.
+        name: String,
+    },
     /// List leases.
     List {
+        /// List leases whose name starts with this (default: every lease).
         #[arg(default_value = "")]
         prefix: String,
+        /// At most this many leases (server default 10000).
         #[arg(long)]
         limit: Option<usize>,
     },
     /// Keep a lease alive (registering it if --ttl-ms is given and it does not exist) until
     /// stopped, printing each refresh.
     Keepalive {
+        /// The lease's name.
         name: String,
+        /// Time to live in milliseconds, used to register the lease if it does not exist
+        /// (default: the existing lease's TTL; the lease must then exist). Refreshed every
+        /// third of it.
         #[arg(long)]
         ttl_ms: Option<u64>,
         /// Revoke the lease when stopped (Ctrl-C / SIGTERM).

@@ -15,19 +15,29 @@ pub enum MemberCmd {
     List,
     /// Register a member once (it expires after its TTL unless something heartbeats it).
     Register {
+        /// The member id (unique in the cluster).
         #[arg(long)]
         id: String,
+        /// The address others should use to reach the service (free-form, e.g. HOST:PORT).
         #[arg(long)]
         address: String,
+        /// Time to live, in milliseconds: the member expires unless heartbeated within it.
         #[arg(long, default_value_t = 5000)]
         ttl_ms: u64,
+        /// Metadata, repeatable: --meta zone=a --meta role=db
         #[arg(long, value_parser = parse_meta)]
         meta: Vec<(String, String)>,
     },
     /// Heartbeat a member once.
-    Heartbeat { id: String },
+    Heartbeat {
+        /// The member id.
+        id: String,
+    },
     /// Deregister a member.
-    Leave { id: String },
+    Leave {
+        /// The member id.
+        id: String,
+    },
 }
 
 #[derive(Args)]
@@ -38,6 +48,8 @@ pub struct AgentArgs {
     /// The address others should use to reach the service.
     #[arg(long)]
     pub address: String,
+    /// Time to live, in milliseconds: heartbeats go every third of it, and the member
+    /// expires this long after the agent dies without leaving.
     #[arg(long, default_value_t = 5000)]
     pub ttl_ms: u64,
     /// Metadata, repeatable: --meta zone=a --meta role=db

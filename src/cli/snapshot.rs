@@ -25,6 +25,7 @@ use leasecore::storage::backup::{self, BackupHeader};
 pub enum SnapshotCmd {
     /// Save a consistent backup of the running cluster to FILE.
     Save {
+        /// Where to write the backup (replaced atomically; nothing is written on failure).
         file: PathBuf,
         /// Back up the first answering node's own applied state, without a quorum round (when
         /// quorum is lost for good; see the README's disaster recovery).
@@ -32,9 +33,13 @@ pub enum SnapshotCmd {
         local: bool,
     },
     /// Verify a backup and print what it holds.
-    Status { file: PathBuf },
+    Status {
+        /// The backup file to verify.
+        file: PathBuf,
+    },
     /// Write a data dir for node --id of a new cluster (--peers) from a backup.
     Restore {
+        /// The backup file to seed the new cluster from.
         file: PathBuf,
         /// The data dir to create (must not exist, or be empty).
         #[arg(long)]

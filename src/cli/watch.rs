@@ -14,8 +14,8 @@ pub struct WatchArgs {
     /// Follow every key under this prefix (default: every key).
     #[arg(long, conflicts_with = "key")]
     pub prefix: Option<String>,
-    /// Follow exactly this key.
-    #[arg(long)]
+    /// Follow exactly this key. (A positional argument: `--key` is the global TLS key flag,
+    /// as in etcdctl.)
     pub key: Option<String>,
     /// Start at this revision (inclusive); default: changes from now on.
     #[arg(long)]
