@@ -232,14 +232,25 @@ async fn past_the_quota_writes_get_507_while_reads_and_deletes_work_and_deletes_
     let e = refused.expect("the quota never refused a write");
     assert_eq!(e.code(), Some("quota_exceeded"), "{e}");
     assert!(!written.is_empty());
-    // The raw answer: 507 with the figures.
+    // The raw answer: 507 with the figures. (A log compaction may free a little room between
+    // the refusal above and this write, so write until refused again.)
     let http = reqwest::Client::new();
-    let r = http
-        .put(format!("{}/v1/kv/q/raw", c.url(1)))
-        .body(format!("{{\"value\":\"{value}\"}}"))
-        .send()
-        .await
-        .unwrap();
+    let mut refused_raw = None;
+    for i in 0..1000 {
+        let key = format!("q/raw-{i}");
+        let r = http
+            .put(format!("{}/v1/kv/{key}", c.url(1)))
+            .body(format!("{{\"value\":\"{value}\"}}"))
+            .send()
+            .await
+            .unwrap();
+        if r.status() != 200 {
+            refused_raw = Some(r);
+            break;
+        }
+        written.push(key);
+    }
+    let r = refused_raw.expect("the raw API never refused a write past the quota");
     assert_eq!(r.status(), 507);
     let doc: serde_json::Value = r.json().await.unwrap();
     assert_eq!(doc["error"]["code"], "quota_exceeded");
