@@ -30,4 +30,5 @@ pub mod raft;
 pub mod runtime;
 pub mod storage;
 pub mod tls;
+pub mod transport;
 pub mod wire;

@@ -23,46 +23,39 @@ use cli::{ConnArgs, report};
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// The connection flags of the client commands, accepted before or after the subcommand.
+    #[command(flatten)]
+    conn: ConnArgs,
 }
 
 #[derive(Subcommand)]
 enum Command {
     /// Run a node.
-    Serve(cli::serve::ServeArgs),
+    Serve(Box<cli::serve::ServeArgs>),
     /// Turn authentication on or off, or show whether it is on.
     Auth {
         #[command(subcommand)]
         cmd: cli::auth::AuthCmd,
-        #[command(flatten)]
-        conn: ConnArgs,
     },
     /// Manage users (root only once authentication is on).
     User {
         #[command(subcommand)]
         cmd: cli::auth::UserCmd,
-        #[command(flatten)]
-        conn: ConnArgs,
     },
     /// Manage roles and their permissions (root only once authentication is on).
     Role {
         #[command(subcommand)]
         cmd: cli::auth::RoleCmd,
-        #[command(flatten)]
-        conn: ConnArgs,
     },
     /// Read and write keys.
     Kv {
         #[command(subcommand)]
         cmd: cli::kv::KvCmd,
-        #[command(flatten)]
-        conn: ConnArgs,
     },
     /// Register, refresh, inspect and revoke leases.
     Lease {
         #[command(subcommand)]
         cmd: cli::lease::LeaseCmd,
-        #[command(flatten)]
-        conn: ConnArgs,
     },
     /// Print changes to a key or prefix as they happen, resuming by revision across reconnects.
     Watch(cli::watch::WatchArgs),
@@ -70,22 +63,16 @@ enum Command {
     Flease {
         #[command(subcommand)]
         cmd: cli::flease::FleaseCmd,
-        #[command(flatten)]
-        conn: ConnArgs,
     },
     /// The same with PaxosLease (no clock synchronization; a separate resource namespace).
     Paxoslease {
         #[command(subcommand)]
         cmd: cli::flease::FleaseCmd,
-        #[command(flatten)]
-        conn: ConnArgs,
     },
     /// Register and list members (nodes that heartbeat).
     Member {
         #[command(subcommand)]
         cmd: cli::member::MemberCmd,
-        #[command(flatten)]
-        conn: ConnArgs,
     },
     /// Run beside a service: register it as a member, heartbeat, deregister on SIGTERM/SIGINT.
     Agent(cli::member::AgentArgs),
@@ -93,8 +80,6 @@ enum Command {
     Cluster {
         #[command(subcommand)]
         cmd: cli::cluster::ClusterCmd,
-        #[command(flatten)]
-        conn: ConnArgs,
     },
     /// Drive a running cluster with load and report throughput and latency.
     Bench(cli::bench::BenchArgs),
@@ -102,8 +87,6 @@ enum Command {
     Snapshot {
         #[command(subcommand)]
         cmd: cli::snapshot::SnapshotCmd,
-        #[command(flatten)]
-        conn: ConnArgs,
     },
 }
 
@@ -113,32 +96,33 @@ fn main() -> ExitCode {
         .enable_all()
         .build()
         .expect("a tokio runtime");
+    let conn = cli.conn;
     runtime.block_on(async move {
         match cli.command {
-            Command::Serve(args) => cli::serve::run(args).await,
-            Command::Auth { cmd, conn } => {
+            Command::Serve(args) => cli::serve::run(*args).await,
+            Command::Auth { cmd } => {
                 report(async { cli::auth::auth(cmd, &conn.client()?, conn.json).await }.await)
             }
-            Command::User { cmd, conn } => {
+            Command::User { cmd } => {
                 report(async { cli::auth::user(cmd, &conn.client()?, conn.json).await }.await)
             }
-            Command::Role { cmd, conn } => {
+            Command::Role { cmd } => {
                 report(async { cli::auth::role(cmd, &conn.client()?, conn.json).await }.await)
             }
-            Command::Kv { cmd, conn } => report(cli::kv::run(cmd, &conn).await),
-            Command::Lease { cmd, conn } => report(cli::lease::run(cmd, &conn).await),
-            Command::Cluster { cmd, conn } => report(cli::cluster::run(cmd, &conn).await),
-            Command::Watch(args) => report(cli::watch::run(args).await),
-            Command::Member { cmd, conn } => report(cli::member::run(cmd, &conn).await),
-            Command::Flease { cmd, conn } => cli::flease::run(Protocol::Flease, cmd, &conn)
+            Command::Kv { cmd } => report(cli::kv::run(cmd, &conn).await),
+            Command::Lease { cmd } => report(cli::lease::run(cmd, &conn).await),
+            Command::Cluster { cmd } => report(cli::cluster::run(cmd, &conn).await),
+            Command::Watch(args) => report(cli::watch::run(args, &conn).await),
+            Command::Member { cmd } => report(cli::member::run(cmd, &conn).await),
+            Command::Flease { cmd } => cli::flease::run(Protocol::Flease, cmd, &conn)
                 .await
                 .unwrap_or_else(|e| report(Err(e))),
-            Command::Paxoslease { cmd, conn } => cli::flease::run(Protocol::PaxosLease, cmd, &conn)
+            Command::Paxoslease { cmd } => cli::flease::run(Protocol::PaxosLease, cmd, &conn)
                 .await
                 .unwrap_or_else(|e| report(Err(e))),
-            Command::Agent(args) => report(cli::member::agent(args).await),
-            Command::Bench(args) => report(cli::bench::run(args).await),
-            Command::Snapshot { cmd, conn } => match conn.bearer().await {
+            Command::Agent(args) => report(cli::member::agent(args, &conn).await),
+            Command::Bench(args) => report(cli::bench::run(args, &conn).await),
+            Command::Snapshot { cmd } => match conn.bearer().await {
                 Ok(token) => cli::snapshot::run(cmd, &conn.endpoints, conn.json, token).await,
                 Err(e) => report(Err(e)),
             },

@@ -131,7 +131,7 @@ impl Cluster {
         if self.joined[id - 1] {
             cmd.arg("--join");
         }
-        // The node logs (tracing) to stdout and reports refusals on stderr: both to its log.
+        // The node logs (tracing) and reports refusals on stderr; both go to its log.
         cmd.stdout(log.try_clone().unwrap())
             .stderr(log)
             .spawn()

@@ -45,8 +45,6 @@ pub struct BenchArgs {
     /// TTL of the leases in `expiry`, `expiry-churn` and `mass-expiry`, in milliseconds.
     #[arg(long, default_value_t = 5000)]
     pub ttl_ms: u64,
-    #[command(flatten)]
-    pub conn: ConnArgs,
     /// Concurrent connections (each sends one request at a time).
     #[arg(long, short = 'c', default_value_t = 16)]
     pub connections: usize,
@@ -72,13 +70,13 @@ fn print_result<T: Serialize + std::fmt::Debug>(r: &T, json: bool) {
     }
 }
 
-pub async fn run(args: BenchArgs) -> Result<(), ClientError> {
+pub async fn run(args: BenchArgs, conn: &ConnArgs) -> Result<(), ClientError> {
     use leasecore::bench::experiments;
-    args.conn.tls.install()?;
+    conn.tls.install()?;
     match args.workload.as_str() {
         "watch" => {
             let r = experiments::watch_latency(
-                &args.conn.endpoints,
+                &conn.endpoints,
                 args.watchers,
                 args.events,
                 Duration::from_millis(200),
@@ -86,45 +84,45 @@ pub async fn run(args: BenchArgs) -> Result<(), ClientError> {
                 args.streams,
             )
             .await?;
-            print_result(&r, args.conn.json);
+            print_result(&r, conn.json);
             return Ok(());
         }
         "expiry" => {
             let r = experiments::expiry_lateness(
-                &args.conn.endpoints,
+                &conn.endpoints,
                 args.leases,
                 args.ttl_ms,
                 args.connections,
             )
             .await?;
-            print_result(&r, args.conn.json);
+            print_result(&r, conn.json);
             return Ok(());
         }
         "expiry-churn" => {
             let r = leasecore::bench::churn::expiry_under_churn(
-                &args.conn.endpoints,
+                &conn.endpoints,
                 args.leases,
                 args.ttl_ms,
                 Duration::from_secs_f64(args.duration.max(0.1)),
             )
             .await?;
-            print_result(&r, args.conn.json);
+            print_result(&r, conn.json);
             return Ok(());
         }
         "mass-expiry" => {
             let r = leasecore::bench::churn::mass_expiry(
-                &args.conn.endpoints,
+                &conn.endpoints,
                 args.leases,
                 args.ttl_ms,
                 args.connections,
             )
             .await?;
-            print_result(&r, args.conn.json);
+            print_result(&r, conn.json);
             return Ok(());
         }
         "lease-memory" => {
-            let r = experiments::lease_memory(&args.conn.endpoints, args.leases).await?;
-            print_result(&r, args.conn.json);
+            let r = experiments::lease_memory(&conn.endpoints, args.leases).await?;
+            print_result(&r, conn.json);
             return Ok(());
         }
         "flease-memory" | "paxoslease-memory" => {
@@ -133,29 +131,25 @@ pub async fn run(args: BenchArgs) -> Result<(), ClientError> {
             } else {
                 Protocol::PaxosLease
             };
-            let r = experiments::flease_memory(&args.conn.endpoints, proto, args.resources).await?;
-            print_result(&r, args.conn.json);
+            let r = experiments::flease_memory(&conn.endpoints, proto, args.resources).await?;
+            print_result(&r, conn.json);
             return Ok(());
         }
         _ => {}
     }
     let workload: Workload = args.workload.parse().map_err(ClientError::Usage)?;
-    let token = args
-        .conn
-        .bearer()
-        .await?
-        .map(leasecore::domain::auth::Secret);
+    let token = conn.bearer().await?.map(leasecore::domain::auth::Secret);
     let opts = BenchOptions {
         token,
         workload,
-        endpoints: args.conn.endpoints,
+        endpoints: conn.endpoints.clone(),
         connections: args.connections.max(1),
         duration: Duration::from_secs_f64(args.duration.max(0.1)),
         keys: args.keys.max(1),
         value_size: args.value_size,
     };
     let result = bench::run(&opts).await?;
-    if args.conn.json {
+    if conn.json {
         println!(
             "{}",
             serde_json::to_string(&result).expect("plain data serializes")

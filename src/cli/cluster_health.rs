@@ -38,11 +38,32 @@ pub async fn status(
     }
     match view.leader_id {
         Some(_) => Ok(()),
-        None => Err(ClientError::Unavailable(format!(
-            "node {} knows no leader",
-            view.node_id
-        ))),
+        None => Err(ClientError::Usage(no_leader_verdict(&view))),
     }
+}
+
+/// Why the status exits non-zero: no leader, and when this node last heard from the other
+/// voters (minutes of silence from most of them is a lost quorum, not an election).
+fn no_leader_verdict(view: &ClusterView) -> String {
+    let contacts: Vec<String> = view
+        .nodes
+        .iter()
+        .filter(|n| n.voter && n.id != view.node_id)
+        .map(|n| match n.status.last_contact_ms {
+            Some(ms) => format!("node {} {ms} ms ago", n.id),
+            None => format!("node {} never", n.id),
+        })
+        .collect();
+    let needed = view.nodes.iter().filter(|n| n.voter).count() / 2 + 1;
+    format!(
+        "no leader: node {} knows none (a leader needs {needed} voters); it last heard from {}",
+        view.node_id,
+        if contacts.is_empty() {
+            "no other voter".to_string()
+        } else {
+            contacts.join(", ")
+        }
+    )
 }
 
 /// The leader's view if one of the endpoints is the leader (only the leader knows every

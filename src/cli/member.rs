@@ -58,8 +58,6 @@ pub struct AgentArgs {
     /// Print every heartbeat, not only changes.
     #[arg(long)]
     pub verbose: bool,
-    #[command(flatten)]
-    pub conn: ConnArgs,
 }
 
 pub async fn run(cmd: MemberCmd, conn: &ConnArgs) -> Result<(), ClientError> {
@@ -106,14 +104,14 @@ pub async fn run(cmd: MemberCmd, conn: &ConnArgs) -> Result<(), ClientError> {
 }
 
 /// `leasecore agent`: register, heartbeat until stopped, then leave.
-pub async fn agent(args: AgentArgs) -> Result<(), ClientError> {
+pub async fn agent(args: AgentArgs, conn: &ConnArgs) -> Result<(), ClientError> {
     let cfg = AgentConfig {
         id: args.id,
         address: args.address,
         ttl_ms: args.ttl_ms,
         meta: args.meta.into_iter().collect(),
     };
-    run_agent_cmd(cfg, args.verbose, &args.conn).await
+    run_agent_cmd(cfg, args.verbose, conn).await
 }
 
 async fn run_agent_cmd(

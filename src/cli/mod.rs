@@ -18,13 +18,18 @@ pub mod snapshot;
 pub mod tls;
 pub mod watch;
 
+use std::io::{IsTerminal, Write};
 use std::process::ExitCode;
+use std::sync::Arc;
 
 use clap::Args;
-use leasecore::client::{Client, ClientError};
+use leasecore::client::{Client, ClientError, Waiting};
 use serde::Serialize;
 
+/// The connection flags, global: `leasecore --endpoints ... kv get k` and
+/// `leasecore kv get k --endpoints ...` mean the same.
 #[derive(Args, Clone)]
+#[command(next_help_heading = "Connection")]
 pub struct ConnArgs {
     /// Nodes to talk to, comma-separated; the client fails over between them.
     #[arg(
@@ -54,7 +59,12 @@ impl ConnArgs {
     /// for the whole process).
     pub fn client(&self) -> Result<Client, ClientError> {
         self.tls.install()?;
-        auth::client(&self.endpoints, self.user.as_deref(), self.token.as_deref())
+        let client = auth::client(&self.endpoints, self.user.as_deref(), self.token.as_deref())?;
+        Ok(if std::io::stderr().is_terminal() {
+            client.on_wait(Arc::new(draw_wait))
+        } else {
+            client
+        })
     }
 
     /// A token for calls made outside [`Client`], if the command authenticates (installs the
@@ -62,6 +72,31 @@ impl ConnArgs {
     pub async fn bearer(&self) -> Result<Option<String>, ClientError> {
         self.tls.install()?;
         auth::token(&self.endpoints, self.user.as_deref(), self.token.as_deref()).await
+    }
+}
+
+/// The progress line of a call that keeps failing over, on a terminal's stderr only (pipes
+/// and log files get the final error alone): erased when the call ends.
+fn draw_wait(waiting: Option<&Waiting>) {
+    let mut err = std::io::stderr().lock();
+    let _ = match waiting {
+        Some(w) => write!(
+            err,
+            "\r\x1b[2Kwaiting for the cluster ({:.0} s, {} attempts): {}",
+            w.elapsed.as_secs_f64(),
+            w.attempts,
+            // One terminal line: `\r` cannot erase a wrapped one.
+            truncate_chars(&w.last_failure, 72)
+        ),
+        None => write!(err, "\r\x1b[2K"),
+    };
+    let _ = err.flush();
+}
+
+fn truncate_chars(s: &str, max: usize) -> String {
+    match s.char_indices().nth(max) {
+        Some((cut, _)) => format!("{}...", &s[..cut]),
+        None => s.to_string(),
     }
 }
 

@@ -34,8 +34,9 @@ pub struct ServeArgs {
     /// The initial voters, this node included: ID=HOST:PORT,ID=HOST:PORT,...
     #[arg(long, env = "LEASECORE_PEERS", value_parser = parse_peers)]
     pub peers: Option<BTreeMap<NodeId, String>>,
-    /// Do not form a cluster: wait to be added to one (`leasecore cluster add`).
-    #[arg(long, env = "LEASECORE_JOIN")]
+    /// Do not form a cluster: wait to be added to one (`leasecore cluster add`). In the
+    /// environment: 1/0, true/false, yes/no, on/off.
+    #[arg(long, env = "LEASECORE_JOIN", value_parser = clap::builder::BoolishValueParser::new())]
     pub join: bool,
     /// Leader heartbeat interval, in milliseconds.
     #[arg(long, env = "LEASECORE_HEARTBEAT_MS", default_value_t = RaftTimings::default().heartbeat_ms)]
@@ -71,10 +72,46 @@ pub struct ServeArgs {
     /// How long an auth token is valid, in seconds.
     #[arg(long, env = "LEASECORE_AUTH_TOKEN_TTL", default_value_t = 300)]
     pub auth_token_ttl: u64,
+    /// What to log: a level (error, warn, info, debug, trace) or per-module directives, e.g.
+    /// `info,leasecore::runtime=debug`. openraft's own messages are off by default (peer
+    /// outages are logged once each by leasecore); `info,openraft=info` shows them.
+    #[arg(long, env = "LEASECORE_LOG", default_value = DEFAULT_LOG)]
+    pub log: String,
+    /// Log line format: `text` (colour only on a terminal) or `json` (one object per line,
+    /// for collectors).
+    #[arg(long, env = "LEASECORE_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
     #[command(flatten)]
     pub resources: super::resources::ResourceArgs,
     #[command(flatten)]
     pub tls: super::tls::ServeTlsArgs,
+}
+
+/// The default log filter: leasecore at info; openraft's retries and ignored-message
+/// warnings are noise once leasecore reports peer outages itself.
+pub const DEFAULT_LOG: &str = "info,openraft=off,sled=warn";
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+/// Logs go to stderr; colour only when stderr is a terminal and `NO_COLOR` is unset.
+fn init_logging(filter: &str, format: LogFormat) -> Result<(), String> {
+    use std::io::IsTerminal;
+    let filter = tracing_subscriber::EnvFilter::try_new(filter)
+        .map_err(|e| format!("--log {filter:?}: {e}"))?;
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Json => builder.json().init(),
+        LogFormat::Text => builder
+            .with_ansi(std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none())
+            .init(),
+    }
+    Ok(())
 }
 
 pub fn parse_peers(s: &str) -> Result<BTreeMap<NodeId, String>, String> {
@@ -98,12 +135,10 @@ pub fn parse_peers(s: &str) -> Result<BTreeMap<NodeId, String>, String> {
 }
 
 pub async fn run(args: ServeArgs) -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("LEASECORE_LOG")
-                .unwrap_or_else(|_| "info,openraft=warn,sled=warn".into()),
-        )
-        .init();
+    if let Err(e) = init_logging(&args.log, args.log_format) {
+        eprintln!("error: {e}");
+        return ExitCode::from(2);
+    }
     leasecore::node::exit_on_panic();
     let data = args
         .data

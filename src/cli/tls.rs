@@ -24,7 +24,11 @@ pub struct ServeTlsArgs {
     pub trusted_ca_file: Option<PathBuf>,
     /// Require every client to present a certificate from --trusted-ca-file (refused at the
     /// TLS handshake otherwise).
-    #[arg(long, env = "LEASECORE_CLIENT_CERT_AUTH")]
+    #[arg(
+        long,
+        env = "LEASECORE_CLIENT_CERT_AUTH",
+        value_parser = clap::builder::BoolishValueParser::new()
+    )]
     pub client_cert_auth: bool,
     /// Certificate (PEM chain) of the peer listener, also presented to peers when calling
     /// them. Peer TLS is mutual and needs all three --peer-* files; every node of a cluster

@@ -20,23 +20,30 @@ pub struct WatchArgs {
     /// Start at this revision (inclusive); default: changes from now on.
     #[arg(long)]
     pub from_revision: Option<u64>,
-    #[command(flatten)]
-    pub conn: ConnArgs,
 }
 
-pub async fn run(args: WatchArgs) -> Result<(), ClientError> {
+pub async fn run(args: WatchArgs, conn: &ConnArgs) -> Result<(), ClientError> {
     let WatchArgs {
         prefix,
         key,
         from_revision,
-        conn,
     } = args;
     let client = Arc::new(conn.client()?);
     let filter = match key {
         Some(k) => WatchFilter::Key(k),
         None => WatchFilter::Prefix(prefix.unwrap_or_default()),
     };
-    let mut watcher = Watcher::new(client, filter, from_revision);
+    // A stopped cluster is an error at once; an outage after that is reported on stderr
+    // while the watch waits it out (and resumes without a gap).
+    let mut watcher = Watcher::new(client, filter, from_revision)
+        .fail_until_connected(true)
+        .on_interruption(Arc::new(|error, resume| {
+            let from = resume.map_or("now".to_string(), |r| format!("revision {r}"));
+            match error {
+                Some(e) => eprintln!("watch interrupted ({e}); retrying, resuming from {from}"),
+                None => eprintln!("watch resumed from {from}"),
+            }
+        }));
     let stopped = shutdown_signal();
     tokio::pin!(stopped);
     loop {

@@ -35,6 +35,7 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 use thiserror::Error;
 
+use crate::clock::Clock;
 use crate::domain::types::NodeId;
 use crate::raft::consensus::ClusterView;
 use std::collections::BTreeMap;
@@ -94,8 +95,8 @@ pub enum ClientError {
         message: String,
         body: Value,
     },
-    /// No endpoint gave a usable answer.
-    #[error("no endpoint answered: {0}")]
+    /// No endpoint gave a usable answer (each one's last failure is in the message).
+    #[error("the cluster did not answer: {0}")]
     Unavailable(String),
     /// A write reached a node that then failed: it may or may not have been applied.
     #[error("the request may have been applied, but no answer came back: {0}")]
@@ -181,6 +182,39 @@ fn system_trust_store_available() -> bool {
     *AVAILABLE.get_or_init(|| reqwest::Client::builder().build().is_ok())
 }
 
+/// What a call that keeps failing over reports while it waits (see [`Client::on_wait`]).
+#[derive(Clone, Debug)]
+pub struct Waiting {
+    /// Since the call started.
+    pub elapsed: Duration,
+    /// Attempts made so far.
+    pub attempts: usize,
+    /// Why the last attempt failed, with its endpoint.
+    pub last_failure: String,
+}
+
+/// Called with `Some` after a failed attempt once a call has waited a second or more, and
+/// with `None` when such a call ends (to clear a progress line).
+pub type WaitHook = std::sync::Arc<dyn Fn(Option<&Waiting>) + Send + Sync>;
+
+/// Failures before a progress report: quick failovers stay silent.
+const REPORT_WAITS_AFTER: Duration = Duration::from_secs(1);
+
+/// A failed attempt in words a person acts on: the endpoint, then the cause.
+fn transport_failure(url: &str, e: &reqwest::Error) -> String {
+    format!(
+        "{}: {}",
+        crate::transport::endpoint_of(url),
+        crate::transport::cause(e)
+    )
+}
+
+/// The last failure of each endpoint tried, in endpoint order: what a person needs to see
+/// when the whole call fails.
+fn summarize(failures: &BTreeMap<usize, String>) -> String {
+    failures.values().cloned().collect::<Vec<_>>().join("; ")
+}
+
 /// A client of a leasecore cluster.
 pub struct Client {
     endpoints: Vec<String>,
@@ -191,6 +225,8 @@ pub struct Client {
     attempts: usize,
     /// The bearer token and the credentials that renew it (auth on).
     session: std::sync::Mutex<Session>,
+    /// Told about long waits (the CLI draws a progress line on a terminal).
+    on_wait: Option<WaitHook>,
 }
 
 /// What the client authenticates with. Never printed.
@@ -255,7 +291,14 @@ impl Client {
             preferred: AtomicUsize::new(0),
             attempts,
             session: Default::default(),
+            on_wait: None,
         })
+    }
+
+    /// Report waits longer than a second to `hook` (see [`WaitHook`]).
+    pub fn on_wait(mut self, hook: WaitHook) -> Self {
+        self.on_wait = Some(hook);
+        self
     }
 
     /// Send `token` as `Authorization: Bearer` on every call.
@@ -397,62 +440,87 @@ impl Client {
         let idempotent = opts.idempotent;
         let n = self.endpoints.len();
         let first = self.preferred.load(Ordering::Relaxed);
-        let mut last_error = String::new();
-        for attempt in 0..self.attempts {
-            let index = (first + attempt) % n;
-            let url = format!("{}{}", self.endpoints[index], path);
-            let mut req = self.http.request(method.clone(), &url);
-            if let Some(t) = opts.timeout {
-                req = req.timeout(t);
-            }
-            if let Some(token) = token {
-                req = req.bearer_auth(token);
-            }
-            if let Some(b) = &body {
-                req = req
-                    .header(reqwest::header::CONTENT_TYPE, "application/json")
-                    .body(b.clone());
-            }
-            match req.send().await {
-                Err(e) => {
-                    last_error = format!("{url}: {e}");
-                    if !(e.is_connect() || idempotent) {
-                        return Err(ClientError::Uncertain(last_error));
-                    }
+        let clock = crate::clock::SystemClock::new();
+        let started = clock.mono();
+        let mut failures = BTreeMap::new();
+        let mut reported = false;
+        let result = 'call: {
+            for attempt in 0..self.attempts {
+                let index = (first + attempt) % n;
+                let url = format!("{}{}", self.endpoints[index], path);
+                let mut req = self.http.request(method.clone(), &url);
+                if let Some(t) = opts.timeout {
+                    req = req.timeout(t);
                 }
-                Ok(resp) => {
-                    let status = resp.status();
-                    let bytes = match resp.bytes().await {
-                        Ok(b) => b,
-                        Err(e) if idempotent => {
-                            last_error = format!("{url}: {e}");
-                            continue;
+                if let Some(token) = token {
+                    req = req.bearer_auth(token);
+                }
+                if let Some(b) = &body {
+                    req = req
+                        .header(reqwest::header::CONTENT_TYPE, "application/json")
+                        .body(b.clone());
+                }
+                match req.send().await {
+                    Err(e) => {
+                        let failure = transport_failure(&url, &e);
+                        if !(e.is_connect() || idempotent) {
+                            break 'call Err(ClientError::Uncertain(failure));
                         }
-                        Err(e) => return Err(ClientError::Uncertain(format!("{url}: {e}"))),
-                    };
-                    if status.is_success() {
-                        self.preferred.store(index, Ordering::Relaxed);
-                        return serde_json::from_slice(&bytes).map_err(|e| {
-                            ClientError::Unavailable(format!("{url}: undecodable answer: {e}"))
-                        });
+                        failures.insert(index, failure);
                     }
-                    let err = api_error(status, &bytes);
-                    let retry = status == StatusCode::SERVICE_UNAVAILABLE
-                        && matches!(
-                            err.code(),
-                            Some("no_leader" | "no_quorum" | "shutting_down")
-                        );
-                    if !retry {
-                        return Err(err);
+                    Ok(resp) => {
+                        let status = resp.status();
+                        let bytes = match resp.bytes().await {
+                            Ok(b) => b,
+                            Err(e) if idempotent => {
+                                failures.insert(index, transport_failure(&url, &e));
+                                continue;
+                            }
+                            Err(e) => {
+                                break 'call Err(ClientError::Uncertain(transport_failure(
+                                    &url, &e,
+                                )));
+                            }
+                        };
+                        if status.is_success() {
+                            self.preferred.store(index, Ordering::Relaxed);
+                            break 'call serde_json::from_slice(&bytes).map_err(|e| {
+                                ClientError::Unavailable(format!("{url}: undecodable answer: {e}"))
+                            });
+                        }
+                        let err = api_error(status, &bytes);
+                        let retry = status == StatusCode::SERVICE_UNAVAILABLE
+                            && matches!(
+                                err.code(),
+                                Some("no_leader" | "no_quorum" | "shutting_down")
+                            );
+                        if !retry {
+                            break 'call Err(err);
+                        }
+                        failures.insert(index, format!("{}: {err}", self.endpoints[index]));
                     }
-                    last_error = err.to_string();
                 }
+                // Back off a little more on each pass over the endpoints.
+                let pass = (attempt / n) as u64;
+                if let Some(hook) = &self.on_wait {
+                    let elapsed = Duration::from_millis(started.until(clock.mono()));
+                    if elapsed >= REPORT_WAITS_AFTER {
+                        reported = true;
+                        hook(Some(&Waiting {
+                            elapsed,
+                            attempts: attempt + 1,
+                            last_failure: failures.get(&index).cloned().unwrap_or_default(),
+                        }));
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(50 + 150 * pass)).await;
             }
-            // Back off a little more on each pass over the endpoints.
-            let pass = (attempt / n) as u64;
-            tokio::time::sleep(Duration::from_millis(50 + 150 * pass)).await;
+            Err(ClientError::Unavailable(summarize(&failures)))
+        };
+        if reported && let Some(hook) = &self.on_wait {
+            hook(None);
         }
-        Err(ClientError::Unavailable(last_error))
+        result
     }
 
     /// Put a key; `prev_revision` makes it a compare-and-set (0: must not exist).

@@ -38,6 +38,10 @@ pub enum WatchItem {
     },
 }
 
+/// Told when a watch loses the cluster (`Some(error)`) and when it is following again
+/// (`None`); the second argument is the revision it resumes from.
+pub type InterruptionHook = Arc<dyn Fn(Option<&ClientError>, Option<u64>) + Send + Sync>;
+
 /// A never-ending, resumable watch.
 pub struct Watcher {
     client: Arc<Client>,
@@ -46,6 +50,14 @@ pub struct Watcher {
     next: Option<u64>,
     buffer: VecDeque<WatchItem>,
     poll_ms: u64,
+    /// Fail instead of retrying until the first poll has succeeded (a command line reports a
+    /// stopped cluster at once rather than waiting for it silently).
+    fail_until_connected: bool,
+    /// Whether a poll has ever succeeded.
+    connected: bool,
+    /// Whether the last poll failed (an interruption was reported, if anyone listens).
+    interrupted: bool,
+    on_interruption: Option<InterruptionHook>,
 }
 
 impl Watcher {
@@ -57,7 +69,24 @@ impl Watcher {
             next: from,
             buffer: VecDeque::new(),
             poll_ms: 30_000,
+            fail_until_connected: false,
+            connected: false,
+            interrupted: false,
+            on_interruption: None,
         }
+    }
+
+    /// Return the error of a failed first poll instead of retrying (once connected, the
+    /// watcher rides out unavailability as always).
+    pub fn fail_until_connected(mut self, yes: bool) -> Self {
+        self.fail_until_connected = yes;
+        self
+    }
+
+    /// Report interruptions and resumptions to `hook` (once each per outage).
+    pub fn on_interruption(mut self, hook: InterruptionHook) -> Self {
+        self.on_interruption = Some(hook);
+        self
     }
 
     /// The long-poll wait per request (1 ms to the server's 5 minutes).
@@ -86,6 +115,12 @@ impl Watcher {
             {
                 Ok(batch) => {
                     backoff = Duration::from_millis(100);
+                    self.connected = true;
+                    if std::mem::take(&mut self.interrupted)
+                        && let Some(hook) = &self.on_interruption
+                    {
+                        hook(None, self.next);
+                    }
                     let resume = batch.revision.0 + 1;
                     for e in batch.events {
                         // Never deliver what was delivered before (a lagging node).
@@ -106,7 +141,13 @@ impl Watcher {
                         status: 400..=499, ..
                     },
                 ) => return Err(e),
+                Err(e) if self.fail_until_connected && !self.connected => return Err(e),
                 Err(e) => {
+                    if !std::mem::replace(&mut self.interrupted, true)
+                        && let Some(hook) = &self.on_interruption
+                    {
+                        hook(Some(&e), self.next);
+                    }
                     tracing::warn!(error = %e, "watch interrupted; retrying");
                     tokio::time::sleep(backoff).await;
                     backoff = (backoff * 2).min(Duration::from_secs(2));

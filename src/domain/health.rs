@@ -142,6 +142,43 @@ pub fn reachable(contact_age_ms: Option<u64>, election_timeout_ms: u64) -> bool 
     contact_age_ms.is_some_and(|age| age <= election_timeout_ms)
 }
 
+/// How many voters this node has heard from within one election timeout (itself included,
+/// when it is a voter), out of how many, and how many a leader needs: the evidence behind
+/// telling a client "the quorum is lost" rather than "a leader is being elected".
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct VoterContact {
+    pub heard: usize,
+    pub voters: usize,
+    pub needed: usize,
+}
+
+impl VoterContact {
+    /// Fewer voters are within reach than a leader needs: no election can succeed until
+    /// enough of them are back.
+    pub fn quorum_lost(&self) -> bool {
+        self.voters > 0 && self.heard < self.needed
+    }
+}
+
+/// Count the `voters` heard from within an election timeout (`ages`: ms since each peer was
+/// last heard from; `me` counts as heard).
+pub fn voter_contact(
+    voters: &[NodeId],
+    me: NodeId,
+    ages: &std::collections::BTreeMap<NodeId, u64>,
+    election_timeout_ms: u64,
+) -> VoterContact {
+    let heard = voters
+        .iter()
+        .filter(|id| **id == me || reachable(ages.get(id).copied(), election_timeout_ms))
+        .count();
+    VoterContact {
+        heard,
+        voters: voters.len(),
+        needed: voters.len() / 2 + 1,
+    }
+}
+
 /// Whether a learner may be promoted to voter: it acknowledged the membership entry that added
 /// it (at `membership_index`), and its acknowledged log (`matched`) is within `max_lag` entries
 /// of the leader's `last_log_index`.
@@ -208,6 +245,26 @@ mod tests {
             applied_index: 10,
             commit_index: 10,
         }
+    }
+
+    #[test]
+    fn the_quorum_is_lost_when_fewer_voters_than_a_majority_were_heard_recently() {
+        let ages: std::collections::BTreeMap<NodeId, u64> =
+            [(2, ET), (3, ET + 1), (4, 10)].into_iter().collect();
+        // Three voters: me, 2 (just within), 3 (too long ago).
+        let c = voter_contact(&[1, 2, 3], 1, &ages, ET);
+        assert_eq!((c.heard, c.voters, c.needed), (2, 3, 2));
+        assert!(!c.quorum_lost());
+        // Me alone out of three, and a learner (4) does not count.
+        let c = voter_contact(&[1, 3, 5], 1, &ages, ET);
+        assert_eq!((c.heard, c.needed), (1, 2));
+        assert!(c.quorum_lost());
+        // A node that is not a voter does not count itself.
+        let c = voter_contact(&[2, 3], 4, &ages, ET);
+        assert_eq!((c.heard, c.needed), (1, 2));
+        assert!(c.quorum_lost());
+        // No membership known yet: nothing to say.
+        assert!(!voter_contact(&[], 1, &ages, ET).quorum_lost());
     }
 
     #[test]

@@ -37,6 +37,7 @@ pub mod lease;
 pub mod limits;
 pub mod lwlease;
 pub mod members;
+pub mod peer_link;
 pub mod peer_trust;
 pub mod replay;
 pub mod resources;

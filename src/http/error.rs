@@ -176,6 +176,14 @@ impl From<ConsensusError> for ApiError {
                 ApiError::new(unavailable, "no_leader", message)
             }
             ConsensusError::NoQuorum => ApiError::new(unavailable, "no_quorum", message),
+            ConsensusError::QuorumLost {
+                heard,
+                voters,
+                needed,
+            } => ApiError::new(unavailable, "no_quorum", message)
+                .with("voters_heard", heard)
+                .with("voters", voters)
+                .with("voters_needed", needed),
             ConsensusError::OutcomeUnknown { .. } => {
                 ApiError::new(unavailable, "outcome_unknown", message)
             }

@@ -48,6 +48,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use super::{Entry, NodeId, SnapshotMeta, TypeConfig};
+use crate::domain::peer_link::{LinkPolicy, LinkReport, PeerLink};
 use crate::domain::peer_trust::SENDER_HEADER;
 use crate::domain::resources::peer_address;
 use crate::tls::{PeerTls, Reloadable, TlsError};
@@ -102,7 +103,7 @@ pub mod routes {
 #[derive(Debug, thiserror::Error)]
 pub enum PeerError {
     /// The connection could not be made: the request was certainly not delivered.
-    #[error("peer {addr} unreachable: {source}")]
+    #[error("peer {addr} unreachable: {}", crate::transport::cause(source))]
     Unreachable {
         addr: String,
         source: reqwest::Error,
@@ -113,6 +114,14 @@ pub enum PeerError {
 }
 
 impl PeerError {
+    /// Why, in a few words (without the address).
+    pub fn cause(&self) -> String {
+        match self {
+            PeerError::Unreachable { source, .. } => crate::transport::cause(source),
+            PeerError::Transport { detail, .. } => detail.clone(),
+        }
+    }
+
     /// Whether the request certainly never reached the peer (safe to send elsewhere).
     pub fn not_delivered(&self) -> bool {
         matches!(self, PeerError::Unreachable { .. })
@@ -196,6 +205,64 @@ impl Contacts {
     }
 }
 
+/// Logs each peer's outages once, with reminders, instead of every failed RPC (the rule is
+/// `domain::peer_link`; this only keeps its state per peer and prints its verdicts).
+#[derive(Default)]
+pub struct LinkLog {
+    clock: crate::clock::SystemClock,
+    links: std::sync::Mutex<std::collections::BTreeMap<NodeId, PeerLink>>,
+}
+
+impl LinkLog {
+    fn with_link<T>(&self, id: NodeId, f: impl FnOnce(&mut PeerLink) -> T) -> T {
+        let mut links = self.links.lock().unwrap_or_else(|p| p.into_inner());
+        f(links.entry(id).or_default())
+    }
+
+    /// An RPC to `id` (at `addr`) failed with `e`.
+    pub fn failed(&self, id: NodeId, addr: &str, e: &PeerError) {
+        use crate::clock::Clock;
+        let now = self.clock.mono();
+        let report = self.with_link(id, |l| l.failed(now, LinkPolicy::default()));
+        match report {
+            Some(LinkReport::WentDown { for_ms, failures }) => tracing::warn!(
+                peer = id,
+                addr,
+                error = %e.cause(),
+                failing_for_ms = for_ms,
+                failures,
+                "peer unreachable"
+            ),
+            Some(LinkReport::StillDown { for_ms, failures }) => tracing::warn!(
+                peer = id,
+                addr,
+                error = %e.cause(),
+                failing_for_ms = for_ms,
+                failures,
+                "peer still unreachable"
+            ),
+            _ => {}
+        }
+    }
+
+    /// An RPC to `id` got an answer.
+    pub fn answered(&self, id: NodeId, addr: &str) {
+        use crate::clock::Clock;
+        let now = self.clock.mono();
+        if let Some(LinkReport::CameBack { after_ms, failures }) =
+            self.with_link(id, |l| l.answered(now))
+        {
+            tracing::info!(
+                peer = id,
+                addr,
+                down_for_ms = after_ms,
+                failures,
+                "peer reachable again"
+            );
+        }
+    }
+}
+
 /// How peers are reached: the reqwest client in force (swapped on a TLS reload) and the scheme.
 enum PeerHttp {
     Plain(reqwest::Client),
@@ -208,6 +275,7 @@ pub struct PeerClient {
     http: Arc<PeerHttp>,
     faults: Arc<Faults>,
     contacts: Arc<Contacts>,
+    links: Arc<LinkLog>,
     /// This node's id, sent as [`SENDER_HEADER`].
     me: String,
 }
@@ -251,6 +319,7 @@ impl PeerClient {
             http: Arc::new(http),
             faults: Arc::default(),
             contacts: Arc::default(),
+            links: Arc::default(),
             me: me.to_string(),
         }
     }
@@ -376,11 +445,14 @@ impl PeerClient {
                         source: e,
                     }
                 } else {
-                    transport(e.to_string())
+                    transport(crate::transport::cause(&e))
                 }
             })?;
         let status = resp.status();
-        let body = resp.bytes().await.map_err(|e| transport(e.to_string()))?;
+        let body = resp
+            .bytes()
+            .await
+            .map_err(|e| transport(crate::transport::cause(&e)))?;
         if !status.is_success() {
             return Err(transport(format!(
                 "status {status}: {}",
@@ -466,9 +538,23 @@ impl PeerConnection {
             .client
             .post_json(&self.addr, path, req, timeout)
             .await
-            .map_err(|e| to_rpc_error(&e))?;
-        self.client.contacts.heard_from(self.target);
+            .map_err(|e| self.failed(e))?;
+        self.answered();
         answer.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e)))
+    }
+}
+
+impl PeerConnection {
+    /// The peer answered: a contact for the health rules, maybe the end of an outage.
+    fn answered(&self) {
+        self.client.contacts.heard_from(self.target);
+        self.client.links.answered(self.target, &self.addr);
+    }
+
+    /// An RPC failed: maybe the start of an outage worth a log line; openraft's error.
+    fn failed<E: std::error::Error>(&self, e: PeerError) -> RPCError<NodeId, BasicNode, E> {
+        self.client.links.failed(self.target, &self.addr, &e);
+        to_rpc_error(&e)
     }
 }
 
@@ -493,8 +579,8 @@ impl RaftNetwork<TypeConfig> for PeerConnection {
             .client
             .post_bytes(&self.addr, routes::APPEND, MSGPACK, body, option.hard_ttl())
             .await
-            .map_err(|e| to_rpc_error(&e))?;
-        self.client.contacts.heard_from(self.target);
+            .map_err(|e| self.failed(e))?;
+        self.answered();
         match answer {
             Ok(AppendEntriesResponse::Success) if cut => {
                 Ok(AppendEntriesResponse::PartialSuccess(last_sent))
@@ -533,8 +619,11 @@ impl RaftNetwork<TypeConfig> for PeerConnection {
             closed = cancel => return Err(StreamingError::Closed(closed)),
             answer = send => answer,
         };
-        if answer.is_ok() {
-            self.client.contacts.heard_from(self.target);
+        match &answer {
+            Ok(_) => self.answered(),
+            Err(e) => {
+                self.client.links.failed(self.target, &self.addr, e);
+            }
         }
         match answer {
             Ok(Ok(resp)) => Ok(resp),

@@ -120,14 +120,15 @@ impl Consensus {
         // From here on the learner is in the membership: an error must not claim that nothing
         // was done.
         let after_learner = |e: ConsensusError| match e {
-            ConsensusError::NotLeader | ConsensusError::NoLeader | ConsensusError::ShuttingDown => {
-                ConsensusError::OutcomeUnknown {
-                    detail: format!(
-                        "node {id} was added as a learner, then this node lost the leadership \
+            ConsensusError::NotLeader
+            | ConsensusError::NoLeader
+            | ConsensusError::QuorumLost { .. }
+            | ConsensusError::ShuttingDown => ConsensusError::OutcomeUnknown {
+                detail: format!(
+                    "node {id} was added as a learner, then this node lost the leadership \
                          or stopped while promoting it; check `GET /v1/cluster`"
-                    ),
-                }
-            }
+                ),
+            },
             ConsensusError::ChangeInProgress { message } => ConsensusError::ChangeInProgress {
                 message: format!("node {id} stays a learner: {message}"),
             },

@@ -80,6 +80,18 @@ pub enum ConsensusError {
     /// The leader could not reach a quorum to confirm its leadership.
     #[error("the leader could not reach a quorum")]
     NoQuorum,
+    /// No leader is known, and this node has heard from too few voters lately for any
+    /// election to succeed: nothing was done; it may succeed once enough voters are back.
+    #[error(
+        "no leader, and the cluster has lost its quorum: this node has heard from {heard} of \
+         {voters} voters within an election timeout and a leader needs {needed}; writes and \
+         linearizable reads wait until enough voters are back"
+    )]
+    QuorumLost {
+        heard: usize,
+        voters: usize,
+        needed: usize,
+    },
     /// The request reached the leader but no answer came back: it may or may not have applied.
     #[error("the leader failed while the request was in flight; the outcome is unknown: {detail}")]
     OutcomeUnknown { detail: String },
@@ -357,7 +369,7 @@ fn any_read_round(
                 LeaderRef::Unknown => {}
             }
             if !wait_for_new_leader(&raft, stale, timeouts.leader_wait).await {
-                return Err(ConsensusError::NoLeader);
+                return Err(leaderless(&raft, me, &peers, timeouts.election_timeout));
             }
         }
     })
@@ -645,7 +657,12 @@ impl Consensus {
                 LeaderRef::Unknown => {}
             }
             if !wait_for_new_leader(&inner.raft, stale, inner.timeouts.leader_wait).await {
-                return Err(E::from(ConsensusError::NoLeader));
+                return Err(E::from(leaderless(
+                    &inner.raft,
+                    inner.id,
+                    &inner.peers,
+                    inner.timeouts.election_timeout,
+                )));
             }
         }
     }
@@ -711,6 +728,38 @@ fn replicated_index(m: &openraft::RaftMetrics<NodeId, BasicNode>, id: NodeId) ->
         .and_then(|r| r.get(&id))
         .and_then(|l| l.as_ref())
         .map(|l| l.index)
+}
+
+/// Why no leader could be found: the quorum is lost when too few voters were heard from
+/// lately (`domain::health::voter_contact` decides), else an election is (probably) under way.
+fn leaderless(
+    raft: &Raft,
+    me: NodeId,
+    peers: &PeerClient,
+    election_timeout: Duration,
+) -> ConsensusError {
+    let voters: Vec<NodeId> = raft
+        .metrics()
+        .borrow()
+        .membership_config
+        .membership()
+        .voter_ids()
+        .collect();
+    let contact = crate::domain::health::voter_contact(
+        &voters,
+        me,
+        &peers.contacts().ages(),
+        election_timeout.as_millis() as u64,
+    );
+    if contact.quorum_lost() {
+        ConsensusError::QuorumLost {
+            heard: contact.heard,
+            voters: contact.voters,
+            needed: contact.needed,
+        }
+    } else {
+        ConsensusError::NoLeader
+    }
 }
 
 /// Clients are told "no leader" where peers are told "not leader": both mean retry.
