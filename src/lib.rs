@@ -31,4 +31,5 @@ pub mod runtime;
 pub mod storage;
 pub mod tls;
 pub mod transport;
+pub mod version;
 pub mod wire;

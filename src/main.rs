@@ -9,7 +9,7 @@ mod cli;
 
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use leasecore::domain::flease::Protocol;
 
 use cli::{ConnArgs, report};
@@ -90,8 +90,61 @@ enum Command {
     },
 }
 
+/// Parse the command line; for `serve --config FILE`, with the file's settings as the
+/// defaults (flags and environment still win: see `cli::config`). `serve --dry-run` prints
+/// the settings in force and exits here.
+fn parse() -> Result<Cli, ExitCode> {
+    let version = leasecore::version::VersionInfo::of_this_build().long();
+    let command = || Cli::command().long_version(version.clone());
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let first = command().get_matches_from(&args);
+    let Some(("serve", serve_matches)) = first.subcommand() else {
+        return Cli::from_arg_matches(&first).map_err(|e| e.exit());
+    };
+    let file = serve_matches
+        .get_one::<std::path::PathBuf>("config")
+        .cloned();
+    let builtin = command()
+        .find_subcommand("serve")
+        .expect("serve is a subcommand")
+        .clone();
+    let settings = match &file {
+        None => None,
+        Some(path) => match cli::config::load(path, &builtin) {
+            Ok(s) => Some(s),
+            Err(e) => {
+                eprintln!("error: {e}");
+                return Err(ExitCode::from(2));
+            }
+        },
+    };
+    let matches = match &settings {
+        None => first,
+        Some(settings) => command()
+            .mut_subcommand("serve", |serve| cli::config::with_defaults(serve, settings))
+            .get_matches_from(&args),
+    };
+    if let Some(("serve", serve_matches)) = matches.subcommand()
+        && serve_matches.get_flag("dry_run")
+    {
+        print!(
+            "{}",
+            cli::config::render(
+                &builtin,
+                serve_matches,
+                file.as_deref().zip(settings.as_ref())
+            )
+        );
+        return Err(ExitCode::SUCCESS);
+    }
+    Cli::from_arg_matches(&matches).map_err(|e| e.exit())
+}
+
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match parse() {
+        Ok(cli) => cli,
+        Err(code) => return code,
+    };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

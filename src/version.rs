@@ -38,7 +38,11 @@ impl VersionInfo {
     pub fn long(&self) -> String {
         format!(
             "{} (commit {})\nAPI: {}\nstorage format: {}\nbackup format: {}",
-            self.version, self.git_commit, self.api_version, self.storage_format, self.backup_format
+            self.version,
+            self.git_commit,
+            self.api_version,
+            self.storage_format,
+            self.backup_format
         )
     }
 }

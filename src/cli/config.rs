@@ -75,10 +75,12 @@ pub fn parse(
     path: &str,
     serve: &Command,
 ) -> Result<BTreeMap<String, String>, ConfigError> {
-    let table: toml::Table = text.parse().map_err(|e: toml::de::Error| ConfigError::Syntax {
-        path: path.to_string(),
-        message: e.message().to_string(),
-    })?;
+    let table: toml::Table = text
+        .parse()
+        .map_err(|e: toml::de::Error| ConfigError::Syntax {
+            path: path.to_string(),
+            message: e.message().to_string(),
+        })?;
     let known = setting_names(serve);
     let mut settings = BTreeMap::new();
     for (key, value) in table {
@@ -90,14 +92,57 @@ pub fn parse(
                 known: known.join(", "),
             });
         }
-        let text = as_flag_value(&value).map_err(|message| ConfigError::Value {
-            path: path.to_string(),
-            key: key.clone(),
-            message,
-        })?;
+        let text = as_flag_value(&value)
+            .and_then(|text| check_value(serve, &name, &text).map(|()| text))
+            .map_err(|message| ConfigError::Value {
+                path: path.to_string(),
+                key: key.clone(),
+                message,
+            })?;
         settings.insert(name, text);
     }
     Ok(settings)
+}
+
+/// Parse `text` as the flag `name` would be (so that a bad value is reported against the
+/// file and its key, not against a flag nobody typed).
+fn check_value(serve: &Command, name: &str, text: &str) -> Result<(), String> {
+    let Some(arg) = serve.get_arguments().find(|a| a.get_id() == name) else {
+        return Ok(());
+    };
+    if !arg.get_action().takes_values() {
+        // An on/off flag: the words its environment variable takes.
+        return match text {
+            "true" | "false" | "1" | "0" | "yes" | "no" | "on" | "off" => Ok(()),
+            other => Err(format!("{other:?} is not a boolean (true or false)")),
+        };
+    }
+    let Some(long) = arg.get_long() else {
+        return Ok(());
+    };
+    // A command of that one flag, parsed as if typed: clap's own checks and messages.
+    let probe = Command::new("config")
+        .no_binary_name(true)
+        .arg(arg.clone().env(None::<&str>).required(false));
+    match probe.try_get_matches_from([format!("--{long}"), text.to_string()]) {
+        Ok(_) => Ok(()),
+        Err(e) => {
+            let shown = e.to_string();
+            let first = shown.lines().next().unwrap_or_default();
+            let first = first.trim_start_matches("error: ");
+            // "invalid value 'x' for '--flag <FLAG>': why" -> "invalid value 'x': why"
+            let mut message = match (first.find(" for '"), first.rfind("':")) {
+                (Some(a), Some(b)) if b > a => format!("{}{}", &first[..a], &first[b + 1..]),
+                (Some(a), _) => first[..a].to_string(),
+                _ => first.to_string(),
+            };
+            if let Some(possible) = shown.lines().find(|l| l.contains("[possible values")) {
+                message.push(' ');
+                message.push_str(possible.trim());
+            }
+            Err(message)
+        }
+    }
 }
 
 /// A TOML value as flag text: scalars as written, arrays comma-separated, a table as
@@ -114,7 +159,11 @@ fn as_flag_value(value: &toml::Value) -> Result<String, String> {
         }
     };
     match value {
-        Value::Array(items) => Ok(items.iter().map(scalar).collect::<Result<Vec<_>, _>>()?.join(",")),
+        Value::Array(items) => Ok(items
+            .iter()
+            .map(scalar)
+            .collect::<Result<Vec<_>, _>>()?
+            .join(",")),
         Value::Table(t) => Ok(t
             .iter()
             .map(|(k, v)| scalar(v).map(|v| format!("{k}={v}")))
@@ -133,21 +182,23 @@ pub fn with_defaults(serve: Command, settings: &BTreeMap<String, String>) -> Com
 }
 
 /// The settings in force as a configuration file, each with where it came from (`--dry-run`).
-pub fn render(serve: &Command, matches: &ArgMatches, file: Option<&Path>) -> String {
+pub fn render(
+    serve: &Command,
+    matches: &ArgMatches,
+    file: Option<(&Path, &BTreeMap<String, String>)>,
+) -> String {
     let mut out = String::from("# the settings in force: flags > environment > file > defaults\n");
     for name in setting_names(serve) {
-        let raw: Option<Vec<String>> = matches.get_raw(&name).map(|values| {
-            values
-                .map(|v| v.to_string_lossy().into_owned())
-                .collect()
-        });
+        let raw: Option<Vec<String>> = matches
+            .get_raw(&name)
+            .map(|values| values.map(|v| v.to_string_lossy().into_owned()).collect());
         let source = match matches.value_source(&name) {
             Some(ValueSource::CommandLine) => "flag".to_string(),
             Some(ValueSource::EnvVariable) => "environment".to_string(),
             // A default is the file's when the file set it.
             Some(ValueSource::DefaultValue) => match file {
-                Some(f) if differs_from_builtin(serve, &name, raw.as_deref()) => {
-                    format!("{}", f.display())
+                Some((path, settings)) if settings.contains_key(&name) => {
+                    path.display().to_string()
                 }
                 _ => "default".to_string(),
             },
@@ -162,21 +213,6 @@ pub fn render(serve: &Command, matches: &ArgMatches, file: Option<&Path>) -> Str
         }
     }
     out
-}
-
-/// Whether `name`'s value differs from the built-in default (so it came from the file).
-fn differs_from_builtin(serve: &Command, name: &str, raw: Option<&[String]>) -> bool {
-    let builtin: Vec<String> = serve
-        .get_arguments()
-        .find(|a| a.get_id() == name)
-        .map(|a| {
-            a.get_default_values()
-                .iter()
-                .map(|v| v.to_string_lossy().into_owned())
-                .collect()
-        })
-        .unwrap_or_default();
-    raw.unwrap_or_default() != builtin.as_slice()
 }
 
 /// A value as TOML: numbers and booleans bare, everything else a quoted string.

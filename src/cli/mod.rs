@@ -8,6 +8,7 @@ pub mod auth;
 pub mod bench;
 pub mod cluster;
 pub mod cluster_health;
+pub mod config;
 pub mod flease;
 pub mod kv;
 pub mod lease;

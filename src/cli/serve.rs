@@ -13,11 +13,20 @@ use leasecore::domain::flease::FleaseConfig;
 use leasecore::domain::limits::{DEFAULT_MAX_LEASES, DEFAULT_MAX_VALUE_BYTES};
 use leasecore::domain::types::NodeId;
 use leasecore::node::{EXIT_FATAL, EXIT_REFUSED, Node, NodeConfig, NodeError, RaftTimings};
+use leasecore::storage::StorageError;
 
 use super::shutdown_signal;
 
 #[derive(Args)]
 pub struct ServeArgs {
+    /// A TOML file with any of these settings (keys are the flag names: `heartbeat_ms = 100`).
+    /// Flags and the environment override it. See docs/leasecore.example.toml.
+    #[arg(long, env = "LEASECORE_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Print the settings in force (after the file, the environment and the flags), each with
+    /// where it came from, as a configuration file, and exit without starting.
+    #[arg(long)]
+    pub dry_run: bool,
     /// This node's id (stable across restarts).
     #[arg(long, env = "LEASECORE_ID", default_value_t = 1)]
     pub id: NodeId,
@@ -170,7 +179,7 @@ pub async fn run(args: ServeArgs) -> ExitCode {
     );
     let node = match Node::start(cfg).await {
         Ok(node) => node,
-        Err(e @ NodeError::Refused(_)) => {
+        Err(e @ (NodeError::Refused(_) | NodeError::Storage(StorageError::Format { .. }))) => {
             eprintln!("error: {e}");
             return ExitCode::from(EXIT_REFUSED);
         }

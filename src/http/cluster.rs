@@ -138,6 +138,12 @@ pub async fn livez(State(state): State<AppState>) -> Result<Json<Value>, ApiErro
     ))
 }
 
+/// What this node's binary is (open, like etcd's `/version`: no secret, and it tells an
+/// operator which nodes are upgraded).
+pub async fn version() -> Json<crate::version::VersionInfo> {
+    Json(crate::version::VersionInfo::of_this_build())
+}
+
 /// The node is ready to serve (see the module docs).
 pub async fn readyz(State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
     let consensus = &state.consensus;

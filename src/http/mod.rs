@@ -115,6 +115,7 @@ pub fn route_table() -> Vec<RouteSpec> {
         spec("GET", "/livez", Public, get(cluster::livez)),
         spec("GET", "/readyz", Public, get(cluster::readyz)),
         spec("GET", "/metrics", Public, get(cluster::metrics)),
+        spec("GET", "/version", Public, get(cluster::version)),
         spec("GET", "/ui", Public, get(ui::page)),
         spec("GET", "/ui/", Public, get(ui::page)),
         spec("GET", "/ui/app.js", Public, get(ui::script)),

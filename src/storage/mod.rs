@@ -24,9 +24,22 @@ pub const TREE_STATE: &str = "state";
 pub mod backup;
 pub mod snapshot_file;
 
+/// The layout of a data directory this build reads and writes. Recorded in every data
+/// directory (sled's default tree, key [`FORMAT_KEY`]); a directory of another format is
+/// refused at start, never reinterpreted. Raise it with any change an older build would
+/// misread, and teach the new build to upgrade the old format.
+pub const STORAGE_FORMAT: u32 = 1;
+/// Where the format is recorded.
+pub const FORMAT_KEY: &[u8] = b"leasecore/storage_format";
+
 /// A storage failure: the node cannot go on safely and stops.
 #[derive(Debug, Error)]
 pub enum StorageError {
+    #[error(
+        "the data directory {path} has storage format {found}; this build reads format \
+         {STORAGE_FORMAT} (use the leasecore release that wrote it, or restore a backup)"
+    )]
+    Format { path: String, found: u32 },
     #[error("opening the data directory {path}: {source}")]
     Open { path: String, source: sled::Error },
     #[error("sled: {0}")]
@@ -56,7 +69,16 @@ pub fn open_db(dir: &Path, cache_bytes: u64) -> Result<sled::Db, StorageError> {
             .mode(sled::Mode::HighThroughput)
             .open();
         match res {
-            Ok(db) => return Ok(db),
+            Ok(db) => {
+                check_format(&db).map_err(|found| match found {
+                    Ok(found) => StorageError::Format {
+                        path: dir.display().to_string(),
+                        found,
+                    },
+                    Err(e) => e,
+                })?;
+                return Ok(db);
+            }
             Err(sled::Error::Io(e))
                 if e.kind() == std::io::ErrorKind::WouldBlock && attempts_left > 0 =>
             {
@@ -68,6 +90,30 @@ pub fn open_db(dir: &Path, cache_bytes: u64) -> Result<sled::Db, StorageError> {
                     path: dir.display().to_string(),
                     source,
                 });
+            }
+        }
+    }
+}
+
+/// Record [`STORAGE_FORMAT`] in a new data directory (or one from before formats were
+/// recorded: that layout is format 1), or check the one recorded. `Err(Ok(found))`: another
+/// format.
+fn check_format(db: &sled::Db) -> Result<(), Result<u32, StorageError>> {
+    match db.get(FORMAT_KEY).map_err(|e| Err(e.into()))? {
+        None => {
+            db.insert(FORMAT_KEY, &STORAGE_FORMAT.to_be_bytes())
+                .map_err(|e| Err(e.into()))?;
+            db.flush().map_err(|e| Err(e.into()))?;
+            Ok(())
+        }
+        Some(bytes) => {
+            let found = <[u8; 4]>::try_from(bytes.as_ref())
+                .map(u32::from_be_bytes)
+                .unwrap_or(0);
+            if found == STORAGE_FORMAT {
+                Ok(())
+            } else {
+                Err(Ok(found))
             }
         }
     }
@@ -105,6 +151,26 @@ pub fn index_key(prefix: u8, index: u64) -> [u8; 9] {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_data_dir_records_its_format_and_one_of_another_format_is_refused() {
+        let tmp = tempfile::TempDir::new().unwrap();
+        let dir = tmp.path().join("d");
+        let db = open_db(&dir, 1 << 20).unwrap();
+        assert_eq!(
+            db.get(FORMAT_KEY).unwrap().unwrap().as_ref(),
+            STORAGE_FORMAT.to_be_bytes()
+        );
+        db.insert(FORMAT_KEY, &99u32.to_be_bytes()).unwrap();
+        db.flush().unwrap();
+        drop(db);
+        match open_db(&dir, 1 << 20) {
+            Err(e @ StorageError::Format { found: 99, .. }) => {
+                assert!(e.to_string().contains("this build reads format 1"), "{e}")
+            }
+            other => panic!("expected a format refusal, got {:?}", other.map(|_| ())),
+        }
+    }
 
     #[test]
     fn a_data_dir_keeps_the_segment_size_it_was_created_with() {
