@@ -29,12 +29,12 @@ else
   echo "rustfmt not installed: skipping the format check"
 fi
 if cargo clippy --version >/dev/null 2>&1; then
-  cargo clippy --locked --all-targets -- -D warnings
+  cargo clippy --locked --workspace --all-targets -- -D warnings
 else
   echo "clippy not installed: skipping lints"
 fi
 
-cargo test --locked --all-targets
+cargo test --locked --workspace --all-targets
 
 # The dashboard in a real browser (skips with a message where Chromium cannot be installed).
 scripts/browser-test.sh

@@ -20,7 +20,10 @@
 //! `domain` imports nothing above it. Adapters translate and never decide.
 
 pub mod bench;
-pub mod client;
+/// The Rust client (the `leasecore-client` crate), re-exported for the CLI and the tests.
+pub use leasecore_client as client;
+/// Transport failures in words (from the client crate).
+pub use leasecore_client::transport;
 pub mod clock;
 pub mod domain;
 pub mod http;
@@ -30,6 +33,5 @@ pub mod raft;
 pub mod runtime;
 pub mod storage;
 pub mod tls;
-pub mod transport;
 pub mod version;
 pub mod wire;

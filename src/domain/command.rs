@@ -253,33 +253,4 @@ pub enum LeaseChange {
     },
 }
 
-/// Why a key changed: what a watcher sees.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Cause {
-    Client,
-    LeaseExpired,
-    LeaseRevoked,
-}
-
-/// The kind of change.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum EventKind {
-    Put,
-    Delete,
-}
-
-/// One change to one key, at its own revision. Events are produced only by apply.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Event {
-    #[serde(rename = "type")]
-    pub kind: EventKind,
-    pub key: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub value: Option<String>,
-    pub revision: Revision,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub lease: Option<String>,
-    pub cause: Cause,
-}
+pub use leasecore_client::api::{Cause, Event, EventKind};

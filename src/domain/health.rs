@@ -20,29 +20,9 @@
 //! # What it must not do
 //! Read a clock, or know about openraft: inputs are plain numbers.
 
-use serde::{Deserialize, Serialize};
-
 use super::types::{MonoMillis, NodeId};
 
-/// Why a node is not ready.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "reason", rename_all = "snake_case")]
-pub enum NotReady {
-    /// No leader is known.
-    NoLeader,
-    /// This node leads but has not heard from a quorum recently.
-    NoQuorum { quorum_ack_age_ms: Option<u64> },
-    /// This node follows a leader it has not heard from recently.
-    LeaderSilent {
-        leader_id: NodeId,
-        contact_age_ms: Option<u64>,
-    },
-    /// This node has not applied everything it knows to be committed.
-    Applying {
-        applied_index: u64,
-        commit_index: u64,
-    },
-}
+pub use leasecore_client::api::NotReady;
 
 /// What a node knows about itself, as of one moment.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -33,16 +33,7 @@ use super::lease::LeaseFacts;
 use super::members::{MemberRecord, member_key};
 use super::types::Revision;
 
-/// One key's current value and its history counters.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Versioned {
-    pub value: String,
-    pub create_revision: Revision,
-    pub mod_revision: Revision,
-    pub version: u64,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub lease: Option<String>,
-}
+pub use leasecore_client::api::Versioned;
 
 /// A lease as replicated: facts only, no deadline.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

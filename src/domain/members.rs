@@ -5,10 +5,6 @@
 //! or is revoked, the key goes with it, and watchers of `members/` see the delete (cause
 //! `lease_expired` or `lease_revoked`). No timer of its own: membership reuses the lease path.
 
-use std::collections::BTreeMap;
-
-use serde::{Deserialize, Serialize};
-
 use super::limits::InvalidInput;
 
 /// The prefix of member keys and leases.
@@ -41,29 +37,12 @@ pub fn check_member_id(id: &str) -> Result<(), InvalidInput> {
     Ok(())
 }
 
-/// What a member key holds (its value, as JSON).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct MemberRecord {
-    pub id: String,
-    pub address: String,
-    #[serde(default)]
-    pub meta: BTreeMap<String, String>,
-}
-
-impl MemberRecord {
-    /// The canonical value of the member key (deterministic: `meta` is ordered).
-    pub fn encode(&self) -> String {
-        serde_json::to_string(self).expect("plain data serializes")
-    }
-
-    pub fn decode(value: &str) -> Option<MemberRecord> {
-        serde_json::from_str(value).ok()
-    }
-}
+pub use leasecore_client::api::MemberRecord;
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::BTreeMap;
 
     #[test]
     fn ids_and_keys() {

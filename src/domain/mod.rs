@@ -39,6 +39,7 @@ pub mod lwlease;
 pub mod members;
 pub mod peer_link;
 pub mod peer_trust;
+pub mod recipes;
 pub mod replay;
 pub mod resources;
 pub mod types;

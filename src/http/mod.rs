@@ -24,6 +24,7 @@ pub mod listener;
 pub mod members;
 pub mod peer;
 pub mod peer_trust;
+pub mod recipes;
 pub mod snapshot;
 pub mod ui;
 pub mod watch;
@@ -144,6 +145,32 @@ pub fn route_table() -> Vec<RouteSpec> {
         spec("POST", "/v1/members", Public, post(members::register)),
         spec("GET", "/v1/members", Public, get(members::list)),
         spec("DELETE", "/v1/members/{id}", Public, delete(members::leave)),
+        spec("POST", "/v1/locks/{name}", Public, post(recipes::lock)),
+        spec(
+            "DELETE",
+            "/v1/locks/{name}",
+            Public,
+            delete(recipes::unlock),
+        ),
+        spec("GET", "/v1/elections/{name}", Public, get(recipes::leader)),
+        spec(
+            "POST",
+            "/v1/elections/{name}/campaign",
+            Public,
+            post(recipes::campaign),
+        ),
+        spec(
+            "PUT",
+            "/v1/elections/{name}/proclaim",
+            Public,
+            put(recipes::proclaim),
+        ),
+        spec(
+            "POST",
+            "/v1/elections/{name}/resign",
+            Public,
+            post(recipes::resign),
+        ),
         spec(
             "POST",
             "/v1/members/{id}/heartbeat",

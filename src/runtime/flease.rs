@@ -26,7 +26,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
 use rand::Rng;
-use serde::{Deserialize, Serialize};
+
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
@@ -47,20 +47,7 @@ const MAX_ATTEMPTS: usize = 8;
 /// Messages per peer request at most.
 const MAX_BATCH: usize = 512;
 
-/// The answer to an acquire (and to a read of a resource).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct LeaseView {
-    pub resource: String,
-    /// Whether the asking owner holds it (acquire only).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub granted: Option<bool>,
-    /// The current holder, if any.
-    pub holder: Option<String>,
-    /// How long the holder may still act, from the time of this answer (already reduced by
-    /// the clock-skew bound).
-    pub valid_ms: u64,
-    pub epoch: u64,
-}
+pub use leasecore_client::api::LeaseView;
 
 /// Why a round could not complete.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]

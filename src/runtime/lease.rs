@@ -94,13 +94,7 @@ impl LeaseConfig {
     }
 }
 
-/// A refresh acknowledgement.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct RefreshAck {
-    pub name: String,
-    pub ttl_ms: u64,
-    pub remaining_ms: u64,
-}
+pub use leasecore_client::api::RefreshAck;
 
 /// Why a lease call failed (also the peer-wire error of forwarded lease calls).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]

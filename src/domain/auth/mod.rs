@@ -368,19 +368,7 @@ impl AuthState {
     }
 }
 
-/// A user as read answers show it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct UserInfo {
-    pub name: String,
-    pub roles: Vec<String>,
-}
-
-/// A role as read answers show it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct RoleInfo {
-    pub name: String,
-    pub permissions: Vec<Permission>,
-}
+pub use leasecore_client::api::{RoleInfo, UserInfo};
 
 fn invalid(message: impl Into<String>) -> AuthError {
     AuthError::InvalidChange {

@@ -12,27 +12,16 @@
 //! # What it must not do
 //! Read any state: callers hand in the grants that apply (the user's roles, already resolved).
 
-use serde::{Deserialize, Serialize};
+pub use leasecore_client::api::{PermKind, Permission};
 
-/// What a grant allows.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum PermKind {
-    Read,
-    Write,
-    Readwrite,
-}
-
-impl PermKind {
-    /// Whether this grant allows `access`.
-    pub fn allows(self, access: Access) -> bool {
-        matches!(
-            (self, access),
-            (PermKind::Readwrite, _)
-                | (PermKind::Read, Access::Read)
-                | (PermKind::Write, Access::Write)
-        )
-    }
+/// Whether a grant of `kind` allows `access`.
+pub fn allows(kind: PermKind, access: Access) -> bool {
+    matches!(
+        (kind, access),
+        (PermKind::Readwrite, _)
+            | (PermKind::Read, Access::Read)
+            | (PermKind::Write, Access::Write)
+    )
 }
 
 /// What a request needs.
@@ -42,23 +31,12 @@ pub enum Access {
     Write,
 }
 
-/// One grant of a role: `kind` on `key`, or on every key starting with `key` if `prefix`.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
-pub struct Permission {
-    pub kind: PermKind,
-    pub key: String,
-    #[serde(default)]
-    pub prefix: bool,
-}
-
-impl Permission {
-    /// The interval this grant covers.
-    pub fn range(&self) -> KeyRange {
-        if self.prefix {
-            KeyRange::prefix(&self.key)
-        } else {
-            KeyRange::key(&self.key)
-        }
+/// The interval a grant covers.
+pub fn range_of(p: &Permission) -> KeyRange {
+    if p.prefix {
+        KeyRange::prefix(&p.key)
+    } else {
+        KeyRange::key(&p.key)
     }
 }
 
@@ -115,8 +93,8 @@ pub fn covers<'a>(
 ) -> bool {
     let mut ranges: Vec<KeyRange> = grants
         .into_iter()
-        .filter(|p| p.kind.allows(access))
-        .map(Permission::range)
+        .filter(|p| allows(p.kind, access))
+        .map(range_of)
         .collect();
     ranges.sort_by(|a, b| a.start.cmp(&b.start));
     // Walk the sorted intervals, extending how far from `want.start` is covered without a gap.
@@ -224,7 +202,7 @@ mod tests {
             if covers(&g, Access::Read, &range) {
                 for k in ["", "a", "b", "aa", "ab", "ba", "bb", "aab", "bba", "abab"] {
                     let k = format!("{want}{k}");
-                    prop_assert!(g.iter().any(|p| p.range().contains(k.as_bytes())), "{k}");
+                    prop_assert!(g.iter().any(|p| range_of(p).contains(k.as_bytes())), "{k}");
                 }
             }
         }

@@ -97,25 +97,7 @@ use super::types::{MonoMillis, NodeId, WallMillis};
 pub use acceptor::Acceptor;
 pub use proposer::{Intent, Round, RoundEvent};
 
-/// Which lease protocol a register, a round and a message belong to.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Protocol {
-    /// Absolute expiries on loosely synchronized wall clocks.
-    #[default]
-    Flease,
-    /// Relative timespans, each node timing on its own monotonic clock.
-    PaxosLease,
-}
-
-impl Protocol {
-    pub fn name(self) -> &'static str {
-        match self {
-            Protocol::Flease => "flease",
-            Protocol::PaxosLease => "paxoslease",
-        }
-    }
-}
+pub use leasecore_client::api::Protocol;
 
 /// A resource name (client-chosen).
 pub type ResourceId = String;

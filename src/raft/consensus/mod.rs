@@ -57,7 +57,6 @@ use super::{NodeId, Raft};
 use crate::domain::command::{Command, Response};
 use crate::domain::health::{self, NodeHealth};
 use crate::domain::resources::Quota;
-use crate::domain::types::Revision;
 use crate::runtime::batch::{RoundBatcher, RoundFuture};
 use crate::runtime::election::ElectionPort;
 
@@ -147,37 +146,7 @@ pub enum AdminRequest {
     RemoveNode { id: NodeId },
 }
 
-/// One node of the membership.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct MemberNode {
-    pub id: NodeId,
-    pub address: String,
-    pub voter: bool,
-    #[serde(flatten, default)]
-    pub status: MemberStatus,
-}
-
-/// This node's view of the cluster.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct ClusterView {
-    pub node_id: NodeId,
-    pub state: String,
-    pub leader_id: Option<NodeId>,
-    pub term: u64,
-    pub commit_index: u64,
-    pub applied_index: u64,
-    pub last_log_index: u64,
-    pub revision: Revision,
-    pub nodes: Vec<MemberNode>,
-    /// Whether this node is ready (`domain::health::readiness`), and why not.
-    #[serde(default)]
-    pub ready: bool,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub not_ready: Option<health::NotReady>,
-    /// On the leader: milliseconds since a quorum last acknowledged it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub quorum_ack_ms: Option<u64>,
-}
+pub use leasecore_client::api::{ClusterView, MemberNode, MemberStatus};
 
 /// Reads this node's lease clock, if it tracks leases as leader.
 pub type LeaseStamper = Arc<dyn Fn() -> Option<u64> + Send + Sync>;
@@ -219,19 +188,6 @@ pub struct ConsensusTimeouts {
 
 /// The most entries a learner may lag behind the leader's log and still be promoted.
 const PROMOTE_MAX_LAG: u64 = 64;
-
-/// Per-member status in [`ClusterView`], as this node knows it.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct MemberStatus {
-    /// Heard from within an election timeout (`None`: this node has no way to know).
-    pub reachable: Option<bool>,
-    /// Milliseconds since this node last heard from the member.
-    pub last_contact_ms: Option<u64>,
-    /// Entries of the leader's log the member has not acknowledged (known on the leader only).
-    pub lag: Option<u64>,
-    /// The last log index the member acknowledged (known on the leader only).
-    pub matched_index: Option<u64>,
-}
 
 /// The Raft handle of the node, as the rest of leasecore sees it. Cheap to clone.
 #[derive(Clone)]

@@ -20,7 +20,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{Client, ClientError};
 use crate::clock::{Clock, SystemClock};
-use crate::domain::types::{MonoMillis, Revision};
+use crate::types::{MonoMillis, Revision};
 
 /// What the keeper knows about its lease.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -4,10 +4,10 @@
 use reqwest::Method;
 
 use super::{CallOptions, Client, ClientError, encode_query};
-use crate::domain::auth::{PermKind, Permission, RoleInfo, UserInfo};
-use crate::wire::{
+use crate::api::{
     AuthChanged, AuthStatus, Credentials, PasswordRequest, RoleList, RoleRequest, UserList,
 };
+use crate::api::{PermKind, Permission, RoleInfo, UserInfo};
 
 /// Writes are not retried after an uncertain delivery (the client's rule for non-GETs).
 const WRITE: CallOptions = CallOptions {

@@ -14,9 +14,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::{Client, ClientError};
-use crate::domain::command::Event;
-use crate::domain::types::Revision;
-use crate::wire::KeyValue;
+use crate::api::Event;
+use crate::api::KeyValue;
+use crate::types::Revision;
 
 /// What to follow.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -1,6 +1,18 @@
-//! The Rust client of leasecore, used by the CLI, the benchmarks and the tests.
+//! The Rust client of leasecore: keys, leases, watches, members, Flease and PaxosLease, and
+//! the API's documents ([`api`]). It depends on reqwest, serde and tokio only, never on the
+//! server (the server and its CLI depend on it, for the same documents).
 //!
-//! It holds a list of endpoints and fails over between them:
+//! ```no_run
+//! # async fn demo() -> Result<(), leasecore_client::ClientError> {
+//! use leasecore_client::Client;
+//! let client = Client::new(&["http://127.0.0.1:7001", "http://127.0.0.1:7002"])?;
+//! let put = client.put("config/color", "blue", None, None).await?;
+//! // Compare-and-set: only if nobody wrote it since.
+//! client.put("config/color", "green", None, Some(put.revision.0)).await?;
+//! # Ok(()) }
+//! ```
+//!
+//! A [`Client`] holds a list of endpoints and fails over between them:
 //! - a request that certainly did not reach a node (connection refused) goes to the next one;
 //! - a 503 with a retryable code (`no_leader`, `no_quorum`, `shutting_down`) is retried, on the
 //!   next endpoint, with a short growing backoff: nothing was applied;
@@ -18,10 +30,18 @@
 //! presented when one is given. With TLS configured, a bare `host:port` endpoint means https.
 
 pub mod agent;
+pub mod api;
 pub mod auth;
+pub mod clock;
 pub mod keeper;
+pub mod recipes;
+pub mod session;
+pub mod tls;
+pub mod transport;
+pub mod types;
 pub mod watcher;
 pub use keeper::{LeaseKeeper, LeaseStatus};
+pub use session::Session;
 pub use watcher::{WatchFilter, WatchItem, Watcher};
 
 use std::sync::OnceLock;
@@ -35,15 +55,15 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 use thiserror::Error;
 
+use crate::api::ClusterView;
 use crate::clock::Clock;
-use crate::domain::types::NodeId;
-use crate::raft::consensus::ClusterView;
+use crate::types::NodeId;
 use std::collections::BTreeMap;
 
-use crate::domain::flease::Protocol;
-use crate::runtime::flease::LeaseView;
-use crate::runtime::lease::RefreshAck;
-use crate::wire::{
+use crate::api::LeaseView;
+use crate::api::Protocol;
+use crate::api::RefreshAck;
+use crate::api::{
     AddNodeRequest, Credentials, DeleteResponse, ErrorBody, GetResponse, Heartbeat, LeaseGranted,
     LeaseInfo, LeaseList, LeaseRevoked, ListResponse, MemberLeft, MemberList, MemberRegistered,
     PutRequest, PutResponse, RegisterLeaseRequest, RegisterMemberRequest, TokenResponse,
@@ -224,14 +244,14 @@ pub struct Client {
     /// Attempts per call, across endpoints.
     attempts: usize,
     /// The bearer token and the credentials that renew it (auth on).
-    session: std::sync::Mutex<Session>,
+    session: std::sync::Mutex<AuthState>,
     /// Told about long waits (the CLI draws a progress line on a terminal).
     on_wait: Option<WaitHook>,
 }
 
 /// What the client authenticates with. Never printed.
 #[derive(Default)]
-struct Session {
+struct AuthState {
     token: Option<String>,
     credentials: Option<(String, String)>,
 }
@@ -313,7 +333,7 @@ impl Client {
         self
     }
 
-    fn session_mut(&self) -> std::sync::MutexGuard<'_, Session> {
+    fn session_mut(&self) -> std::sync::MutexGuard<'_, AuthState> {
         self.session.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -605,7 +625,7 @@ impl Client {
         &self,
         id: NodeId,
         address: &str,
-    ) -> Result<crate::wire::AddNodeResponse, ClientError> {
+    ) -> Result<crate::api::AddNodeResponse, ClientError> {
         let body = AddNodeRequest {
             id,
             address: address.to_string(),
