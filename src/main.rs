@@ -81,6 +81,10 @@ enum Command {
         #[command(subcommand)]
         cmd: cli::cluster::ClusterCmd,
     },
+    /// Hold a distributed lock while a command runs (fencing token in LEASECORE_FENCE).
+    Lock(cli::recipes::LockArgs),
+    /// Campaign for leadership of an election and print every change of leader.
+    Elect(cli::recipes::ElectArgs),
     /// Drive a running cluster with load and report throughput and latency.
     Bench(cli::bench::BenchArgs),
     /// Back up a running cluster, inspect a backup, seed a new cluster from one.
@@ -174,6 +178,8 @@ fn main() -> ExitCode {
                 .await
                 .unwrap_or_else(|e| report(Err(e))),
             Command::Agent(args) => report(cli::member::agent(args, &conn).await),
+            Command::Lock(args) => cli::recipes::lock(args, &conn).await,
+            Command::Elect(args) => cli::recipes::elect(args, &conn).await,
             Command::Bench(args) => report(cli::bench::run(args, &conn).await),
             Command::Snapshot { cmd } => match conn.bearer().await {
                 Ok(token) => cli::snapshot::run(cmd, &conn.endpoints, conn.json, token).await,

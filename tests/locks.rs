@@ -339,3 +339,61 @@ async fn bad_lock_requests_get_clear_errors() {
     );
     c.shutdown().await;
 }
+
+/// `leasecore lock NAME -- COMMAND`: the command runs with the fencing token, its exit code is
+/// the lock's, and a lock lost while it runs (here: its lease revoked by someone else) kills
+/// it and exits 4.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_lock_command_passes_the_token_and_kills_its_command_when_the_lock_is_lost() {
+    let c = TestCluster::start(1).await;
+    c.leader().await;
+    let url = c.url(1);
+    let leasecore = || {
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_leasecore"));
+        cmd.args(["--endpoints", &url]);
+        cmd
+    };
+    let out = eventually(Duration::from_secs(30), "the lock command", || async {
+        let out = leasecore()
+            .args(["lock", "report", "--", "sh", "-c"])
+            .arg("echo \"token $LEASECORE_FENCE\"; exit 7")
+            .output()
+            .unwrap();
+        (out.status.code() == Some(7)).then_some(out)
+    })
+    .await;
+    let printed = String::from_utf8_lossy(&out.stdout);
+    assert!(printed.starts_with("token "), "{printed}");
+
+    let mut held = leasecore()
+        .args(["lock", "report", "--", "sleep", "600"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let client = c.client();
+    let key = eventually(Duration::from_secs(30), "the lock key", || async {
+        let list = client.list("locks/report/", Some(10), false).await.ok()?;
+        list.items.first().map(|kv| kv.key.clone())
+    })
+    .await;
+    let lease = key.trim_start_matches("locks/report/").to_string();
+    client.revoke(&lease).await.unwrap();
+    let mut attempts = 300; // 30 s
+    let status = loop {
+        if let Some(status) = held.try_wait().unwrap() {
+            break status;
+        }
+        attempts -= 1;
+        assert!(
+            attempts > 0,
+            "the lock command did not stop after losing its lock"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(status.code(), Some(4));
+    let mut err = String::new();
+    std::io::Read::read_to_string(held.stderr.as_mut().unwrap(), &mut err).unwrap();
+    assert!(err.contains("lock report lost"), "{err}");
+    c.shutdown().await;
+}

@@ -13,6 +13,7 @@ pub mod flease;
 pub mod kv;
 pub mod lease;
 pub mod member;
+pub mod recipes;
 pub mod resources;
 pub mod serve;
 pub mod snapshot;
