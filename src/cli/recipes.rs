@@ -201,7 +201,6 @@ async fn run_elect(args: ElectArgs, conn: &ConnArgs) -> Result<ExitCode, ClientE
         }
     }
     // Closing revokes the lease: the key goes, and the next in line leads.
-    drop(campaign);
     let _ = client.resign(&args.name, &lease).await;
     session.close().await?;
     Ok(ExitCode::SUCCESS)
