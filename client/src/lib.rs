@@ -257,6 +257,14 @@ struct AuthState {
 }
 
 impl Client {
+    /// A client of the endpoints in `LEASECORE_ENDPOINTS` (comma-separated), as the CLI reads
+    /// them; `http://127.0.0.1:7001` when it is unset.
+    pub fn from_env() -> Result<Self, ClientError> {
+        let endpoints = std::env::var("LEASECORE_ENDPOINTS")
+            .unwrap_or_else(|_| "http://127.0.0.1:7001".to_string());
+        Self::new(&endpoints.split(',').map(str::trim).collect::<Vec<_>>())
+    }
+
     /// A client of the given endpoints (`http://host:port`, or `host:port`).
     pub fn new<S: AsRef<str>>(endpoints: &[S]) -> Result<Self, ClientError> {
         Self::with_timeout(endpoints, Duration::from_secs(15))
