@@ -1,4 +1,4 @@
-//! Locks and elections (`/v1/locks`, `/v1/elections`): the calls, and [`Session`]-based
+//! Locks and elections (`/v1/locks`, `/v1/elections`): the calls, and helpers that wait
 //! helpers that wait in line until they hold.
 //!
 //! A lock or a campaign belongs to a lease: the server queues the key
