@@ -1,5 +1,5 @@
-//! Locks and elections (`/v1/locks`, `/v1/elections`): the calls, and helpers that wait
-//! helpers that wait in line until they hold.
+//! Locks and elections (`/v1/locks`, `/v1/elections`): the calls, and helpers that wait in
+//! line until they hold (a [`crate::Session`] holds them on one kept-alive lease).
 //!
 //! A lock or a campaign belongs to a lease: the server queues the key
 //! `locks/<name>/<lease>` and answers once it is the oldest (200) or when the call's wait runs
