@@ -85,6 +85,11 @@ enum Command {
     Lock(cli::recipes::LockArgs),
     /// Campaign for leadership of an election and print every change of leader.
     Elect(cli::recipes::ElectArgs),
+    /// The Chockler–Malkhi light-weight lease over one plain register (a key or a file).
+    Lwlease {
+        #[command(subcommand)]
+        cmd: cli::lwlease::LwleaseCmd,
+    },
     /// Drive a running cluster with load and report throughput and latency.
     Bench(cli::bench::BenchArgs),
     /// Back up a running cluster, inspect a backup, seed a new cluster from one.
@@ -178,6 +183,7 @@ fn main() -> ExitCode {
                 .await
                 .unwrap_or_else(|e| report(Err(e))),
             Command::Agent(args) => report(cli::member::agent(args, &conn).await),
+            Command::Lwlease { cmd } => cli::lwlease::run(cmd, &conn).await,
             Command::Lock(args) => cli::recipes::lock(args, &conn).await,
             Command::Elect(args) => cli::recipes::elect(args, &conn).await,
             Command::Bench(args) => report(cli::bench::run(args, &conn).await),

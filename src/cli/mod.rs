@@ -12,6 +12,7 @@ pub mod config;
 pub mod flease;
 pub mod kv;
 pub mod lease;
+pub mod lwlease;
 pub mod member;
 pub mod recipes;
 pub mod resources;

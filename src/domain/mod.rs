@@ -35,7 +35,9 @@ pub mod history;
 pub mod kv;
 pub mod lease;
 pub mod limits;
-pub mod lwlease;
+/// The Chockler–Malkhi light-weight lease (pure; in the client crate, whose register runner
+/// drives it).
+pub use leasecore_client::lwlease;
 pub mod members;
 pub mod peer_link;
 pub mod peer_trust;

@@ -38,12 +38,12 @@
 //!   contender then needs up to `Δ + 6δ` more to see the register go quiet.
 //!
 //! # What it must not do
-//! Read a clock, touch the register or sleep: the shell (`leasecore-client`'s register runner,
+//! Read a clock, touch the register or sleep: the shell (the register runner, [`crate::register`],
 //! the simulator) performs each [`Step`] and reports its completion with the time.
 
 use thiserror::Error;
 
-use super::types::MonoMillis;
+use crate::types::MonoMillis;
 
 /// A value written to the register: who wrote it and its own counter (never written twice).
 #[derive(Clone, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
@@ -168,6 +168,10 @@ impl Contender {
         }
     }
 
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
     pub fn timing(&self) -> Timing {
         self.timing
     }
@@ -185,6 +189,18 @@ impl Contender {
 
     /// Start renewing the lease held (at its end, `Step::Hold`'s time). Without a lease held,
     /// this is `Lost`.
+    /// Take up a lease this contender's id held before (a process that restarted and found
+    /// its own stamp `mine` in the register): the next [`Contender::renew`] renews it if the
+    /// register still holds exactly that stamp, as any renewal would. Nothing is held until
+    /// that renewal succeeds.
+    pub fn resume(&mut self, mine: Stamp) {
+        self.seq = self.seq.max(mine.seq);
+        self.mine = Some(mine);
+        self.phase = Phase::Holding {
+            until: MonoMillis(0),
+        };
+    }
+
     pub fn renew(&mut self) -> Step {
         if !matches!(self.phase, Phase::Holding { .. }) {
             self.phase = Phase::Idle;
@@ -278,6 +294,35 @@ impl Contender {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_resumed_contender_renews_only_its_own_unchanged_stamp() {
+        let timing = Timing::new(10, 100).unwrap();
+        let old = Stamp {
+            owner: "a".into(),
+            seq: 41,
+        };
+        let mut a = Contender::new("a", timing, 0);
+        a.resume(old.clone());
+        assert!(
+            !a.holds(MonoMillis(1)),
+            "nothing is held before the renewal"
+        );
+        assert_eq!(a.renew(), Step::Read);
+        let Step::Write(fresh) = a.read_done(Some(old.clone()), MonoMillis(5)) else {
+            panic!("the renewal writes");
+        };
+        assert!(fresh.seq > old.seq && fresh.owner == "a");
+        // Someone else wrote meanwhile: the resumed lease is lost.
+        let mut b = Contender::new("a", timing, 0);
+        b.resume(old);
+        b.renew();
+        let other = Stamp {
+            owner: "c".into(),
+            seq: 1,
+        };
+        assert_eq!(b.read_done(Some(other), MonoMillis(5)), Step::Lost);
+    }
 
     fn stamp(owner: &str, seq: u64) -> Option<Stamp> {
         Some(Stamp {
