@@ -128,7 +128,8 @@ case "${1:-}" in
       exit 1
     fi
     echo "leasecore: $n nodes on 127.0.0.1:$BASE_PORT..$((BASE_PORT + n - 1)) (peer ports $((BASE_PORT + 1000))..$((BASE_PORT + 999 + n))); logs in $DIR/"
-    echo "try: curl -s $(curl_tls) -XPUT $(scheme)://localhost:$BASE_PORT/v1/kv/hello -d '{\"value\":\"world\"}'"
+    tls_opt=""; [ -e "$DIR/tls" ] && tls_opt=" $(curl_tls)"
+    echo "try: curl -s$tls_opt -XPUT $(scheme)://localhost:$BASE_PORT/v1/kv/hello -d '{\"value\":\"world\"}'"
     ;;
   stop)
     for f in "$DIR"/node-*.pid; do

@@ -13,6 +13,7 @@
 
 pub mod churn;
 pub mod experiments;
+pub mod handover;
 
 use std::fmt;
 use std::str::FromStr;

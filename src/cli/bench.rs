@@ -19,10 +19,15 @@ pub struct BenchArgs {
     /// expiry-churn (the same, registered over --duration seconds while scripts/lease-churn.sh
     /// kills leaders), mass-expiry (--leases all due at the same instant, start + --ttl-ms:
     /// write stall, leader changes, apply lag),
-    /// lease-memory (resident bytes per lease with one key, at --leases), flease-memory and
+    /// handover (one contended resource owned through the Raft lock, Flease and the light-weight
+    /// lease over a key, a third of --duration each: acquisitions per second and handover
+    /// latency), lease-memory (resident bytes per lease with one key, at --leases), flease-memory and
     /// paxoslease-memory (resident bytes per idle resource, at --resources; serve with a lease
     /// time longer than the run so that no cell is collected meanwhile).
     pub workload: String,
+    /// Contenders for one resource in `handover`.
+    #[arg(long, default_value_t = 4)]
+    pub contenders: usize,
     /// Watchers for `watch`.
     #[arg(long, default_value_t = 1000)]
     pub watchers: usize,
@@ -117,6 +122,12 @@ pub async fn run(args: BenchArgs, conn: &ConnArgs) -> Result<(), ClientError> {
                 args.connections,
             )
             .await?;
+            print_result(&r, conn.json);
+            return Ok(());
+        }
+        "handover" => {
+            let per = Duration::from_secs_f64((args.duration / 3.0).max(0.5));
+            let r = leasecore::bench::handover::run(&conn.endpoints, args.contenders, per).await?;
             print_result(&r, conn.json);
             return Ok(());
         }

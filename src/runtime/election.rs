@@ -59,6 +59,9 @@ impl<P: ElectionPort> ElectionWatchdog<P> {
         let stall_checks =
             (self.stall_after.as_millis() / self.check_every.as_millis().max(1)).max(1) as u64;
         let mut leaderless_checks = 0u64;
+        // Campaigns in the current leaderless stretch: the first is worth a warning, the
+        // repeats (a lost quorum can last hours) are not.
+        let mut stall_campaigns = 0u64;
         loop {
             tokio::select! {
                 _ = cancel.cancelled() => return,
@@ -86,6 +89,10 @@ impl<P: ElectionPort> ElectionWatchdog<P> {
                 continue;
             }
             if self.port.leader_known() {
+                if stall_campaigns > 0 {
+                    tracing::info!(campaigns = stall_campaigns, "a leader is known again");
+                    stall_campaigns = 0;
+                }
                 leaderless_checks = 0;
                 continue;
             }
@@ -98,9 +105,15 @@ impl<P: ElectionPort> ElectionWatchdog<P> {
                 return;
             }
             if !self.port.leader_known() {
-                tracing::warn!(
-                    "no leader for a while; campaigning to break a possible election tie"
-                );
+                if stall_campaigns == 0 {
+                    tracing::warn!(
+                        "no leader for a while; campaigning to break a possible election tie \
+                         (repeated quietly until a leader is known)"
+                    );
+                } else {
+                    tracing::debug!(stall_campaigns, "still no leader; campaigning again");
+                }
+                stall_campaigns += 1;
                 self.port.elect().await;
             }
         }
