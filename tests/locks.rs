@@ -397,3 +397,48 @@ async fn the_lock_command_passes_the_token_and_kills_its_command_when_the_lock_i
     assert!(err.contains("lock report lost"), "{err}");
     c.shutdown().await;
 }
+
+/// `leasecore elect NAME VALUE`: each contender prints the leader as it changes; a leader
+/// whose process dies (SIGKILL: no resignation) hands over once its session's lease expires.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_elect_command_prints_leader_changes_and_takes_over_from_a_dead_leader() {
+    use std::io::BufRead;
+    let c = TestCluster::start(3).await;
+    c.leader().await;
+    let endpoints = (1..=3).map(|id| c.url(id)).collect::<Vec<_>>().join(",");
+    let elect = |value: &str| {
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_leasecore"))
+            .args(["--endpoints", &endpoints, "elect", "primary", value])
+            .args(["--ttl-ms", "2000"])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let (tx, rx) = std::sync::mpsc::channel::<String>();
+        let out = child.stdout.take().unwrap();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(out).lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+        (child, rx)
+    };
+    let until = |rx: &std::sync::mpsc::Receiver<String>, want: &str| loop {
+        let line = rx
+            .recv_timeout(Duration::from_secs(30))
+            .unwrap_or_else(|_| panic!("no line {want:?}"));
+        if line == want {
+            return;
+        }
+    };
+    let (mut a, a_out) = elect("10.0.0.1");
+    until(&a_out, "leader: 10.0.0.1 (this process)");
+    let (mut b, b_out) = elect("10.0.0.2");
+    until(&b_out, "leader: 10.0.0.1");
+    a.kill().unwrap();
+    a.wait().unwrap();
+    until(&b_out, "leader: 10.0.0.2 (this process)");
+    b.kill().unwrap();
+    b.wait().unwrap();
+    c.shutdown().await;
+}
