@@ -394,3 +394,36 @@ async fn registrations_racing_a_failover_all_carry_the_lease_clock_stamp() {
     );
     c.shutdown().await;
 }
+
+/// A fresh single-node cluster registers a lease with no write before it. The lease driver
+/// once read openraft's full metrics after waking on its server metrics, which openraft sends
+/// first: it could see "not leader", sleep through its own promotion, and refuse every lease
+/// with `no_leader` until some other write applied (every start of the binary here; an
+/// in-process cluster hit it only sometimes, so this runs the binary).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fresh_single_node_binary_grants_a_lease_at_once() {
+    let http = reqwest::Client::new();
+    for run in 0..3 {
+        let tmp = tempfile::tempdir().unwrap();
+        let addr = common::free_node_addrs(1).remove(0);
+        let mut node = std::process::Command::new(env!("CARGO_BIN_EXE_leasecore"))
+            .args(["serve", "--listen", &addr])
+            .arg("--data")
+            .arg(tmp.path())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let url = format!("http://{addr}");
+        eventually(Duration::from_secs(30), "ready", || async {
+            let r = http.get(format!("{url}/readyz")).send().await.ok()?;
+            r.status().is_success().then_some(())
+        })
+        .await;
+        let client = Client::with_timeout(&[url.as_str()], Duration::from_secs(5)).unwrap();
+        let granted = client.grant("first", 60_000).await;
+        node.kill().unwrap();
+        node.wait().unwrap();
+        assert!(granted.is_ok(), "run {run}: {granted:?}");
+    }
+}

@@ -421,3 +421,86 @@ async fn one_stream_carries_many_watches_and_resumes_by_revision() {
     }
     c.shutdown().await;
 }
+
+/// A lease's revoke is one request: all its keys go at one revision. A long poll with
+/// `limit=1` still answers that revision whole, an SSE stream gives an `id` only to its last
+/// message (a resumed stream never starts half-way through it), and the client's `Watcher`
+/// delivers every event of it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_revision_with_many_events_is_delivered_whole() {
+    let c = TestCluster::start(1).await;
+    c.leader().await;
+    let client = Arc::new(c.client());
+    eventually(Duration::from_secs(20), "a lease", || async {
+        match client.grant("group", 60_000).await {
+            Ok(_) => Some(()),
+            // A retry after an answer that was lost.
+            Err(e) if e.code() == Some("lease_exists") => Some(()),
+            Err(_) => None,
+        }
+    })
+    .await;
+    for k in ["w/a", "w/b", "w/c"] {
+        client.put(k, "v", Some("group"), None).await.unwrap();
+    }
+    let revoked = client.revoke("group").await.unwrap();
+    let r = revoked.revision.0;
+    let http = reqwest::Client::new();
+    let poll: serde_json::Value = http
+        .get(format!(
+            "{}/v1/watch?prefix=w/&from_revision={r}&limit=1&timeout_ms=0",
+            c.url(1)
+        ))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let revs: Vec<u64> = poll["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["revision"].as_u64().unwrap())
+        .collect();
+    assert_eq!(revs, vec![r, r, r], "{poll}");
+    assert_eq!(poll["revision"], r);
+
+    let mut sse = http
+        .get(format!("{}/v1/watch?prefix=w/&from_revision={r}", c.url(1)))
+        .header("accept", "text/event-stream")
+        .send()
+        .await
+        .unwrap();
+    let mut text = String::new();
+    while text.matches("event: delete").count() < 3 {
+        let chunk = tokio::time::timeout(Duration::from_secs(10), sse.chunk())
+            .await
+            .expect("the stream stalled")
+            .unwrap()
+            .expect("the stream ended");
+        text.push_str(std::str::from_utf8(&chunk).unwrap());
+    }
+    let ids: Vec<&str> = text.lines().filter(|l| l.starts_with("id:")).collect();
+    assert_eq!(ids, vec![format!("id: {r}")], "{text}");
+    // The id belongs to the last of the three messages.
+    let last_message = text.trim_end().rsplit("\n\n").next().unwrap();
+    assert!(last_message.contains(&format!("id: {r}")), "{text}");
+
+    let mut watcher = Watcher::new(client.clone(), WatchFilter::Prefix("w/".into()), Some(r));
+    let mut keys = Vec::new();
+    while keys.len() < 3 {
+        match tokio::time::timeout(Duration::from_secs(10), watcher.next()).await {
+            Ok(Ok(WatchItem::Event(e))) => {
+                assert_eq!(
+                    (e.kind, e.revision.0, e.cause),
+                    (EventKind::Delete, r, Cause::LeaseRevoked)
+                );
+                keys.push(e.key);
+            }
+            other => panic!("expected the revoke's events, got {other:?}"),
+        }
+    }
+    assert_eq!(keys, ["w/a", "w/b", "w/c"]);
+    c.shutdown().await;
+}

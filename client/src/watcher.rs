@@ -122,9 +122,11 @@ impl Watcher {
                         hook(None, self.next);
                     }
                     let resume = batch.revision.0 + 1;
+                    // Never deliver what was delivered before (a lagging node). The floor is
+                    // fixed for the batch: several events may share a revision.
+                    let floor = self.next;
                     for e in batch.events {
-                        // Never deliver what was delivered before (a lagging node).
-                        if self.next.is_none_or(|n| e.revision.0 >= n) {
+                        if floor.is_none_or(|n| e.revision.0 >= n) {
                             self.next = Some(e.revision.0 + 1);
                             self.buffer.push_back(WatchItem::Event(e));
                         }

@@ -1,8 +1,11 @@
 //! `EventHistory`: the recent changes of the store, in revision order, for watches. Pure.
 //!
 //! # Invariants
-//! - Fed only by the apply path, in log order: events arrive with strictly increasing
-//!   revisions, and the history is identical on every replica that retains the same span.
+//! - Fed only by the apply path, in log order: events arrive with non-decreasing revisions
+//!   (the changes of one request share its revision), and the history is identical on every
+//!   replica that retains the same span.
+//! - A revision is answered whole or not at all: a batch cut by its limit ends at a revision
+//!   boundary, and a revision only partly retained counts as compacted.
 //! - Bounded by a count and a byte budget. The oldest events are dropped first, and
 //!   `compacted` (the highest revision no longer answerable) only grows.
 //! - `since(from)` answers "every matching event with revision >= from" exactly, or says it
@@ -175,8 +178,12 @@ impl EventHistory {
 
     /// Append the events of one applied batch; the store is at `revision` after it.
     pub fn push(&mut self, events: impl IntoIterator<Item = Event>, revision: Revision) {
+        let before = self.current;
         for e in events {
-            debug_assert!(e.revision > self.current, "events arrive in revision order");
+            debug_assert!(
+                e.revision > before && e.revision >= self.current,
+                "events arrive in revision order"
+            );
             self.current = self.current.max(e.revision);
             self.bytes += cost(&e);
             self.events.push_back(e);
@@ -200,7 +207,8 @@ impl EventHistory {
         self.current = self.current.max(revision);
     }
 
-    /// Matching events with revision `>= from`, at most `limit`.
+    /// Matching events with revision `>= from`: at most `limit`, except that the events of one
+    /// revision are never split (the last revision may take the batch past `limit`).
     pub fn since(
         &self,
         from: Revision,
@@ -214,18 +222,20 @@ impl EventHistory {
         }
         // Events are in revision order: find the first at or after `from`.
         let start = self.events.partition_point(|e| e.revision < from);
-        let mut events = Vec::new();
+        let mut events: Vec<Event> = Vec::new();
         for e in self.events.range(start..) {
             if !filter.matches(&e.key) {
                 continue;
             }
-            if events.len() == limit {
-                // Cut short: everything before this event is included.
+            if events.len() >= limit && events.last().is_none_or(|l| l.revision != e.revision) {
+                // Cut short at a revision boundary: everything before this event is included.
                 return Ok(Batch {
                     through: Revision(e.revision.0 - 1),
                     events,
                 });
             }
+            // A revision's events go together, even past the limit: a watcher resumes after
+            // the last revision it saw, so half a revision would be lost.
             events.push(e.clone());
         }
         Ok(Batch {
@@ -250,6 +260,38 @@ mod tests {
             lease: None,
             cause: Cause::Client,
         }
+    }
+
+    #[test]
+    fn a_revision_is_never_split_by_the_limit_or_by_eviction() {
+        let mut h = EventHistory::new(limits(100), Revision(0));
+        // Revision 2 is one request with three changes (a lease revoke, say).
+        h.push([ev("a", 1)], Revision(1));
+        h.push([ev("b", 2), ev("c", 2), ev("d", 2)], Revision(2));
+        h.push([ev("e", 3)], Revision(3));
+        let all = KeyFilter::Prefix(String::new());
+        // Limit 2 from revision 1: revision 2 starts within the limit, so all of it comes.
+        let b = h.since(Revision(1), &all, 2).unwrap();
+        assert_eq!((revs(&b), b.through), (vec![1, 2, 2, 2], Revision(2)));
+        // Limit 1: revision 1 alone, and revision 2 is left whole for the next batch.
+        let b = h.since(Revision(1), &all, 1).unwrap();
+        assert_eq!((revs(&b), b.through), (vec![1], Revision(1)));
+        // Limit 1 from revision 2: the whole of revision 2 even past the limit.
+        let b = h.since(Revision(2), &all, 1).unwrap();
+        assert_eq!((revs(&b), b.through), (vec![2, 2, 2], Revision(2)));
+        // Evicting part of revision 2 compacts all of it.
+        let mut small = EventHistory::new(limits(3), Revision(0));
+        small.push([ev("a", 1)], Revision(1));
+        small.push([ev("b", 2), ev("c", 2), ev("d", 2)], Revision(2));
+        assert_eq!(small.compacted(), Revision(1));
+        small.push([ev("e", 3)], Revision(3));
+        assert_eq!(
+            small.compacted(),
+            Revision(2),
+            "b went: revision 2 is no longer whole"
+        );
+        assert!(small.since(Revision(2), &all, 10).is_err());
+        assert_eq!(revs(&small.since(Revision(3), &all, 10).unwrap()), vec![3]);
     }
 
     fn revs(b: &Batch) -> Vec<u64> {

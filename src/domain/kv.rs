@@ -3,9 +3,11 @@
 //! # Invariants
 //! - `apply` is a pure function of the current state and the command: no clock, no randomness,
 //!   no configuration. The same log applied twice gives byte-identical state ([`KvState::encode`]).
-//! - The store revision advances by exactly one for every key that changes, and only then. A
-//!   rejected command (CAS mismatch, unknown lease) or a delete of a missing key changes nothing,
-//!   revision included.
+//! - The store revision advances by exactly one for every request that changes something, as
+//!   etcd's main revision: a put, a delete, a lease registration, a lease's revoke or expiry
+//!   (all of its keys and the lease itself), a member registration (its lease and its key).
+//!   Every change one request makes carries that one revision. A rejected command (CAS
+//!   mismatch, unknown lease) or a delete of a missing key changes nothing, revision included.
 //! - Each key carries `create_revision` (the revision that created this incarnation),
 //!   `mod_revision` (the last change) and `version` (changes since creation, starting at 1).
 //!   Deleting a key ends its incarnation: a later put starts again at version 1.
@@ -13,7 +15,7 @@
 //! - Leases are facts, never deadlines: `{ttl, revision, keys, checkpoint}`. A key belongs to at
 //!   most one lease, and `lease.keys` and `key.lease` always agree. Registering a lease advances
 //!   the revision (the lease's revision is its fencing token); revoking or expiring one deletes
-//!   its keys in key order, one revision each, then the lease itself at one more revision.
+//!   its keys (events in key order) and the lease itself, all at one revision.
 //!   Checkpoints change no revision: they are bookkeeping of the leader's timer, not data.
 //!
 //! # What it must not do
@@ -101,6 +103,9 @@ pub struct KvState {
     lease_clock_ms: u64,
     /// Bytes of every live key and value (what the storage quota counts of the state).
     data_bytes: u64,
+    /// The revision of the request being applied, once it has changed something (every
+    /// change of one request shares it). Reset at the start of each request.
+    request: Option<Revision>,
 }
 
 /// The bytes a live key counts for.
@@ -133,6 +138,7 @@ impl KvState {
             dirty_auth: false,
             lease_clock_ms,
             data_bytes,
+            request: None,
         }
     }
 
@@ -210,6 +216,9 @@ impl KvState {
 
     /// Apply one command. Total: any well-formed command applies, no input panics.
     pub fn apply(&mut self, cmd: &Command) -> Applied {
+        // Each command is a request of its own (a batch's commands and each expired lease
+        // start their own again).
+        self.request = None;
         // Every stamp a committed entry carries advances the clock, whether or not its command
         // takes effect (a duplicate registration, a guard that refuses): a stamp is a leader's
         // reading all the same, and the clock then follows the log's latest stamp exactly.
@@ -330,8 +339,7 @@ impl KvState {
                 lease: name.to_string(),
             });
         }
-        let revision = self.revision.next();
-        self.revision = revision;
+        let revision = self.claim_revision();
         self.leases.insert(
             name.to_string(),
             LeaseRecord {
@@ -382,6 +390,8 @@ impl KvState {
             if self.leases.get(&l.name).map(|r| r.revision) != Some(l.revision) {
                 continue;
             }
+            // Each lease's expiry is a request of its own, as etcd revokes each one.
+            self.request = None;
             if let Some((_, applied)) = self.remove_lease(&l.name, Cause::LeaseExpired) {
                 out.events.extend(applied.events);
                 out.lease_changes.extend(applied.lease_changes);
@@ -412,8 +422,8 @@ impl KvState {
         }
     }
 
-    /// Delete a lease's keys (key order, one revision each) and then the lease (one more
-    /// revision). `None` if there is no such lease.
+    /// Delete a lease's keys (events in key order) and the lease, at one revision. `None` if
+    /// there is no such lease.
     fn remove_lease(&mut self, name: &str, cause: Cause) -> Option<(Vec<String>, Applied)> {
         let lease = self.leases.remove(name)?;
         self.dirty_leases.insert(name.to_string());
@@ -425,7 +435,8 @@ impl KvState {
                 deleted.push(key.clone());
             }
         }
-        self.revision = self.revision.next();
+        // The lease's removal is a change of the same request (the revision, if no key went).
+        self.claim_revision();
         Some((
             deleted,
             Applied {
@@ -469,8 +480,7 @@ impl KvState {
                 self.dirty_leases.insert(new.to_string());
             }
         }
-        let revision = self.revision.next();
-        self.revision = revision;
+        let revision = self.claim_revision();
         let entry = match self.keys.get(key) {
             Some(old) => Versioned {
                 value: value.to_string(),
@@ -544,8 +554,7 @@ impl KvState {
     fn remove_key(&mut self, key: &str, cause: Cause) -> Option<Event> {
         let old = self.keys.remove(key)?;
         self.data_bytes = self.data_bytes.saturating_sub(entry_bytes(key, &old));
-        let revision = self.revision.next();
-        self.revision = revision;
+        let revision = self.claim_revision();
         self.dirty.insert(key.to_string());
         Some(Event {
             kind: EventKind::Delete,
@@ -555,6 +564,20 @@ impl KvState {
             lease: old.lease,
             cause,
         })
+    }
+
+    /// The revision of the request being applied: the next one at its first change, the same
+    /// one for every later change of that request.
+    fn claim_revision(&mut self) -> Revision {
+        match self.request {
+            Some(r) => r,
+            None => {
+                let r = self.revision.next();
+                self.revision = r;
+                self.request = Some(r);
+                r
+            }
+        }
     }
 
     /// The compare-and-set check: `Some(error)` when `prev` is given and does not match.
@@ -904,7 +927,7 @@ mod tests {
         assert_eq!(
             out.response,
             Response::MemberRegistered {
-                revision: Revision(2),
+                revision: Revision(1),
                 lease_revision: Revision(1)
             }
         );
@@ -1013,12 +1036,13 @@ mod tests {
             .collect();
         assert_eq!(
             deleted,
-            [("a", 5, Cause::LeaseExpired), ("b", 6, Cause::LeaseExpired)]
+            [("a", 5, Cause::LeaseExpired), ("b", 5, Cause::LeaseExpired)],
+            "one revision for the lease and all its keys"
         );
         assert_eq!(
             out.response,
             Response::LeasesExpired {
-                revision: Revision(7),
+                revision: Revision(5),
                 expired: vec!["l".into()]
             }
         );
@@ -1034,7 +1058,7 @@ mod tests {
         // Again: nothing happens.
         let again = kv.apply(&expire("l", 1));
         assert!(again.events.is_empty() && again.lease_changes.is_empty());
-        assert_eq!(kv.revision(), Revision(7));
+        assert_eq!(kv.revision(), Revision(5));
     }
 
     #[test]
@@ -1057,7 +1081,7 @@ mod tests {
         assert_eq!(
             out.response,
             Response::LeaseRevoked {
-                revision: Revision(4),
+                revision: Revision(3),
                 deleted_keys: vec!["x".into()]
             }
         );
@@ -1159,21 +1183,33 @@ mod tests {
             prop_assert_eq!(a.encode(), b.encode());
         }
 
-        /// Revisions: one step per event, events carry strictly increasing revisions, and each
-        /// key's counters stay consistent.
+        /// Revisions: one step per request that changes something (its changes share the
+        /// revision), events in non-decreasing revision order within the span the command
+        /// advanced, and each key's counters consistent.
         #[test]
-        fn revisions_advance_once_per_change(log in prop::collection::vec(command_strategy(), 0..60)) {
+        fn revisions_advance_once_per_request(log in prop::collection::vec(command_strategy(), 0..60)) {
             let mut kv = KvState::new();
             for cmd in &log {
                 let before = kv.revision();
                 let out = kv.apply(cmd);
-                // Keys advance one revision each; lease lifecycle adds one per lease.
-                let lease_steps = out.lease_changes.len() as u64;
-                prop_assert_eq!(kv.revision().0 - before.0, out.events.len() as u64 + lease_steps);
+                let advance = kv.revision().0 - before.0;
+                let changes = (out.events.len() + out.lease_changes.len()) as u64;
+                let mut distinct = std::collections::BTreeSet::new();
                 let mut last = before;
                 for e in &out.events {
-                    prop_assert!(e.revision > last);
+                    prop_assert!(e.revision > before && e.revision >= last && e.revision <= kv.revision());
                     last = e.revision;
+                    distinct.insert(e.revision);
+                }
+                prop_assert!(advance <= changes, "a revision without a change");
+                prop_assert!(distinct.len() as u64 <= advance);
+                prop_assert_eq!(changes > 0, advance > 0);
+                let mut inner = cmd;
+                while let Command::Guarded { command, .. } = inner {
+                    inner = command;
+                }
+                if !matches!(inner, Command::Batch { .. } | Command::ExpireLeases { .. }) {
+                    prop_assert!(advance <= 1, "one request, one revision: {:?}", inner);
                 }
                 for (_, v) in kv.list("", usize::MAX) {
                     prop_assert!(v.create_revision <= v.mod_revision);

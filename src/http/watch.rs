@@ -173,17 +173,13 @@ fn event_stream(
                     keep_visible(&state, &caller, &mut batch.events);
                     // Never backwards: a node behind the client's start reports less than it.
                     let resume = from.max(batch.through.next());
+                    let ends = revision_ends(&batch.events);
                     let mut out: Vec<SseEvent> = batch
                         .events
                         .iter()
-                        .map(|e| {
-                            let kind = match e.kind {
-                                crate::domain::command::EventKind::Put => "put",
-                                crate::domain::command::EventKind::Delete => "delete",
-                            };
-                            SseEvent::default()
-                                .id(e.revision.to_string())
-                                .event(kind)
+                        .zip(ends)
+                        .map(|(e, last)| {
+                            sse_event(e, last)
                                 .json_data(e)
                                 .unwrap_or_else(|_| SseEvent::default().comment("unencodable"))
                         })
@@ -206,6 +202,34 @@ fn event_stream(
         }
     })
     .flat_map(|messages| futures::stream::iter(messages.into_iter().map(Ok)))
+}
+
+/// An SSE message for `e`: its kind as the event name, and its revision as the message id
+/// only if it is the last message of that revision. A browser resumes from `Last-Event-ID +
+/// 1`: an id in the middle of a revision would make it skip the rest of that revision.
+fn sse_event(e: &crate::domain::command::Event, last_of_revision: bool) -> SseEvent {
+    let kind = match e.kind {
+        crate::domain::command::EventKind::Put => "put",
+        crate::domain::command::EventKind::Delete => "delete",
+    };
+    let msg = SseEvent::default().event(kind);
+    if last_of_revision {
+        msg.id(e.revision.to_string())
+    } else {
+        msg
+    }
+}
+
+/// For each event, whether it is the last of its revision in the list.
+fn revision_ends(events: &[crate::domain::command::Event]) -> Vec<bool> {
+    revision_ends_of(events.iter().map(|e| e.revision))
+}
+
+fn revision_ends_of(revisions: impl Iterator<Item = Revision>) -> Vec<bool> {
+    let revisions: Vec<Revision> = revisions.collect();
+    (0..revisions.len())
+        .map(|i| revisions.get(i + 1) != Some(&revisions[i]))
+        .collect()
 }
 
 /// The most watches one `POST /v1/watches` stream may carry.
@@ -325,25 +349,23 @@ fn matched_stream(
                     }
                 };
                 from = batch.through.next();
-                let out: Vec<SseEvent> = batch
+                let visible: Vec<(&crate::domain::command::Event, Vec<&str>)> = batch
                     .events
                     .iter()
                     .filter_map(|e| {
                         let watches = set.matching(&e.key);
-                        if watches.is_empty() || !can_read(&state, &caller, &e.key) {
-                            return None;
-                        }
-                        let kind = match e.kind {
-                            crate::domain::command::EventKind::Put => "put",
-                            crate::domain::command::EventKind::Delete => "delete",
-                        };
-                        Some(
-                            SseEvent::default()
-                                .id(e.revision.to_string())
-                                .event(kind)
-                                .json_data(MatchedEvent { watches, event: e })
-                                .unwrap_or_else(|_| SseEvent::default().comment("unencodable")),
-                        )
+                        (!watches.is_empty() && can_read(&state, &caller, &e.key))
+                            .then_some((e, watches))
+                    })
+                    .collect();
+                let ends = revision_ends_of(visible.iter().map(|(e, _)| e.revision));
+                let out: Vec<SseEvent> = visible
+                    .into_iter()
+                    .zip(ends)
+                    .map(|((e, watches), last)| {
+                        sse_event(e, last)
+                            .json_data(MatchedEvent { watches, event: e })
+                            .unwrap_or_else(|_| SseEvent::default().comment("unencodable"))
                     })
                     .collect();
                 if !out.is_empty() {

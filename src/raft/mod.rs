@@ -38,6 +38,8 @@ openraft::declare_raft_types!(
 
 /// The openraft handle for leasecore.
 pub type Raft = openraft::Raft<TypeConfig>;
+/// openraft's leadership view (the channel drivers wake on for role changes).
+pub type ServerMetrics = openraft::metrics::RaftServerMetrics<NodeId, openraft::BasicNode>;
 /// openraft's storage error for our node id.
 pub type StorageError = openraft::StorageError<NodeId>;
 /// A log id.
