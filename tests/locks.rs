@@ -379,18 +379,12 @@ async fn the_lock_command_passes_the_token_and_kills_its_command_when_the_lock_i
     .await;
     let lease = key.trim_start_matches("locks/report/").to_string();
     client.revoke(&lease).await.unwrap();
-    let mut attempts = 300; // 30 s
-    let status = loop {
-        if let Some(status) = held.try_wait().unwrap() {
-            break status;
-        }
-        attempts -= 1;
-        assert!(
-            attempts > 0,
-            "the lock command did not stop after losing its lock"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    let status = common::exited(
+        &mut held,
+        Duration::from_secs(30),
+        "the lock command stops after losing its lock",
+    )
+    .await;
     assert_eq!(status.code(), Some(4));
     let mut err = String::new();
     std::io::Read::read_to_string(held.stderr.as_mut().unwrap(), &mut err).unwrap();

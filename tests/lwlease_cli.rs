@@ -87,18 +87,12 @@ async fn over_a_key_a_dead_holder_hands_over_to_a_waiting_contender() {
     }
     let _ = holder.kill();
     holder.wait().unwrap();
-    let mut attempts = 300; // 30 s
-    let status = loop {
-        if let Some(s) = waiter.try_wait().unwrap() {
-            break s;
-        }
-        attempts -= 1;
-        assert!(
-            attempts > 0,
-            "the waiter never got the lease after the holder died"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    let status = common::exited(
+        &mut waiter,
+        Duration::from_secs(30),
+        "the waiter gets the lease after the holder died",
+    )
+    .await;
     assert_eq!(status.code(), Some(0));
     c.shutdown().await;
 }

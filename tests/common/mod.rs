@@ -34,6 +34,24 @@ where
     }
 }
 
+/// Wait for a child process to exit by itself within `timeout`, or panic with `what`.
+pub async fn exited(
+    child: &mut std::process::Child,
+    timeout: Duration,
+    what: &str,
+) -> std::process::ExitStatus {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        if Instant::now() >= deadline {
+            panic!("timed out after {timeout:?} waiting for: {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 pub fn init_tracing() {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(
