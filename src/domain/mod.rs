@@ -44,4 +44,5 @@ pub mod peer_trust;
 pub mod recipes;
 pub mod replay;
 pub mod resources;
+pub mod txn;
 pub mod types;
