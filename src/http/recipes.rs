@@ -199,8 +199,7 @@ async fn contend(
             Position::After { key: before, .. } => (before, queue.entry(&key).expect("listed")),
         };
         let (before, entry) = mine;
-        let left = clock.mono().until(deadline);
-        if left == 0 {
+        if clock.mono() >= deadline {
             let revision = entry.create_revision;
             return Ok(standing(
                 name,
@@ -213,16 +212,21 @@ async fn contend(
         }
         // Wait for the predecessor's deletion only: the events of one key from just after
         // the listing (nothing between the listing and the wait is missed).
-        wait_for_delete(state, &before, listed_at.next(), left).await;
+        wait_for_delete(state, &before, listed_at.next(), &clock, deadline).await;
     }
 }
 
-/// Block (up to `left_ms`) until `key` is deleted after `from`, or the history moved past it.
-async fn wait_for_delete(state: &AppState, key: &str, from: Revision, left_ms: u64) {
+/// Block (until `deadline` on `clock`) until `key` is deleted after `from`, or the history
+/// moved past it.
+async fn wait_for_delete(
+    state: &AppState,
+    key: &str,
+    from: Revision,
+    clock: &SystemClock,
+    deadline: crate::domain::types::MonoMillis,
+) {
     let filter = KeyFilter::Key(key.to_string());
     let mut from = from;
-    let clock = SystemClock::new();
-    let deadline = clock.mono().plus(left_ms);
     loop {
         let left = clock.mono().until(deadline);
         if left == 0 {

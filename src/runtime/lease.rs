@@ -379,15 +379,12 @@ impl LeaseService {
         Ok(remaining)
     }
 
-    /// Promote or demote the tracker to match this node's leadership, as the server metrics
-    /// the driver wakes on report it. Not `Consensus::leader_term`: openraft sends the server
+    /// Promote or demote the tracker to match this node's leadership (`leader_term`), as the
+    /// server metrics the driver wakes on report it. Not `Consensus::leader_term`: openraft sends the server
     /// metrics before the full metrics that one reads, so a driver woken by the first could
     /// read the second still stale, decide "not leader", and sleep through the promotion (a
     /// fresh single-node cluster then refused every lease until some other write applied).
-    fn reconcile(&self, server: &crate::raft::ServerMetrics) {
-        let leader_term = (server.state == openraft::ServerState::Leader
-            && server.current_leader == Some(server.id))
-        .then(|| server.vote.leader_id().term);
+    fn reconcile(&self, leader_term: Option<u64>) {
         let applied_term = self.consensus.view().applied().term;
         let term = leader_term.unwrap_or(0);
         let want = should_track(leader_term.is_some(), term, applied_term);
@@ -528,8 +525,8 @@ impl LeaseService {
         let mut metrics = self.consensus.raft().server_metrics();
         let mut applied = self.consensus.view().subscribe();
         loop {
-            let server = metrics.borrow_and_update().clone();
-            self.reconcile(&server);
+            let leader_term = leader_term_of(&metrics.borrow_and_update());
+            self.reconcile(leader_term);
             let tracking = *self.tracking.borrow() != 0;
             let sleep = if tracking { self.fire_due() } else { None };
             let sleep = sleep.unwrap_or(Duration::from_secs(3600));
@@ -545,4 +542,10 @@ impl LeaseService {
         self.hub.tracker().demote();
         self.tracking.send_replace(0);
     }
+}
+
+/// This node's term if the server metrics say it leads.
+fn leader_term_of(server: &crate::raft::ServerMetrics) -> Option<u64> {
+    (server.state == openraft::ServerState::Leader && server.current_leader == Some(server.id))
+        .then(|| server.vote.leader_id().term)
 }
