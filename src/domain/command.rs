@@ -14,6 +14,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use super::auth::{AuthChange, AuthError};
+use super::txn::{Txn, TxnResult};
 use super::types::Revision;
 
 /// A state-machine command, proposed through Raft and applied on every replica.
@@ -36,6 +37,9 @@ pub enum Command {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         prev_revision: Option<Revision>,
     },
+    /// A transaction (see [`crate::domain::txn`]): compares, then one branch of operations,
+    /// every change at one revision. etcd's `Put` and `DeleteRange` are transactions too.
+    Txn { txn: Txn },
     /// Create a lease. The duplicate check happens here, at apply time. `clock_ms`: the
     /// leader's lease clock when it proposed the registration, which makes the registration a
     /// checkpoint (`remaining = ttl` at that clock; see [`crate::domain::lease`]).
@@ -109,6 +113,7 @@ impl Command {
             Command::Guarded { command, .. } => command.lease_clock_stamp(),
             Command::Put { .. }
             | Command::Delete { .. }
+            | Command::Txn { .. }
             | Command::RevokeLease { .. }
             | Command::ExpireLeases { .. }
             | Command::Auth { .. } => None,
@@ -123,6 +128,7 @@ impl Command {
                 key, value, lease, ..
             } => OVERHEAD + key.len() + value.len() + lease.as_ref().map_or(0, String::len),
             Command::Delete { key, .. } => OVERHEAD + key.len(),
+            Command::Txn { txn } => OVERHEAD + txn_bytes(txn),
             Command::RegisterLease { name, .. } | Command::RevokeLease { name } => {
                 OVERHEAD + name.len()
             }
@@ -151,6 +157,38 @@ impl Command {
             Command::Guarded { user, command } => user.len() + command.approx_bytes(),
         }
     }
+}
+
+/// A cheap estimate of a transaction's encoded size.
+fn txn_bytes(txn: &Txn) -> usize {
+    use super::txn::{CompareTarget, TxnOp};
+    let range = |r: &super::auth::KeyRange| 8 + r.start.len() + r.end.as_ref().map_or(0, Vec::len);
+    let compares: usize = txn
+        .compares
+        .iter()
+        .map(|c| {
+            16 + range(&c.range)
+                + match &c.target {
+                    CompareTarget::Value(v) => v.len(),
+                    CompareTarget::Lease(l) => l.as_ref().map_or(0, String::len),
+                    _ => 8,
+                }
+        })
+        .sum();
+    let ops: usize = txn
+        .success
+        .iter()
+        .chain(&txn.failure)
+        .map(|op| match op {
+            TxnOp::Put {
+                key, value, lease, ..
+            } => 16 + key.len() + value.len() + lease.as_ref().map_or(0, String::len),
+            TxnOp::DeleteRange { range: r, .. } => 16 + range(r),
+            TxnOp::Range { spec } => 64 + range(&spec.range),
+            TxnOp::Txn { txn } => 16 + txn_bytes(txn),
+        })
+        .sum();
+    compares + ops
 }
 
 /// One incarnation of a lease: its name and registration revision.
@@ -183,6 +221,11 @@ pub enum Response {
     Put { revision: Revision },
     /// A delete; `deleted` is 0 when the key did not exist (the revision is then unchanged).
     Delete { revision: Revision, deleted: u32 },
+    /// A transaction applied; `revision` is the store revision after it.
+    Txn {
+        revision: Revision,
+        outcome: TxnResult,
+    },
     /// A lease registered at `revision` (its fencing token).
     LeaseRegistered { revision: Revision },
     /// A lease revoked; its keys deleted in this order.
@@ -222,6 +265,9 @@ pub enum KvError {
     /// A put or a revoke named a lease that does not exist when the entry applied.
     #[error("lease {lease:?} does not exist")]
     LeaseNotFound { lease: String },
+    /// A put that keeps the key's value or lease (`ignore_value`, `ignore_lease`) found no key.
+    #[error("key {key:?} does not exist")]
+    KeyNotFound { key: String },
     /// A registration named a lease that already exists.
     #[error("lease {lease:?} already exists")]
     LeaseExists { lease: String },

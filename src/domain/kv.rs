@@ -27,7 +27,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
-use super::auth::AuthState;
+use super::auth::{AuthState, KeyRange};
 use super::command::{
     Cause, Command, Event, EventKind, KvError, LeaseChange, LeaseCheckpoint, LeaseRef, Response,
 };
@@ -185,6 +185,24 @@ impl KvState {
             .collect()
     }
 
+    /// The live keys in `range`, in key order.
+    pub fn range<'a>(
+        &'a self,
+        range: &'a KeyRange,
+    ) -> impl Iterator<Item = (&'a str, &'a Versioned)> + 'a {
+        // Keys are UTF-8 and the range's bounds any bytes: start at the longest UTF-8 prefix of
+        // the start (it sorts at or before it) and skip what lies below the start.
+        let start = match std::str::from_utf8(&range.start) {
+            Ok(s) => s,
+            Err(e) => std::str::from_utf8(&range.start[..e.valid_up_to()]).unwrap_or_default(),
+        };
+        self.keys
+            .range::<str, _>((std::ops::Bound::Included(start), std::ops::Bound::Unbounded))
+            .skip_while(|(k, _)| k.as_bytes() < range.start.as_slice())
+            .take_while(|(k, _)| range.end.as_deref().is_none_or(|e| k.as_bytes() < e))
+            .map(|(k, v)| (k.as_str(), v))
+    }
+
     /// Users, roles and the auth switch.
     pub fn auth(&self) -> &AuthState {
         &self.auth
@@ -233,6 +251,17 @@ impl KvState {
                 prev_revision,
             } => self.put(key, value, lease.as_deref(), *prev_revision),
             Command::Delete { key, prev_revision } => self.delete(key, *prev_revision),
+            Command::Txn { txn } => match self.apply_txn(txn) {
+                Ok((result, events)) => Applied {
+                    response: Response::Txn {
+                        revision: self.revision,
+                        outcome: result,
+                    },
+                    events,
+                    lease_changes: vec![],
+                },
+                Err(error) => rejected(error),
+            },
             Command::RegisterLease {
                 name,
                 ttl_ms,
@@ -450,7 +479,7 @@ impl KvState {
         ))
     }
 
-    fn put(
+    pub(super) fn put(
         &mut self,
         key: &str,
         value: &str,
@@ -548,6 +577,14 @@ impl KvState {
                 lease_changes: vec![],
             },
         }
+    }
+
+    /// Delete a key (detached from its lease) at the request's revision; `None` if absent.
+    pub(super) fn delete_key(&mut self, key: &str) -> Option<Event> {
+        if let Some(lease) = self.keys.get(key).and_then(|v| v.lease.clone()) {
+            self.detach(key, &lease);
+        }
+        self.remove_key(key, Cause::Client)
     }
 
     /// Remove a key at a new revision, returning its delete event; `None` if absent.

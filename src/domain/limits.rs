@@ -31,6 +31,9 @@ pub struct Limits {
     pub max_value_bytes: usize,
     /// Registrations are refused once the state holds this many leases.
     pub max_leases: usize,
+    /// The most compares, or operations per branch, of one transaction (etcd's
+    /// `--max-txn-ops`).
+    pub max_txn_ops: usize,
 }
 
 impl Default for Limits {
@@ -38,6 +41,7 @@ impl Default for Limits {
         Limits {
             max_value_bytes: DEFAULT_MAX_VALUE_BYTES,
             max_leases: DEFAULT_MAX_LEASES,
+            max_txn_ops: super::txn::DEFAULT_MAX_TXN_OPS,
         }
     }
 }
@@ -117,6 +121,55 @@ impl Limits {
     }
 
     /// A lease name is a non-empty string of at most [`MAX_LEASE_NAME_BYTES`] bytes.
+    /// Every key, value and lease name of a transaction within the limits.
+    fn check_txn_sizes(&self, txn: &super::txn::Txn) -> Result<(), InvalidInput> {
+        use super::txn::{CompareTarget, TxnOp};
+        let bound = |b: &[u8]| {
+            if b.len() > MAX_KEY_BYTES + 1 {
+                return Err(InvalidInput::Invalid(format!(
+                    "a range bound is {} bytes; keys are at most {MAX_KEY_BYTES}",
+                    b.len()
+                )));
+            }
+            Ok(())
+        };
+        let range = |r: &super::auth::KeyRange| {
+            bound(&r.start)?;
+            r.end.as_deref().map_or(Ok(()), bound)
+        };
+        for c in &txn.compares {
+            range(&c.range)?;
+            match &c.target {
+                CompareTarget::Value(v) if v.len() > self.max_value_bytes => {
+                    return Err(InvalidInput::TooLarge(format!(
+                        "a compared value is {} bytes; the limit is {}",
+                        v.len(),
+                        self.max_value_bytes
+                    )));
+                }
+                CompareTarget::Lease(Some(l)) => self.check_lease_name(l)?,
+                _ => {}
+            }
+        }
+        for op in txn.success.iter().chain(&txn.failure) {
+            match op {
+                TxnOp::Put {
+                    key, value, lease, ..
+                } => {
+                    self.check_key(key)?;
+                    self.check_value(value)?;
+                    if let Some(lease) = lease {
+                        self.check_lease_name(lease)?;
+                    }
+                }
+                TxnOp::DeleteRange { range: r, .. } => range(r)?,
+                TxnOp::Range { spec } => range(&spec.range)?,
+                TxnOp::Txn { txn } => self.check_txn_sizes(txn)?,
+            }
+        }
+        Ok(())
+    }
+
     pub fn check_lease_name(&self, name: &str) -> Result<(), InvalidInput> {
         if name.is_empty() {
             return Err(InvalidInput::Invalid("lease name must not be empty".into()));
@@ -160,6 +213,11 @@ impl Limits {
                 Ok(())
             }
             Command::Delete { key, .. } => self.check_key(key),
+            Command::Txn { txn } => {
+                super::txn::check(txn, self.max_txn_ops)
+                    .map_err(|e| InvalidInput::Invalid(e.to_string()))?;
+                self.check_txn_sizes(txn)
+            }
             Command::RegisterLease {
                 name,
                 ttl_ms,

@@ -41,6 +41,7 @@ pub use leasecore_client::lwlease;
 pub mod members;
 pub mod peer_link;
 pub mod peer_trust;
+pub mod range;
 pub mod recipes;
 pub mod replay;
 pub mod resources;

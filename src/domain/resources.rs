@@ -207,9 +207,10 @@ impl Quota {
 /// Whether a command can add stored bytes (anything but removals).
 fn grows(cmd: &Command) -> bool {
     match cmd {
-        Command::Put { .. } | Command::RegisterLease { .. } | Command::RegisterMember { .. } => {
-            true
-        }
+        Command::Put { .. }
+        | Command::Txn { .. }
+        | Command::RegisterLease { .. }
+        | Command::RegisterMember { .. } => true,
         Command::Delete { .. }
         | Command::RevokeLease { .. }
         | Command::ExpireLeases { .. }

@@ -1,8 +1,10 @@
 //! Transaction compares (etcd's `Compare`): the guard of a transaction, evaluated against the
 //! state before the transaction. Pure.
 //!
-//! This is the first piece of transactions (issue 14, `docs/etcd-api.md` section 3); the
-//! operations and their atomic apply come next.
+//! A transaction ([`Txn`]) is one command: its compares are evaluated against the state before
+//! it, one branch of operations runs (put, delete-range, range, nested txn), and every change
+//! shares one revision. [`check`] is the edge validation (etcd's `checkTxnRequest` and
+//! `checkIntervals`); the apply lives here too, as an `impl KvState`.
 //!
 //! # Semantics (as etcd's `applyCompare`)
 //! - A compare names a key, or a range `[key, range_end)`, a target (value, version, create
@@ -13,11 +15,19 @@
 //!   `mod_revision == 0` means "does not exist", as etcd clients use it to create.
 //!
 //! # What it must not do
-//! Read the state itself: the caller hands in the versions present in the range.
+//! [`holds`] never reads the state itself: the caller hands in the versions present in the
+//! range. The apply never fails half-way: everything that could refuse a transaction (an
+//! unknown lease, `ignore_value` on a missing key) is checked on the chosen path before the
+//! first change.
+
+use std::collections::BTreeSet;
 
 use serde::{Deserialize, Serialize};
 
-use super::kv::Versioned;
+use super::auth::KeyRange;
+use super::command::{Event, KvError};
+use super::kv::{KvState, Versioned};
+use super::range::{RangeResult, RangeSpec, evaluate};
 use super::types::Revision;
 
 /// How a compare compares.
@@ -34,7 +44,8 @@ pub enum CompareOp {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum CompareTarget {
-    Value(String),
+    /// Compared as bytes.
+    Value(Vec<u8>),
     Version(u64),
     CreateRevision(Revision),
     ModRevision(Revision),
@@ -45,10 +56,8 @@ pub enum CompareTarget {
 /// One guard of a transaction.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Compare {
-    pub key: String,
-    /// `Some(end)`: every key in `[key, end)`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub range_end: Option<String>,
+    /// The key, or every key of a range.
+    pub range: KeyRange,
     pub op: CompareOp,
     pub target: CompareTarget,
 }
@@ -66,7 +75,7 @@ fn ordered<T: Ord>(op: CompareOp, actual: T, expected: T) -> bool {
 fn holds_for(c: &Compare, v: Option<&Versioned>) -> bool {
     match &c.target {
         CompareTarget::Value(expected) => {
-            v.is_some_and(|v| ordered(c.op, v.value.as_bytes(), expected.as_bytes()))
+            v.is_some_and(|v| ordered(c.op, v.value.as_bytes(), expected.as_slice()))
         }
         CompareTarget::Version(expected) => ordered(c.op, v.map_or(0, |v| v.version), *expected),
         CompareTarget::CreateRevision(expected) => ordered(
@@ -98,6 +107,349 @@ pub fn holds<'a>(c: &Compare, present: impl IntoIterator<Item = &'a Versioned>) 
     any || holds_for(c, None)
 }
 
+/// One operation of a transaction.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum TxnOp {
+    Put {
+        key: String,
+        value: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        lease: Option<String>,
+        /// Keep the key's current value (the key must exist).
+        #[serde(default)]
+        ignore_value: bool,
+        /// Keep the key's current lease (the key must exist).
+        #[serde(default)]
+        ignore_lease: bool,
+        /// Return the key as it was before.
+        #[serde(default)]
+        prev_kv: bool,
+    },
+    DeleteRange {
+        range: KeyRange,
+        #[serde(default)]
+        prev_kv: bool,
+    },
+    Range {
+        spec: RangeSpec,
+    },
+    Txn {
+        txn: Txn,
+    },
+}
+
+/// A transaction: if every compare holds, `success` runs, else `failure`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Txn {
+    #[serde(default)]
+    pub compares: Vec<Compare>,
+    #[serde(default)]
+    pub success: Vec<TxnOp>,
+    #[serde(default)]
+    pub failure: Vec<TxnOp>,
+}
+
+/// What one operation did.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum OpResult {
+    Put {
+        /// The key before the put, when asked for and present.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        prev: Option<(String, Versioned)>,
+    },
+    DeleteRange {
+        deleted: u64,
+        /// The deleted keys, when asked for.
+        #[serde(default)]
+        prev: Vec<(String, Versioned)>,
+    },
+    Range {
+        result: RangeResult,
+    },
+    Txn {
+        result: TxnResult,
+    },
+}
+
+/// What a transaction did: which branch ran, and each of its operations' results.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TxnResult {
+    pub succeeded: bool,
+    pub results: Vec<OpResult>,
+}
+
+/// A transaction refused at the edge (etcd's messages, without its `etcdserver: ` prefix).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum TxnInvalid {
+    #[error("too many operations in txn request")]
+    TooManyOps,
+    #[error("duplicate key given in txn request")]
+    DuplicateKey,
+    #[error("key is not provided")]
+    EmptyKey,
+    #[error("value is provided")]
+    ValueProvided,
+    #[error("lease is provided")]
+    LeaseProvided,
+}
+
+/// Validate a transaction before it is proposed: at most `max_ops` compares and operations per
+/// branch (nested transactions included), no empty key, no value or lease given with
+/// `ignore_value` / `ignore_lease`, and no key written twice on one path (two puts, or a put
+/// inside a deleted range; the two branches of a nested transaction may share keys).
+pub fn check(txn: &Txn, max_ops: usize) -> Result<(), TxnInvalid> {
+    check_shape(txn, max_ops)?;
+    writes(&txn.success)?;
+    writes(&txn.failure)?;
+    Ok(())
+}
+
+fn check_shape(txn: &Txn, max_ops: usize) -> Result<(), TxnInvalid> {
+    if txn
+        .compares
+        .len()
+        .max(txn.success.len())
+        .max(txn.failure.len())
+        > max_ops
+    {
+        return Err(TxnInvalid::TooManyOps);
+    }
+    if txn.compares.iter().any(|c| c.range.start.is_empty()) {
+        return Err(TxnInvalid::EmptyKey);
+    }
+    for op in txn.success.iter().chain(&txn.failure) {
+        match op {
+            TxnOp::Put {
+                key,
+                value,
+                lease,
+                ignore_value,
+                ignore_lease,
+                ..
+            } => {
+                if key.is_empty() {
+                    return Err(TxnInvalid::EmptyKey);
+                }
+                if *ignore_value && !value.is_empty() {
+                    return Err(TxnInvalid::ValueProvided);
+                }
+                if *ignore_lease && lease.is_some() {
+                    return Err(TxnInvalid::LeaseProvided);
+                }
+            }
+            TxnOp::DeleteRange { range, .. } if range.start.is_empty() => {
+                return Err(TxnInvalid::EmptyKey);
+            }
+            TxnOp::Range { spec } if spec.range.start.is_empty() => {
+                return Err(TxnInvalid::EmptyKey);
+            }
+            TxnOp::Txn { txn } => check_shape(txn, max_ops)?,
+            TxnOp::DeleteRange { .. } | TxnOp::Range { .. } => {}
+        }
+    }
+    Ok(())
+}
+
+/// The keys `ops` put and the ranges they delete, refusing a key written twice.
+fn writes(ops: &[TxnOp]) -> Result<(BTreeSet<&str>, Vec<&KeyRange>), TxnInvalid> {
+    let mut deleted: Vec<&KeyRange> = ops
+        .iter()
+        .filter_map(|op| match op {
+            TxnOp::DeleteRange { range, .. } => Some(range),
+            _ => None,
+        })
+        .collect();
+    let in_deleted =
+        |deleted: &[&KeyRange], k: &str| deleted.iter().any(|r| r.contains(k.as_bytes()));
+    let mut puts: BTreeSet<&str> = BTreeSet::new();
+    for op in ops {
+        let TxnOp::Txn { txn } = op else { continue };
+        let (then_puts, then_dels) = writes(&txn.success)?;
+        let (else_puts, else_dels) = writes(&txn.failure)?;
+        for k in &then_puts {
+            if puts.contains(k) || in_deleted(&deleted, k) {
+                return Err(TxnInvalid::DuplicateKey);
+            }
+        }
+        for k in &else_puts {
+            // Only one branch runs: a key both branches put is written once.
+            if (puts.contains(k) && !then_puts.contains(k)) || in_deleted(&deleted, k) {
+                return Err(TxnInvalid::DuplicateKey);
+            }
+        }
+        puts.extend(then_puts);
+        puts.extend(else_puts);
+        deleted.extend(then_dels);
+        deleted.extend(else_dels);
+    }
+    for op in ops {
+        let TxnOp::Put { key, .. } = op else { continue };
+        if !puts.insert(key.as_str()) || in_deleted(&deleted, key) {
+            return Err(TxnInvalid::DuplicateKey);
+        }
+    }
+    Ok((puts, deleted))
+}
+
+/// The branches a transaction takes, decided before any change: etcd evaluates every compare
+/// of a transaction (nested ones included) against the state before it.
+struct Path {
+    succeeded: bool,
+    /// One path per nested transaction of the chosen branch, in order.
+    nested: Vec<Path>,
+}
+
+impl Txn {
+    /// The operations a path runs.
+    fn branch(&self, succeeded: bool) -> &[TxnOp] {
+        if succeeded {
+            &self.success
+        } else {
+            &self.failure
+        }
+    }
+}
+
+impl KvState {
+    /// Apply a transaction: choose the path, check it, run it. One revision for every change.
+    pub(super) fn apply_txn(&mut self, txn: &Txn) -> Result<(TxnResult, Vec<Event>), KvError> {
+        let path = self.choose(txn);
+        self.precheck(txn, &path)?;
+        let mut events = Vec::new();
+        let result = self.run(txn, &path, &mut events);
+        Ok((result, events))
+    }
+
+    fn choose(&self, txn: &Txn) -> Path {
+        let succeeded = txn
+            .compares
+            .iter()
+            .all(|c| holds(c, self.range(&c.range).map(|(_, v)| v)));
+        let nested = txn
+            .branch(succeeded)
+            .iter()
+            .filter_map(|op| match op {
+                TxnOp::Txn { txn } => Some(self.choose(txn)),
+                _ => None,
+            })
+            .collect();
+        Path { succeeded, nested }
+    }
+
+    /// What could refuse the transaction, on its path, against the state before it.
+    fn precheck(&self, txn: &Txn, path: &Path) -> Result<(), KvError> {
+        let mut nested = path.nested.iter();
+        for op in txn.branch(path.succeeded) {
+            match op {
+                TxnOp::Put {
+                    key,
+                    lease,
+                    ignore_value,
+                    ignore_lease,
+                    ..
+                } => {
+                    if (*ignore_value || *ignore_lease) && self.get(key).is_none() {
+                        return Err(KvError::KeyNotFound { key: key.clone() });
+                    }
+                    if let Some(lease) = lease
+                        && self.lease(lease).is_none()
+                    {
+                        return Err(KvError::LeaseNotFound {
+                            lease: lease.clone(),
+                        });
+                    }
+                }
+                TxnOp::Txn { txn } => {
+                    if let Some(p) = nested.next() {
+                        self.precheck(txn, p)?;
+                    }
+                }
+                TxnOp::DeleteRange { .. } | TxnOp::Range { .. } => {}
+            }
+        }
+        Ok(())
+    }
+
+    fn run(&mut self, txn: &Txn, path: &Path, events: &mut Vec<Event>) -> TxnResult {
+        let mut nested = path.nested.iter();
+        let mut results = Vec::new();
+        for op in txn.branch(path.succeeded) {
+            let result = match op {
+                TxnOp::Put {
+                    key,
+                    value,
+                    lease,
+                    ignore_value,
+                    ignore_lease,
+                    prev_kv,
+                } => {
+                    let before = self.get(key).cloned();
+                    let value = match (&before, ignore_value) {
+                        (Some(b), true) => b.value.clone(),
+                        _ => value.clone(),
+                    };
+                    let lease = match (&before, ignore_lease) {
+                        (Some(b), true) => b.lease.clone(),
+                        _ => lease.clone(),
+                    };
+                    let applied = self.put(key, &value, lease.as_deref(), None);
+                    events.extend(applied.events);
+                    OpResult::Put {
+                        prev: before.filter(|_| *prev_kv).map(|v| (key.clone(), v)),
+                    }
+                }
+                TxnOp::DeleteRange { range, prev_kv } => {
+                    let doomed: Vec<(String, Versioned)> = self
+                        .range(range)
+                        .map(|(k, v)| (k.to_string(), v.clone()))
+                        .collect();
+                    for (k, _) in &doomed {
+                        events.extend(self.delete_key(k));
+                    }
+                    OpResult::DeleteRange {
+                        deleted: doomed.len() as u64,
+                        prev: if *prev_kv { doomed } else { Vec::new() },
+                    }
+                }
+                TxnOp::Range { spec } => OpResult::Range {
+                    result: evaluate(spec, self.range(&spec.range)),
+                },
+                TxnOp::Txn { txn } => match nested.next() {
+                    Some(p) => OpResult::Txn {
+                        result: self.run(txn, p, events),
+                    },
+                    None => OpResult::Txn {
+                        result: TxnResult::default(),
+                    },
+                },
+            };
+            results.push(result);
+        }
+        TxnResult {
+            succeeded: path.succeeded,
+            results,
+        }
+    }
+}
+
+/// The number of operations a transaction may run when no limit is configured (etcd's
+/// `--max-txn-ops` default).
+pub const DEFAULT_MAX_TXN_OPS: usize = 128;
+
+/// A put of `value` at `key`, for building transactions.
+pub fn put(key: &str, value: &str) -> TxnOp {
+    TxnOp::Put {
+        key: key.to_string(),
+        value: value.to_string(),
+        lease: None,
+        ignore_value: false,
+        ignore_lease: false,
+        prev_kv: false,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -114,8 +466,7 @@ mod tests {
 
     fn cmp(op: CompareOp, target: CompareTarget) -> Compare {
         Compare {
-            key: "k".into(),
-            range_end: None,
+            range: KeyRange::key("k"),
             op,
             target,
         }
@@ -142,7 +493,7 @@ mod tests {
             CompareOp::Greater,
             CompareOp::Less,
         ] {
-            assert!(!holds(&cmp(op, CompareTarget::Value(String::new())), none));
+            assert!(!holds(&cmp(op, CompareTarget::Value(vec![])), none));
         }
     }
 
@@ -151,9 +502,9 @@ mod tests {
         let a = v("b", 3, 7, 2, Some("l1"));
         let one = [&a];
         let t = |op, target| holds(&cmp(op, target), one);
-        assert!(t(CompareOp::Equal, CompareTarget::Value("b".into())));
-        assert!(t(CompareOp::Greater, CompareTarget::Value("a".into())));
-        assert!(t(CompareOp::Less, CompareTarget::Value("ba".into())));
+        assert!(t(CompareOp::Equal, CompareTarget::Value(b"b".to_vec())));
+        assert!(t(CompareOp::Greater, CompareTarget::Value(b"a".to_vec())));
+        assert!(t(CompareOp::Less, CompareTarget::Value(b"ba".to_vec())));
         assert!(t(CompareOp::NotEqual, CompareTarget::Version(1)));
         assert!(t(
             CompareOp::Less,
@@ -173,13 +524,168 @@ mod tests {
         let a = v("x", 1, 1, 1, None);
         let b = v("x", 2, 5, 3, None);
         let both = [&a, &b];
-        let mut c = cmp(CompareOp::Equal, CompareTarget::Value("x".into()));
-        c.range_end = Some("z".into());
+        let mut c = cmp(CompareOp::Equal, CompareTarget::Value(b"x".to_vec()));
+        c.range = KeyRange::from_etcd(b"k", b"z");
         assert!(holds(&c, both));
         c.target = CompareTarget::Version(1);
         assert!(!holds(&c, both), "b is at version 3");
         c.op = CompareOp::Greater;
         c.target = CompareTarget::ModRevision(Revision(0));
         assert!(holds(&c, both));
+    }
+
+    fn apply(kv: &mut KvState, txn: Txn) -> (Revision, TxnResult, Vec<Event>) {
+        let applied = kv.apply(&crate::domain::command::Command::Txn { txn });
+        match applied.response {
+            crate::domain::command::Response::Txn { revision, outcome } => {
+                (revision, outcome, applied.events)
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+
+    fn del(range: KeyRange, prev_kv: bool) -> TxnOp {
+        TxnOp::DeleteRange { range, prev_kv }
+    }
+
+    #[test]
+    fn one_revision_for_every_change_and_one_event_per_key() {
+        let mut kv = KvState::new();
+        apply(
+            &mut kv,
+            Txn {
+                success: vec![put("a", "1"), put("b", "2")],
+                ..Txn::default()
+            },
+        );
+        assert_eq!(kv.revision(), Revision(1));
+        let (rev, out, events) = apply(
+            &mut kv,
+            Txn {
+                success: vec![put("c", "3"), del(KeyRange::from_etcd(b"a", b"c"), true)],
+                ..Txn::default()
+            },
+        );
+        assert_eq!(rev, Revision(2));
+        assert!(out.succeeded);
+        assert_eq!(events.len(), 3);
+        assert!(events.iter().all(|e| e.revision == Revision(2)));
+        let OpResult::DeleteRange { deleted, prev } = &out.results[1] else {
+            panic!()
+        };
+        assert_eq!(*deleted, 2);
+        assert_eq!(
+            prev.iter().map(|(k, _)| k.as_str()).collect::<Vec<_>>(),
+            ["a", "b"]
+        );
+        assert_eq!(kv.len(), 1);
+    }
+
+    #[test]
+    fn compares_choose_the_branch_and_nested_compares_see_the_state_before() {
+        let mut kv = KvState::new();
+        let create = |key: &str| Txn {
+            compares: vec![Compare {
+                range: KeyRange::key(key),
+                op: CompareOp::Equal,
+                target: CompareTarget::ModRevision(Revision(0)),
+            }],
+            success: vec![put(key, "new")],
+            failure: vec![TxnOp::Range {
+                spec: RangeSpec::all(KeyRange::key(key)),
+            }],
+        };
+        let (_, out, _) = apply(&mut kv, create("k"));
+        assert!(out.succeeded);
+        let (rev, out, events) = apply(&mut kv, create("k"));
+        assert!(!out.succeeded);
+        assert!(events.is_empty());
+        assert_eq!(
+            rev,
+            Revision(1),
+            "a txn that changes nothing takes no revision"
+        );
+        let OpResult::Range { result } = &out.results[0] else {
+            panic!()
+        };
+        assert_eq!(result.kvs[0].1.value, "new");
+        // The nested compare is evaluated before the outer put of "n" runs.
+        let outer = Txn {
+            success: vec![put("n", "x"), TxnOp::Txn { txn: create("n") }],
+            ..Txn::default()
+        };
+        assert_eq!(check(&outer, 128), Err(TxnInvalid::DuplicateKey));
+        let outer = Txn {
+            success: vec![put("m", "x"), TxnOp::Txn { txn: create("z") }],
+            ..Txn::default()
+        };
+        let (_, out, events) = apply(&mut kv, outer);
+        let OpResult::Txn { result } = &out.results[1] else {
+            panic!()
+        };
+        assert!(result.succeeded);
+        assert_eq!(events.len(), 2);
+    }
+
+    #[test]
+    fn a_put_that_keeps_a_missing_key_refuses_the_whole_txn() {
+        let mut kv = KvState::new();
+        let keep = TxnOp::Put {
+            key: "gone".into(),
+            value: String::new(),
+            lease: None,
+            ignore_value: true,
+            ignore_lease: false,
+            prev_kv: false,
+        };
+        let applied = kv.apply(&crate::domain::command::Command::Txn {
+            txn: Txn {
+                success: vec![put("a", "1"), keep],
+                ..Txn::default()
+            },
+        });
+        assert_eq!(
+            applied.response,
+            crate::domain::command::Response::Rejected {
+                error: KvError::KeyNotFound { key: "gone".into() }
+            }
+        );
+        assert!(kv.is_empty() && kv.revision() == Revision(0));
+    }
+
+    #[test]
+    fn the_edge_refuses_what_etcd_refuses() {
+        let twice = Txn {
+            success: vec![put("a", "1"), put("a", "2")],
+            ..Txn::default()
+        };
+        assert_eq!(check(&twice, 128), Err(TxnInvalid::DuplicateKey));
+        let in_deleted = Txn {
+            success: vec![del(KeyRange::prefix("a"), false), put("ab", "2")],
+            ..Txn::default()
+        };
+        assert_eq!(check(&in_deleted, 128), Err(TxnInvalid::DuplicateKey));
+        // The two branches of a nested txn may put the same key, once.
+        let branches = Txn {
+            success: vec![TxnOp::Txn {
+                txn: Txn {
+                    success: vec![put("a", "1")],
+                    failure: vec![put("a", "2")],
+                    ..Txn::default()
+                },
+            }],
+            ..Txn::default()
+        };
+        assert_eq!(check(&branches, 128), Ok(()));
+        let many = Txn {
+            success: (0..3).map(|i| put(&i.to_string(), "")).collect(),
+            ..Txn::default()
+        };
+        assert_eq!(check(&many, 2), Err(TxnInvalid::TooManyOps));
+        let empty = Txn {
+            success: vec![put("", "")],
+            ..Txn::default()
+        };
+        assert_eq!(check(&empty, 128), Err(TxnInvalid::EmptyKey));
     }
 }

@@ -88,6 +88,9 @@ impl From<KvError> for ApiError {
             KvError::LeaseExists { lease } => {
                 ApiError::new(StatusCode::CONFLICT, "lease_exists", message).with("lease", lease)
             }
+            KvError::KeyNotFound { key } => {
+                ApiError::not_found("key_not_found", message).with("key", key)
+            }
             KvError::PermissionDenied => AccessError::PermissionDenied.into(),
             KvError::Auth { error } => error.into(),
         }

@@ -12,6 +12,7 @@ use super::{Access, AuthState};
 use crate::domain::command::Command;
 use crate::domain::kv::KvState;
 use crate::domain::members::member_key;
+use crate::domain::txn::{Txn, TxnOp};
 
 /// Whether `user` may have `cmd` applied to `kv` (always, while auth is off).
 pub fn authorize(kv: &KvState, user: &str, cmd: &Command) -> bool {
@@ -30,6 +31,7 @@ pub fn authorize(kv: &KvState, user: &str, cmd: &Command) -> bool {
                     .is_none_or(|l| lease_keys_allowed(kv, auth, user, l, Access::Write))
         }
         Command::Delete { key, .. } => auth.allowed_key(user, Access::Write, key),
+        Command::Txn { txn } => txn_allowed(kv, user, txn),
         Command::RegisterLease { .. } => true,
         Command::RevokeLease { name } => lease_keys_allowed(kv, auth, user, name, Access::Write),
         Command::RegisterMember { id, .. } => {
@@ -42,6 +44,27 @@ pub fn authorize(kv: &KvState, user: &str, cmd: &Command) -> bool {
         | Command::LeaseClock { .. }
         | Command::Guarded { .. } => false,
     }
+}
+
+/// A transaction needs, as etcd's: read on every compared key or range, and on both branches
+/// (whichever runs), what each operation needs: write on a put's key (and on its lease's keys),
+/// write on a deleted range, read on a read range.
+fn txn_allowed(kv: &KvState, user: &str, txn: &Txn) -> bool {
+    let auth = kv.auth();
+    txn.compares
+        .iter()
+        .all(|c| auth.allowed(user, Access::Read, &c.range))
+        && txn.success.iter().chain(&txn.failure).all(|op| match op {
+            TxnOp::Put { key, lease, .. } => {
+                auth.allowed_key(user, Access::Write, key)
+                    && lease
+                        .as_deref()
+                        .is_none_or(|l| lease_keys_allowed(kv, auth, user, l, Access::Write))
+            }
+            TxnOp::DeleteRange { range, .. } => auth.allowed(user, Access::Write, range),
+            TxnOp::Range { spec } => auth.allowed(user, Access::Read, &spec.range),
+            TxnOp::Txn { txn } => txn_allowed(kv, user, txn),
+        })
 }
 
 /// Whether `user` may `access` every key attached to lease `name` (true if it does not exist:

@@ -41,7 +41,7 @@ pub fn range_of(p: &Permission) -> KeyRange {
 }
 
 /// A half-open interval of keys, as bytes: `[start, end)`, `end = None` is unbounded.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct KeyRange {
     pub start: Vec<u8>,
     pub end: Option<Vec<u8>>,
@@ -64,6 +64,34 @@ impl KeyRange {
             start: prefix.as_bytes().to_vec(),
             end: prefix_end(prefix.as_bytes()),
         }
+    }
+
+    /// The range etcd means by `key` and `range_end`: an empty `range_end` names `key` alone,
+    /// `"\0"` every key from `key` on, anything else `[key, range_end)`. (A `key` of `"\0"`
+    /// with a `range_end` of `"\0"` is every key.)
+    pub fn from_etcd(key: &[u8], range_end: &[u8]) -> Self {
+        let end = match range_end {
+            [] => {
+                let mut end = key.to_vec();
+                end.push(0);
+                Some(end)
+            }
+            [0] => None,
+            end => Some(end.to_vec()),
+        };
+        KeyRange {
+            start: key.to_vec(),
+            end,
+        }
+    }
+
+    /// Whether this range names exactly one key (and which).
+    pub fn single_key(&self) -> Option<&[u8]> {
+        let end = self.end.as_deref()?;
+        (end.len() == self.start.len() + 1
+            && end.starts_with(&self.start)
+            && end.last() == Some(&0))
+        .then_some(self.start.as_slice())
     }
 
     /// Whether `key` lies in this range.

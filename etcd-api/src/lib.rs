@@ -1,0 +1,32 @@
+//! etcd v3's gRPC API, generated from etcd's own `.proto` files (see `proto/README.md`):
+//! the messages, a server trait per service, and a client per service.
+//!
+//! Nothing here decides anything: the server adapter (`leasecore::etcd`) implements the
+//! traits, and `leasecore bench --etcd` drives both leasecore and etcd with the clients.
+//! The module layout follows the protos' packages, as etcd's own Go packages do.
+#![allow(clippy::all, clippy::pedantic, missing_docs, rustdoc::all)]
+
+/// `mvccpb`: keys, values and events.
+pub mod mvccpb {
+    tonic::include_proto!("mvccpb");
+}
+
+/// `authpb`: users, roles and permissions.
+pub mod authpb {
+    tonic::include_proto!("authpb");
+}
+
+/// `etcdserverpb`: the KV, Watch, Lease, Cluster, Maintenance and Auth services.
+pub mod etcdserverpb {
+    tonic::include_proto!("etcdserverpb");
+}
+
+/// `v3lockpb`: the Lock service.
+pub mod v3lockpb {
+    tonic::include_proto!("v3lockpb");
+}
+
+/// `v3electionpb`: the Election service.
+pub mod v3electionpb {
+    tonic::include_proto!("v3electionpb");
+}

@@ -1,0 +1,255 @@
+//! Range reads with etcd's options: a pure evaluation over the keys of a range, shared by the
+//! read path (a `Range` served from a node's state) and by transactions (a `Range` inside a
+//! `Txn`, evaluated at apply time).
+//!
+//! # Semantics (as etcd's `Range`)
+//! - `count` is the number of keys in the range, before the revision filters and the limit.
+//! - The revision filters (`min/max_mod_revision`, `min/max_create_revision`, 0 = none) drop
+//!   keys; then the keys are sorted; then `limit` (0 = none) cuts, and `more` says whether it
+//!   did.
+//! - A sort target other than the key with no order sorts ascending, as etcd does; the key
+//!   target with no order keeps key order.
+//! - `keys_only` drops values; `count_only` returns no keys at all.
+//!
+//! # What it must not do
+//! Read the store itself: the caller hands in the range's keys in key order.
+
+use serde::{Deserialize, Serialize};
+
+use super::auth::KeyRange;
+use super::kv::Versioned;
+use super::types::Revision;
+
+/// The order of a range's result.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SortOrder {
+    #[default]
+    None,
+    Ascend,
+    Descend,
+}
+
+/// What a range's result is sorted by.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SortTarget {
+    #[default]
+    Key,
+    Version,
+    Create,
+    Mod,
+    Value,
+}
+
+/// A range read and its options (etcd's `RangeRequest`, less the revision to read at).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RangeSpec {
+    pub range: KeyRange,
+    /// At most this many keys (0: no limit).
+    #[serde(default)]
+    pub limit: u64,
+    #[serde(default)]
+    pub sort_order: SortOrder,
+    #[serde(default)]
+    pub sort_target: SortTarget,
+    #[serde(default)]
+    pub keys_only: bool,
+    #[serde(default)]
+    pub count_only: bool,
+    #[serde(default)]
+    pub min_mod_revision: u64,
+    #[serde(default)]
+    pub max_mod_revision: u64,
+    #[serde(default)]
+    pub min_create_revision: u64,
+    #[serde(default)]
+    pub max_create_revision: u64,
+}
+
+impl RangeSpec {
+    /// Every key of `range`, in key order, with values.
+    pub fn all(range: KeyRange) -> Self {
+        RangeSpec {
+            range,
+            limit: 0,
+            sort_order: SortOrder::None,
+            sort_target: SortTarget::Key,
+            keys_only: false,
+            count_only: false,
+            min_mod_revision: 0,
+            max_mod_revision: 0,
+            min_create_revision: 0,
+            max_create_revision: 0,
+        }
+    }
+
+    fn filtered(&self) -> bool {
+        self.min_mod_revision != 0
+            || self.max_mod_revision != 0
+            || self.min_create_revision != 0
+            || self.max_create_revision != 0
+    }
+
+    fn keeps(&self, v: &Versioned) -> bool {
+        let within = |rev: Revision, min: u64, max: u64| {
+            (min == 0 || rev.0 >= min) && (max == 0 || rev.0 <= max)
+        };
+        within(v.mod_revision, self.min_mod_revision, self.max_mod_revision)
+            && within(
+                v.create_revision,
+                self.min_create_revision,
+                self.max_create_revision,
+            )
+    }
+
+    /// The order to sort in, if any (key order is the order keys arrive in).
+    fn order(&self) -> Option<(SortTarget, bool)> {
+        match (self.sort_order, self.sort_target) {
+            (SortOrder::None, SortTarget::Key) | (SortOrder::Ascend, SortTarget::Key) => None,
+            (SortOrder::Descend, t) => Some((t, true)),
+            (_, t) => Some((t, false)),
+        }
+    }
+}
+
+/// The result of a range read.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RangeResult {
+    /// The keys, in the order asked for (values emptied with `keys_only`).
+    pub kvs: Vec<(String, Versioned)>,
+    /// Whether `limit` cut the result.
+    pub more: bool,
+    /// Keys in the range (before the filters and the limit).
+    pub count: u64,
+}
+
+/// Evaluate `spec` over the keys of its range, given in key order.
+pub fn evaluate<'a>(
+    spec: &RangeSpec,
+    in_range: impl Iterator<Item = (&'a str, &'a Versioned)>,
+) -> RangeResult {
+    let mut count = 0u64;
+    let limit = usize::try_from(spec.limit).unwrap_or(usize::MAX);
+    let order = spec.order();
+    // Without a sort, a filter or count_only, keys past the limit are only counted.
+    let keep_all = order.is_some() || spec.filtered();
+    let mut kept: Vec<(&str, &Versioned)> = Vec::new();
+    for (k, v) in in_range {
+        count += 1;
+        if spec.count_only {
+            continue;
+        }
+        if !keep_all && limit != 0 && kept.len() > limit {
+            continue;
+        }
+        if spec.keeps(v) {
+            kept.push((k, v));
+        }
+    }
+    if let Some((target, descending)) = order {
+        // Stable: equal targets stay in key order, as etcd's sort leaves them.
+        kept.sort_by(|a, b| {
+            let o = match target {
+                SortTarget::Key => a.0.cmp(b.0),
+                SortTarget::Version => a.1.version.cmp(&b.1.version),
+                SortTarget::Create => a.1.create_revision.cmp(&b.1.create_revision),
+                SortTarget::Mod => a.1.mod_revision.cmp(&b.1.mod_revision),
+                SortTarget::Value => a.1.value.cmp(&b.1.value),
+            };
+            if descending { o.reverse() } else { o }
+        });
+    }
+    let more = limit != 0 && kept.len() > limit;
+    if limit != 0 {
+        kept.truncate(limit);
+    }
+    let kvs = kept
+        .into_iter()
+        .map(|(k, v)| {
+            let mut v = v.clone();
+            if spec.keys_only {
+                v.value = String::new();
+            }
+            (k.to_string(), v)
+        })
+        .collect();
+    RangeResult { kvs, more, count }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn v(value: &str, create: u64, modr: u64, version: u64) -> Versioned {
+        Versioned {
+            value: value.into(),
+            create_revision: Revision(create),
+            mod_revision: Revision(modr),
+            version,
+            lease: None,
+        }
+    }
+
+    fn data() -> Vec<(String, Versioned)> {
+        vec![
+            ("a".into(), v("3", 1, 9, 4)),
+            ("b".into(), v("1", 2, 2, 1)),
+            ("c".into(), v("2", 3, 5, 2)),
+        ]
+    }
+
+    fn run(spec: &RangeSpec) -> RangeResult {
+        let d = data();
+        evaluate(spec, d.iter().map(|(k, v)| (k.as_str(), v)))
+    }
+
+    fn keys(r: &RangeResult) -> Vec<&str> {
+        r.kvs.iter().map(|(k, _)| k.as_str()).collect()
+    }
+
+    fn spec() -> RangeSpec {
+        RangeSpec::all(KeyRange::from_etcd(b"a", b"\0"))
+    }
+
+    #[test]
+    fn limit_counts_everything_and_says_more() {
+        let mut s = spec();
+        s.limit = 2;
+        let r = run(&s);
+        assert_eq!((keys(&r), r.more, r.count), (vec!["a", "b"], true, 3));
+        s.limit = 3;
+        assert!(!run(&s).more);
+        s.count_only = true;
+        let r = run(&s);
+        assert_eq!((r.kvs.len(), r.count, r.more), (0, 3, false));
+    }
+
+    #[test]
+    fn sorts_by_each_target_and_a_target_alone_sorts_ascending() {
+        let mut s = spec();
+        s.sort_target = SortTarget::Value;
+        assert_eq!(keys(&run(&s)), ["b", "c", "a"]);
+        s.sort_order = SortOrder::Descend;
+        assert_eq!(keys(&run(&s)), ["a", "c", "b"]);
+        s.sort_target = SortTarget::Key;
+        assert_eq!(keys(&run(&s)), ["c", "b", "a"]);
+        s.sort_target = SortTarget::Mod;
+        s.sort_order = SortOrder::Ascend;
+        s.limit = 1;
+        let r = run(&s);
+        assert_eq!((keys(&r), r.more), (vec!["b"], true));
+    }
+
+    #[test]
+    fn revision_filters_apply_before_the_limit_and_keys_only_drops_values() {
+        let mut s = spec();
+        s.min_mod_revision = 3;
+        s.max_create_revision = 2;
+        s.keys_only = true;
+        let r = run(&s);
+        assert_eq!((keys(&r), r.count), (vec!["a"], 3));
+        assert_eq!(r.kvs[0].1.value, "");
+        assert_eq!(r.kvs[0].1.version, 4);
+    }
+}
