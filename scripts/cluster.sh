@@ -2,7 +2,9 @@
 # Run a local leasecore cluster on loopback.
 #   scripts/cluster.sh start [N] [--tls]
 #                                  build, then start N nodes (default 3) on 127.0.0.1:7001..
-#                                  (client ports; each node's peer port is its client port + 1000);
+#                                  (client ports; each node's peer port is its client port + 1000;
+#                                  node i serves the etcd v3 API on 127.0.0.1:2379+2(i-1), so
+#                                  etcdctl's default endpoint reaches node 1);
 #                                  --tls: https on the client ports and mutual TLS between peers,
 #                                  with throw-away certificates from scripts/certs.sh in
 #                                  $DIR/certs (clients: --cacert $DIR/certs/ca.pem)
@@ -13,12 +15,16 @@
 #   scripts/cluster.sh clean       stop the nodes and delete the cluster's data and logs
 # Data and logs live in .cluster/ (LEASECORE_CLUSTER_DIR to change). Set PROFILE=release for an
 # optimized build (slower to build, faster to run), or LEASECORE_BIN=path to use a given binary.
+# LEASECORE_ETCD_BASE_PORT moves the etcd ports (default 2379 with the default client ports,
+# client port + 2000 otherwise); 0 turns the etcd API off.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DIR=${LEASECORE_CLUSTER_DIR:-.cluster}
 PROFILE=${PROFILE:-debug}
 BASE_PORT=${LEASECORE_BASE_PORT:-7001}
 BIN=${LEASECORE_BIN:-target/$PROFILE/leasecore}
+if [ "$BASE_PORT" = 7001 ]; then ETCD_BASE=${LEASECORE_ETCD_BASE_PORT:-2379}
+else ETCD_BASE=${LEASECORE_ETCD_BASE_PORT:-$((BASE_PORT + 2000))}; fi
 
 build() {
   # LEASECORE_BIN names a binary built elsewhere: use it as it is.
@@ -47,6 +53,12 @@ tls_flags() {
     "--peer-cert-file $c/peer-$1.pem --peer-key-file $c/peer-$1-key.pem --peer-trusted-ca-file $c/ca.pem"
 }
 
+# The etcd API flag of node $1 (none when LEASECORE_ETCD_BASE_PORT=0).
+etcd_flags() {
+  [ "$ETCD_BASE" != 0 ] || return 0
+  echo "--etcd-listen 127.0.0.1:$((ETCD_BASE + 2 * ($1 - 1)))"
+}
+
 scheme() { if [ -e "$DIR/tls" ]; then echo https; else echo http; fi; }
 curl_tls() { if [ -e "$DIR/tls" ]; then echo "--cacert $DIR/certs/ca.pem"; fi; }
 
@@ -56,7 +68,7 @@ start_node() {
   # The peer listener binds the client port + 1000 (--peer-listen); peers find it there.
   # shellcheck disable=SC2046
   "$BIN" serve --id "$id" --listen "127.0.0.1:$((BASE_PORT + id - 1))" \
-    --peer-listen "127.0.0.1:$((BASE_PORT + id - 1 + 1000))" $(tls_flags "$id") \
+    --peer-listen "127.0.0.1:$((BASE_PORT + id - 1 + 1000))" $(tls_flags "$id") $(etcd_flags "$id") \
     --data "$DIR/node-$id" --peers "$(peers "$n")" >>"$DIR/node-$id.log" 2>&1 &
   echo $! >"$DIR/node-$id.pid"
   echo "$n" >"$DIR/size"
@@ -128,6 +140,9 @@ case "${1:-}" in
       exit 1
     fi
     echo "leasecore: $n nodes on 127.0.0.1:$BASE_PORT..$((BASE_PORT + n - 1)) (peer ports $((BASE_PORT + 1000))..$((BASE_PORT + 999 + n))); logs in $DIR/"
+    if [ "$ETCD_BASE" != 0 ]; then
+      echo "etcd v3 API on 127.0.0.1:$ETCD_BASE..$((ETCD_BASE + 2 * (n - 1))) (every other port): etcdctl put hello world"
+    fi
     tls_opt=""; [ -e "$DIR/tls" ] && tls_opt=" $(curl_tls)"
     echo "try: curl -s$tls_opt -XPUT $(scheme)://localhost:$BASE_PORT/v1/kv/hello -d '{\"value\":\"world\"}'"
     ;;
@@ -175,6 +190,6 @@ case "${1:-}" in
     start_node "$2" "$(cat "$DIR/size")"
     ;;
   *)
-    sed -n '2,15p' "$0"; exit 2
+    sed -n '2,19p' "$0"; exit 2
     ;;
 esac

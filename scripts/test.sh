@@ -21,6 +21,15 @@ if ! command -v openssl >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 &&
   echo "installing openssl"; (apt-get update -qq && apt-get install -y -qq openssl) >/dev/null
 fi
 
+# etcdctl 3.4 (Debian's etcd-client) drives the etcd v3 API tests (tests/etcd_api.rs); with the
+# variable set they fail rather than skip when it is missing.
+if ! command -v etcdctl >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+  echo "installing etcd-client (etcdctl)"; (apt-get update -qq && apt-get install -y -qq etcd-client) >/dev/null
+fi
+if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+  export LEASECORE_REQUIRE_ETCDCTL=1
+fi
+
 scripts/check-layering.sh
 
 if cargo fmt --version >/dev/null 2>&1; then

@@ -26,6 +26,7 @@ pub use leasecore_client as client;
 pub use leasecore_client::transport;
 pub mod clock;
 pub mod domain;
+pub mod etcd;
 pub mod http;
 pub mod metrics;
 pub mod node;

@@ -75,6 +75,8 @@ pub struct Metrics {
     pub client_conns: Arc<ConnStats>,
     /// The peer listener's connections.
     pub peer_conns: Arc<ConnStats>,
+    /// The etcd API listener's connections (zero when it serves none).
+    pub etcd_conns: Arc<ConnStats>,
     /// Peer messages refused, by reason (a fixed set: bounded).
     peer_refused: Mutex<BTreeMap<&'static str, u64>>,
     /// The node's reloadable TLS configs (set once at start; empty without TLS).
@@ -131,7 +133,11 @@ impl Metrics {
                 "# HELP {name} {help}\n# TYPE {name} counter\n{name} {value}"
             );
         }
-        for (port, stats) in [("client", &self.client_conns), ("peer", &self.peer_conns)] {
+        for (port, stats) in [
+            ("client", &self.client_conns),
+            ("peer", &self.peer_conns),
+            ("etcd", &self.etcd_conns),
+        ] {
             for (suffix, help, value) in stats.snapshot() {
                 let name = format!("leasecore_{port}_{suffix}");
                 let kind = if suffix.ends_with("_total") {

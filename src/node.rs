@@ -122,8 +122,12 @@ pub struct NodeConfig {
     /// How long adding a node waits for it to answer and catch up before it is promoted to
     /// voter; on timeout it stays a learner (add it again to resume waiting).
     pub catch_up_ms: u64,
-    /// TLS on the client listener (`None`: plaintext).
+    /// TLS on the client listener (`None`: plaintext). The etcd listener uses it too.
     pub client_tls: Option<ServerTls>,
+    /// Where to serve etcd's v3 API (gRPC, and its JSON gateway): `None` serves none.
+    pub etcd_listen: Option<String>,
+    /// Connection cap and header timeout of the etcd listener.
+    pub etcd_limits: ListenerLimits,
     /// Mutual TLS on the peer side, listener and outgoing client (`None`: plaintext). Every
     /// node of a cluster must agree: the scheme peers are dialed with follows this setting.
     pub peer_tls: Option<PeerTls>,
@@ -167,6 +171,8 @@ impl NodeConfig {
             peer_probe: Duration::from_secs(2),
             catch_up_ms: 10_000,
             client_tls: None,
+            etcd_listen: None,
+            etcd_limits: ListenerLimits::ETCD,
             peer_tls: None,
             auth_token_ttl_ms: crate::runtime::auth::DEFAULT_TOKEN_TTL_MS,
         }
@@ -264,6 +270,8 @@ pub struct Node {
     id: NodeId,
     addr: SocketAddr,
     peer_addr: SocketAddr,
+    /// The etcd API's bound address, if it serves one.
+    etcd_addr: Option<SocketAddr>,
     advertise: String,
     consensus: Consensus,
     watch: Arc<WatchHub>,
@@ -319,6 +327,14 @@ impl Node {
             peer_address(a).map_err(NodeError::Config)?;
         }
         let raft_config = Arc::new(cfg.raft_config()?);
+        let etcd_listener = match &cfg.etcd_listen {
+            Some(a) => Some(bind(a).await?),
+            None => None,
+        };
+        let etcd_addr = match &etcd_listener {
+            Some(l) => Some(local_addr(l, "the etcd listener")?),
+            None => None,
+        };
         // TLS files are read before anything else starts: a bad file stops the start with
         // a message that names it.
         let client_tls = server_tls("client listener", cfg.client_tls.as_ref())?;
@@ -461,6 +477,25 @@ impl Node {
                 std::thread::available_parallelism().map_or(1, |n| n.get() / 2),
             )),
         };
+        if let (Some(listener), Some(bound)) = (etcd_listener, etcd_addr) {
+            let scheme = if client_tls.is_some() {
+                "https"
+            } else {
+                "http"
+            };
+            let app = crate::etcd::router(state.clone(), Some(format!("{scheme}://{bound}")));
+            let (cancel, limits, stats, tls) = (
+                cancel.clone(),
+                cfg.etcd_limits,
+                metrics.etcd_conns.clone(),
+                client_tls.clone(),
+            );
+            tasks.spawn(async move {
+                if let Err(e) = serve_limited(listener, app, cancel, limits, stats, tls).await {
+                    tracing::error!(error = %e, "etcd API server failed");
+                }
+            });
+        }
         // Two listeners, each with its own cap: clients that exhaust theirs leave the peers'
         // untouched.
         let servers = [
@@ -518,6 +553,7 @@ impl Node {
             id: cfg.id,
             addr,
             peer_addr,
+            etcd_addr,
             advertise: advertise.clone(),
             consensus,
             watch: watch_hub,
@@ -537,6 +573,7 @@ impl Node {
             id = cfg.id,
             %addr,
             %peer_addr,
+            etcd = ?etcd_addr,
             advertise = %node.advertise,
             client_tls = cfg.client_tls.is_some(),
             peer_tls = cfg.peer_tls.is_some(),
@@ -557,6 +594,11 @@ impl Node {
     /// The bound peer listener's address.
     pub fn peer_addr(&self) -> SocketAddr {
         self.peer_addr
+    }
+
+    /// The etcd API listener's bound address, if the node serves the etcd API.
+    pub fn etcd_addr(&self) -> Option<SocketAddr> {
+        self.etcd_addr
     }
 
     /// The address peers reach this node at.

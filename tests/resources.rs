@@ -22,6 +22,7 @@ fn small_limits(cfg: &mut NodeConfig) {
     cfg.client_limits = ListenerLimits {
         max_connections: CAP,
         header_timeout: Duration::from_millis(1500),
+        ..ListenerLimits::CLIENT
     };
 }
 

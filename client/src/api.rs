@@ -319,6 +319,12 @@ pub struct Event {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lease: Option<String>,
     pub cause: Cause,
+    /// A put's key as it is after it: the revision that created it and its version (absent on
+    /// deletes, and in events recorded before these fields existed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub create_revision: Option<Revision>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<u64>,
 }
 
 /// Which lease protocol a register, a round and a message belong to.

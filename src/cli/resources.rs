@@ -45,6 +45,7 @@ impl ResourceArgs {
         cfg.client_limits = ListenerLimits {
             max_connections: self.max_connections,
             header_timeout: Duration::from_millis(self.header_timeout_ms.max(1)),
+            ..ListenerLimits::CLIENT
         };
         cfg.peer_limits.max_connections = self.peer_max_connections;
         cfg.quota = Quota {

@@ -33,6 +33,14 @@ pub struct ServeArgs {
     /// Address to listen on for clients (peers use --peer-listen).
     #[arg(long, env = "LEASECORE_LISTEN", default_value = "127.0.0.1:7001")]
     pub listen: String,
+    /// Address to serve etcd's v3 API on (gRPC and its JSON gateway, as etcd's
+    /// --listen-client-urls), for etcdctl and etcd's client libraries; e.g. 127.0.0.1:2379.
+    /// Default: none.
+    #[arg(long, env = "LEASECORE_ETCD_LISTEN")]
+    pub etcd_listen: Option<String>,
+    /// The most compares, or operations per branch, of one transaction (etcd's --max-txn-ops).
+    #[arg(long, env = "LEASECORE_MAX_TXN_OPS", default_value_t = leasecore::domain::txn::DEFAULT_MAX_TXN_OPS)]
+    pub max_txn_ops: usize,
     /// Address peers and clients reach this node at (default: this node's --peers entry, else
     /// --listen).
     #[arg(long, env = "LEASECORE_ADVERTISE")]
@@ -165,6 +173,8 @@ pub async fn run(args: ServeArgs) -> ExitCode {
     cfg.snapshot_threshold = args.snapshot_threshold;
     cfg.limits.max_value_bytes = args.max_value_bytes;
     cfg.limits.max_leases = args.max_leases;
+    cfg.limits.max_txn_ops = args.max_txn_ops.max(1);
+    cfg.etcd_listen = args.etcd_listen;
     cfg.cache_bytes = args.cache_mb << 20;
     cfg.auth_token_ttl_ms = args.auth_token_ttl.saturating_mul(1000);
     args.resources.apply(&mut cfg);

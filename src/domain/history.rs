@@ -254,6 +254,8 @@ mod tests {
     fn ev(key: &str, rev: u64) -> Event {
         Event {
             kind: EventKind::Put,
+            create_revision: None,
+            version: None,
             key: key.into(),
             value: Some("v".into()),
             revision: Revision(rev),

@@ -526,6 +526,7 @@ impl KvState {
                 lease: lease.map(str::to_string),
             },
         };
+        let (entry_create, entry_version) = (entry.create_revision, entry.version);
         self.data_bytes += entry_bytes(key, &entry);
         if let Some(old) = self.keys.insert(key.to_string(), entry) {
             self.data_bytes = self.data_bytes.saturating_sub(entry_bytes(key, &old));
@@ -534,6 +535,8 @@ impl KvState {
         Applied {
             response: Response::Put { revision },
             events: vec![Event {
+                create_revision: Some(entry_create),
+                version: Some(entry_version),
                 kind: EventKind::Put,
                 key: key.to_string(),
                 value: Some(value.to_string()),
@@ -595,6 +598,8 @@ impl KvState {
         self.dirty.insert(key.to_string());
         Some(Event {
             kind: EventKind::Delete,
+            create_revision: None,
+            version: None,
             key: key.to_string(),
             value: None,
             revision,

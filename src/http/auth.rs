@@ -43,7 +43,7 @@ impl FromRequestParts<AppState> for Caller {
 }
 
 /// 403 unless `caller` may `access` all of `range`.
-pub(super) fn check(
+pub(crate) fn check(
     state: &AppState,
     caller: &Caller,
     access: Access,
@@ -57,7 +57,7 @@ pub(super) fn check(
 }
 
 /// 403 unless `caller` may `access` `key`.
-pub(super) fn check_key(
+pub(crate) fn check_key(
     state: &AppState,
     caller: &Caller,
     access: Access,
@@ -67,7 +67,7 @@ pub(super) fn check_key(
 }
 
 /// 403 unless `caller` may `access` every key attached to lease `name`.
-pub(super) fn check_lease(
+pub(crate) fn check_lease(
     state: &AppState,
     caller: &Caller,
     name: &str,
@@ -81,7 +81,7 @@ pub(super) fn check_lease(
 }
 
 /// Whether `caller` may `access` every key attached to lease `name`.
-pub(super) fn lease_allowed(state: &AppState, caller: &Caller, name: &str, access: Access) -> bool {
+pub(crate) fn lease_allowed(state: &AppState, caller: &Caller, name: &str, access: Access) -> bool {
     state.consensus.view().with_state(|kv| match caller {
         Caller::Anonymous => !kv.auth().enabled(),
         Caller::User(u) => auth::guard::lease_keys_allowed(kv, kv.auth(), u, name, access),
@@ -90,7 +90,7 @@ pub(super) fn lease_allowed(state: &AppState, caller: &Caller, name: &str, acces
 
 /// Keep only the events `caller` may read now: checked at delivery against the current auth
 /// state, so a role revoked while a watch is open stops its events at once.
-pub(super) fn keep_visible(
+pub(crate) fn keep_visible(
     state: &AppState,
     caller: &Caller,
     events: &mut Vec<crate::domain::command::Event>,
@@ -104,14 +104,14 @@ pub(super) fn keep_visible(
 }
 
 /// Whether `caller` may read `key` now.
-pub(super) fn can_read(state: &AppState, caller: &Caller, key: &str) -> bool {
+pub(crate) fn can_read(state: &AppState, caller: &Caller, key: &str) -> bool {
     state
         .auth
         .with_auth(|a| caller.allowed(a, Access::Read, &KeyRange::key(key)))
 }
 
 /// 403 unless `caller` holds the root role.
-pub(super) fn require_root(state: &AppState, caller: &Caller) -> Result<(), ApiError> {
+pub(crate) fn require_root(state: &AppState, caller: &Caller) -> Result<(), ApiError> {
     if state.auth.with_auth(|a| caller.is_root(a)) {
         Ok(())
     } else {
@@ -122,7 +122,7 @@ pub(super) fn require_root(state: &AppState, caller: &Caller) -> Result<(), ApiE
 /// Check `cmd` for `caller` and wrap it for the re-check at apply. An anonymous write is
 /// wrapped too (as user `""`, which no user can be): a node that has not yet applied an
 /// `auth enable` lets it through here, and apply, which sees the enable, refuses it.
-pub(super) fn guard(state: &AppState, caller: &Caller, cmd: Command) -> Result<Command, ApiError> {
+pub(crate) fn guard(state: &AppState, caller: &Caller, cmd: Command) -> Result<Command, ApiError> {
     let user = caller.user().unwrap_or_default();
     let allowed = state.consensus.view().with_state(|kv| match caller {
         Caller::Anonymous => !kv.auth().enabled(),

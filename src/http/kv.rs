@@ -57,7 +57,7 @@ pub struct ListQuery {
 }
 
 /// Run a command and count it.
-pub(super) async fn propose(state: &AppState, cmd: Command) -> Result<Response, ApiError> {
+pub(crate) async fn propose(state: &AppState, cmd: Command) -> Result<Response, ApiError> {
     use std::sync::atomic::Ordering::Relaxed;
     state.metrics.proposals.fetch_add(1, Relaxed);
     state.consensus.propose(cmd).await.map_err(|e| {
@@ -69,7 +69,7 @@ pub(super) async fn propose(state: &AppState, cmd: Command) -> Result<Response, 
 /// Check a command before it is proposed, for a client or for a peer that forwards one:
 /// [`crate::domain::limits::Limits::check_command`] (the one set of rules), and room for one
 /// more lease if it registers one.
-pub(super) fn admit(state: &AppState, cmd: &Command) -> Result<(), ApiError> {
+pub(crate) fn admit(state: &AppState, cmd: &Command) -> Result<(), ApiError> {
     let ttl = state.leases.hub().config().ttl_bounds();
     state.limits.check_command(cmd, ttl)?;
     let inner = match cmd {
@@ -87,7 +87,7 @@ pub(super) fn admit(state: &AppState, cmd: &Command) -> Result<(), ApiError> {
 }
 
 /// Make a read linearizable if asked.
-pub(super) async fn read_point(state: &AppState, c: Consistency) -> Result<(), ApiError> {
+pub(crate) async fn read_point(state: &AppState, c: Consistency) -> Result<(), ApiError> {
     match c {
         Consistency::Linearizable => Ok(state.consensus.read_barrier().await?),
         Consistency::Local => Ok(()),
@@ -191,7 +191,7 @@ pub async fn empty_key() -> ApiError {
 }
 
 /// Map an applied response that is not the success shape of the call.
-pub(super) fn unexpected(resp: Response) -> ApiError {
+pub(crate) fn unexpected(resp: Response) -> ApiError {
     match resp {
         Response::Rejected { error } => error.into(),
         other => ApiError::new(

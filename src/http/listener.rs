@@ -44,7 +44,7 @@ use axum::body::Body;
 use bytes::Bytes;
 use http_body::{Frame, SizeHint};
 use hyper::body::Incoming;
-use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpListener;
@@ -67,6 +67,9 @@ pub struct ListenerLimits {
     pub max_connections: usize,
     /// The longest a connection may wait before its next request's headers are complete.
     pub header_timeout: Duration,
+    /// Also speak HTTP/2 (cleartext with prior knowledge, as gRPC clients do). HTTP/2 requests
+    /// have no body deadline: a gRPC stream's body lasts as long as the stream.
+    pub http2: bool,
 }
 
 impl ListenerLimits {
@@ -75,11 +78,19 @@ impl ListenerLimits {
     pub const CLIENT: ListenerLimits = ListenerLimits {
         max_connections: 4096,
         header_timeout: Duration::from_secs(10),
+        http2: false,
+    };
+    /// The etcd API's port: HTTP/2 for gRPC (and HTTP/1 for its JSON gateway).
+    pub const ETCD: ListenerLimits = ListenerLimits {
+        max_connections: 4096,
+        header_timeout: Duration::from_secs(10),
+        http2: true,
     };
     /// The peer port: peers keep pooled connections for 30 s; the server must outlast that.
     pub const PEER: ListenerLimits = ListenerLimits {
         max_connections: 1024,
         header_timeout: Duration::from_secs(90),
+        http2: false,
     };
 }
 
@@ -228,6 +239,7 @@ pub async fn serve_limited(
             close,
             shutdown: cancel.clone(),
             header_timeout: limits.header_timeout,
+            http2: limits.http2,
             stats: stats.clone(),
         };
         match &tls {
@@ -249,8 +261,12 @@ struct Conn {
     close: CancellationToken,
     shutdown: CancellationToken,
     header_timeout: Duration,
+    http2: bool,
     stats: Arc<ConnStats>,
 }
+
+/// Concurrent HTTP/2 streams one connection may open (each is a request in flight).
+const MAX_HTTP2_STREAMS: u32 = 1024;
 
 impl Conn {
     /// The TLS handshake, bounded by the header timeout (a client that connects and says
@@ -297,8 +313,13 @@ impl Conn {
             let guard = InFlight::start(reg.clone(), id);
             // The head is complete; the body gets as long again (a slowloris body would
             // otherwise hold the connection and its handler for ever: hyper times out heads
-            // only).
-            let req = req.map(|body| DeadlineBody::new(body, body_timeout));
+            // only). An HTTP/2 stream's body is a gRPC stream, as long as the client keeps it:
+            // HTTP/2's own flow control and keep-alive bound it instead.
+            let deadline = (req.version() != hyper::Version::HTTP_2).then_some(body_timeout);
+            let req = req.map(|body| match deadline {
+                Some(within) => Body::new(DeadlineBody::new(body, within)),
+                None => Body::new(body),
+            });
             let fut = hyper::service::Service::call(&inner, req);
             async move {
                 let resp = match fut.await {
@@ -313,6 +334,39 @@ impl Conn {
                 }))
             }
         });
+        if self.http2 {
+            let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+            builder
+                .http1()
+                .timer(TokioTimer::new())
+                .header_read_timeout(self.header_timeout)
+                .keep_alive(true);
+            builder
+                .http2()
+                .timer(TokioTimer::new())
+                .max_concurrent_streams(MAX_HTTP2_STREAMS)
+                // A peer that stops answering pings is gone: its streams end.
+                .keep_alive_interval(Some(self.header_timeout))
+                .keep_alive_timeout(self.header_timeout);
+            let conn = builder.serve_connection(TokioIo::new(stream), svc);
+            tokio::pin!(conn);
+            let result = tokio::select! {
+                r = conn.as_mut() => r,
+                _ = self.close.cancelled() => {
+                    if self.shutdown.is_cancelled() {
+                        conn.as_mut().graceful_shutdown();
+                        tokio::time::timeout(DRAIN, conn.as_mut()).await.unwrap_or(Ok(()))
+                    } else {
+                        Ok(())
+                    }
+                }
+            };
+            if let Err(e) = result {
+                tracing::debug!(error = %e, "connection ended");
+            }
+            self.leave();
+            return;
+        }
         let mut builder = hyper::server::conn::http1::Builder::new();
         builder
             .timer(TokioTimer::new())

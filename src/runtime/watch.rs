@@ -301,6 +301,8 @@ mod tests {
             .enumerate()
             .map(|(i, k)| Event {
                 kind: EventKind::Put,
+                create_revision: None,
+                version: None,
                 key: k.to_string(),
                 value: Some("v".into()),
                 revision: Revision(first_rev + i as u64),
@@ -459,6 +461,8 @@ mod revision_tests {
             },
             events: vec![Event {
                 kind: EventKind::Put,
+                create_revision: None,
+                version: None,
                 key: "k".into(),
                 value: Some("v".into()),
                 revision: Revision(1),

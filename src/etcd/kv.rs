@@ -1,0 +1,325 @@
+//! The `KV` service: Range, Put, DeleteRange, Txn and Compact.
+//!
+//! Writes are one [`Command::Txn`] each, checked (`admit`) and authorized (`guard`) as the
+//! `/v1` writes are, then proposed (followers forward). Reads are linearizable unless the
+//! request is `serializable`, and are served from this node's applied state.
+//!
+//! # What is not here yet
+//! Reads at a past revision: the store keeps the latest version of each key, so a range at a
+//! revision below the current one answers `compacted` (MVCC history is the next step of
+//! issue 14), and `Compact` changes nothing.
+
+use leasecore_etcd_api::etcdserverpb::kv_server::Kv;
+use leasecore_etcd_api::etcdserverpb::{
+    CompactionRequest, CompactionResponse, DeleteRangeRequest, DeleteRangeResponse, PutRequest,
+    PutResponse, RangeRequest, RangeResponse, RequestOp, ResponseOp, TxnRequest, TxnResponse,
+    compare, range_request, request_op, response_op,
+};
+use tonic::{Request, Response, Status};
+
+use super::{Etcd, EtcdError, key_value, lease_name, text};
+use crate::domain::auth::{Access, KeyRange};
+use crate::domain::command::{Command, Response as Applied};
+use crate::domain::range::{RangeResult, RangeSpec, SortOrder, SortTarget, evaluate};
+use crate::domain::txn::{Compare, CompareOp, CompareTarget, OpResult, Txn, TxnOp, TxnResult};
+use crate::domain::types::Revision;
+use crate::http::auth::{check, guard};
+use crate::http::kv::{Consistency, admit, propose, read_point, unexpected};
+
+impl Etcd {
+    /// Propose `txn` for the caller of `req`; the store revision after it, and its result.
+    async fn write<T>(
+        &self,
+        req: &Request<T>,
+        txn: Txn,
+    ) -> Result<(Revision, TxnResult), EtcdError> {
+        let caller = self.caller(req)?;
+        let cmd = Command::Txn { txn };
+        admit(&self.state, &cmd)?;
+        let cmd = guard(&self.state, &caller, cmd)?;
+        match propose(&self.state, cmd).await? {
+            Applied::Txn { revision, outcome } => Ok((revision, outcome)),
+            other => Err(unexpected(other).into()),
+        }
+    }
+
+    fn range_response(&self, revision: Revision, r: RangeResult) -> RangeResponse {
+        RangeResponse {
+            header: self.header_at(revision),
+            kvs: r.kvs.iter().map(|(k, v)| key_value(k, v)).collect(),
+            more: r.more,
+            count: r.count as i64,
+        }
+    }
+
+    /// etcd's answer to a transaction's results, each with the header of the revision after.
+    fn txn_response(&self, revision: Revision, t: TxnResult) -> TxnResponse {
+        let responses = t
+            .results
+            .into_iter()
+            .map(|r| ResponseOp {
+                response: Some(match r {
+                    OpResult::Put { prev } => response_op::Response::ResponsePut(PutResponse {
+                        header: self.header_at(revision),
+                        prev_kv: prev.map(|(k, v)| key_value(&k, &v)),
+                    }),
+                    OpResult::DeleteRange { deleted, prev } => {
+                        response_op::Response::ResponseDeleteRange(DeleteRangeResponse {
+                            header: self.header_at(revision),
+                            deleted: deleted as i64,
+                            prev_kvs: prev.iter().map(|(k, v)| key_value(k, v)).collect(),
+                        })
+                    }
+                    OpResult::Range { result } => {
+                        response_op::Response::ResponseRange(self.range_response(revision, result))
+                    }
+                    OpResult::Txn { result } => {
+                        response_op::Response::ResponseTxn(self.txn_response(revision, result))
+                    }
+                }),
+            })
+            .collect();
+        TxnResponse {
+            header: self.header_at(revision),
+            succeeded: t.succeeded,
+            responses,
+        }
+    }
+}
+
+/// A key that must be non-empty text.
+fn key(bytes: Vec<u8>) -> Result<String, EtcdError> {
+    if bytes.is_empty() {
+        return Err(EtcdError::invalid("key is not provided"));
+    }
+    text("key", bytes)
+}
+
+fn revision_filter(v: i64) -> u64 {
+    u64::try_from(v).unwrap_or(0)
+}
+
+fn range_spec(r: &RangeRequest) -> Result<RangeSpec, EtcdError> {
+    if r.key.is_empty() {
+        return Err(EtcdError::invalid("key is not provided"));
+    }
+    let sort_order = match range_request::SortOrder::try_from(r.sort_order) {
+        Ok(range_request::SortOrder::None) => SortOrder::None,
+        Ok(range_request::SortOrder::Ascend) => SortOrder::Ascend,
+        Ok(range_request::SortOrder::Descend) => SortOrder::Descend,
+        Err(_) => return Err(EtcdError::invalid("invalid sort option")),
+    };
+    let sort_target = match range_request::SortTarget::try_from(r.sort_target) {
+        Ok(range_request::SortTarget::Key) => SortTarget::Key,
+        Ok(range_request::SortTarget::Version) => SortTarget::Version,
+        Ok(range_request::SortTarget::Create) => SortTarget::Create,
+        Ok(range_request::SortTarget::Mod) => SortTarget::Mod,
+        Ok(range_request::SortTarget::Value) => SortTarget::Value,
+        Err(_) => return Err(EtcdError::invalid("invalid sort option")),
+    };
+    Ok(RangeSpec {
+        range: KeyRange::from_etcd(&r.key, &r.range_end),
+        limit: u64::try_from(r.limit).unwrap_or(0),
+        sort_order,
+        sort_target,
+        keys_only: r.keys_only,
+        count_only: r.count_only,
+        min_mod_revision: revision_filter(r.min_mod_revision),
+        max_mod_revision: revision_filter(r.max_mod_revision),
+        min_create_revision: revision_filter(r.min_create_revision),
+        max_create_revision: revision_filter(r.max_create_revision),
+    })
+}
+
+fn put_op(p: PutRequest) -> Result<TxnOp, EtcdError> {
+    Ok(TxnOp::Put {
+        key: key(p.key)?,
+        value: text("value", p.value)?,
+        lease: (p.lease != 0).then(|| lease_name(p.lease)),
+        ignore_value: p.ignore_value,
+        ignore_lease: p.ignore_lease,
+        prev_kv: p.prev_kv,
+    })
+}
+
+fn delete_op(d: DeleteRangeRequest) -> Result<TxnOp, EtcdError> {
+    if d.key.is_empty() {
+        return Err(EtcdError::invalid("key is not provided"));
+    }
+    Ok(TxnOp::DeleteRange {
+        range: KeyRange::from_etcd(&d.key, &d.range_end),
+        prev_kv: d.prev_kv,
+    })
+}
+
+fn compare(c: leasecore_etcd_api::etcdserverpb::Compare) -> Result<Compare, EtcdError> {
+    let op = match compare::CompareResult::try_from(c.result) {
+        Ok(compare::CompareResult::Equal) => CompareOp::Equal,
+        Ok(compare::CompareResult::NotEqual) => CompareOp::NotEqual,
+        Ok(compare::CompareResult::Greater) => CompareOp::Greater,
+        Ok(compare::CompareResult::Less) => CompareOp::Less,
+        Err(_) => return Err(EtcdError::invalid("invalid compare result")),
+    };
+    let rev = |r: i64| Revision(u64::try_from(r).unwrap_or(0));
+    // The union may be absent when its value is the zero value: the target says which.
+    let target = match (compare::CompareTarget::try_from(c.target), c.target_union) {
+        (Ok(compare::CompareTarget::Version), u) => CompareTarget::Version(match u {
+            Some(compare::TargetUnion::Version(v)) => u64::try_from(v).unwrap_or(0),
+            _ => 0,
+        }),
+        (Ok(compare::CompareTarget::Create), u) => CompareTarget::CreateRevision(match u {
+            Some(compare::TargetUnion::CreateRevision(v)) => rev(v),
+            _ => Revision(0),
+        }),
+        (Ok(compare::CompareTarget::Mod), u) => CompareTarget::ModRevision(match u {
+            Some(compare::TargetUnion::ModRevision(v)) => rev(v),
+            _ => Revision(0),
+        }),
+        (Ok(compare::CompareTarget::Value), u) => CompareTarget::Value(match u {
+            Some(compare::TargetUnion::Value(v)) => v,
+            _ => Vec::new(),
+        }),
+        (Ok(compare::CompareTarget::Lease), u) => CompareTarget::Lease(match u {
+            Some(compare::TargetUnion::Lease(id)) if id != 0 => Some(lease_name(id)),
+            _ => None,
+        }),
+        (Err(_), _) => return Err(EtcdError::invalid("invalid compare target")),
+    };
+    if c.key.is_empty() {
+        return Err(EtcdError::invalid("key is not provided"));
+    }
+    Ok(Compare {
+        range: KeyRange::from_etcd(&c.key, &c.range_end),
+        op,
+        target,
+    })
+}
+
+fn ops(ops: Vec<RequestOp>) -> Result<Vec<TxnOp>, EtcdError> {
+    ops.into_iter()
+        .map(|op| match op.request {
+            Some(request_op::Request::RequestPut(p)) => put_op(p),
+            Some(request_op::Request::RequestDeleteRange(d)) => delete_op(d),
+            Some(request_op::Request::RequestRange(r)) => Ok(TxnOp::Range {
+                spec: range_spec(&r)?,
+            }),
+            Some(request_op::Request::RequestTxn(t)) => Ok(TxnOp::Txn { txn: txn(t)? }),
+            None => Err(EtcdError::invalid("a txn operation is empty")),
+        })
+        .collect()
+}
+
+fn txn(t: TxnRequest) -> Result<Txn, EtcdError> {
+    Ok(Txn {
+        compares: t
+            .compare
+            .into_iter()
+            .map(compare)
+            .collect::<Result<_, _>>()?,
+        success: ops(t.success)?,
+        failure: ops(t.failure)?,
+    })
+}
+
+#[tonic::async_trait]
+impl Kv for Etcd {
+    async fn range(&self, req: Request<RangeRequest>) -> Result<Response<RangeResponse>, Status> {
+        let caller = self.caller(&req)?;
+        let r = req.into_inner();
+        let spec = range_spec(&r)?;
+        if !r.serializable {
+            read_point(&self.state, Consistency::Linearizable)
+                .await
+                .map_err(EtcdError::from)?;
+        }
+        check(&self.state, &caller, Access::Read, &spec.range).map_err(EtcdError::from)?;
+        let (revision, result) = self
+            .state
+            .consensus
+            .view()
+            .with_state(|kv| (kv.revision(), evaluate(&spec, kv.range(&spec.range))));
+        if r.revision > 0 {
+            let at = Revision(r.revision as u64);
+            if at > revision {
+                return Err(EtcdError::future_revision().into());
+            }
+            if at < revision {
+                return Err(EtcdError::compacted(crate::domain::history::Compacted {
+                    compacted: revision,
+                })
+                .into());
+            }
+        }
+        Ok(Response::new(self.range_response(revision, result)))
+    }
+
+    async fn put(&self, req: Request<PutRequest>) -> Result<Response<PutResponse>, Status> {
+        let op = put_op(req.get_ref().clone())?;
+        let (revision, mut out) = self
+            .write(
+                &req,
+                Txn {
+                    success: vec![op],
+                    ..Txn::default()
+                },
+            )
+            .await?;
+        let prev_kv = match out.results.pop() {
+            Some(OpResult::Put { prev }) => prev.map(|(k, v)| key_value(&k, &v)),
+            _ => None,
+        };
+        Ok(Response::new(PutResponse {
+            header: self.header_at(revision),
+            prev_kv,
+        }))
+    }
+
+    async fn delete_range(
+        &self,
+        req: Request<DeleteRangeRequest>,
+    ) -> Result<Response<DeleteRangeResponse>, Status> {
+        let op = delete_op(req.get_ref().clone())?;
+        let (revision, mut out) = self
+            .write(
+                &req,
+                Txn {
+                    success: vec![op],
+                    ..Txn::default()
+                },
+            )
+            .await?;
+        let (deleted, prev_kvs) = match out.results.pop() {
+            Some(OpResult::DeleteRange { deleted, prev }) => (
+                deleted as i64,
+                prev.iter().map(|(k, v)| key_value(k, v)).collect(),
+            ),
+            _ => (0, Vec::new()),
+        };
+        Ok(Response::new(DeleteRangeResponse {
+            header: self.header_at(revision),
+            deleted,
+            prev_kvs,
+        }))
+    }
+
+    async fn txn(&self, req: Request<TxnRequest>) -> Result<Response<TxnResponse>, Status> {
+        let t = txn(req.get_ref().clone())?;
+        let (revision, out) = self.write(&req, t).await?;
+        Ok(Response::new(self.txn_response(revision, out)))
+    }
+
+    async fn compact(
+        &self,
+        req: Request<CompactionRequest>,
+    ) -> Result<Response<CompactionResponse>, Status> {
+        let r = req.into_inner();
+        let current = self.state.consensus.view().applied().revision;
+        if r.revision > current.0 as i64 {
+            return Err(EtcdError::future_revision().into());
+        }
+        // No past versions are kept yet (see the module docs): nothing to drop.
+        Ok(Response::new(CompactionResponse {
+            header: self.header_at(current),
+        }))
+    }
+}

@@ -1,0 +1,238 @@
+//! The `Lease` service: Grant, Revoke, KeepAlive (a stream), TimeToLive and Leases, over
+//! leasecore's leases (named `etcd-<id>`, see [`super::lease_name`]).
+//!
+//! leasecore's guarantees hold unchanged: the leader times every lease on its own clock, a
+//! failover never shortens one (checkpoints), and expiry is proposed within milliseconds of
+//! the deadline. A TTL below the cluster's minimum is raised to it, as etcd raises a TTL to
+//! its `minTTL`; one above the maximum is refused (`too large lease TTL`).
+
+use std::pin::Pin;
+
+use futures::Stream;
+use leasecore_etcd_api::etcdserverpb::lease_server::Lease;
+use leasecore_etcd_api::etcdserverpb::{
+    LeaseGrantRequest, LeaseGrantResponse, LeaseKeepAliveRequest, LeaseKeepAliveResponse,
+    LeaseLeasesRequest, LeaseLeasesResponse, LeaseRevokeRequest, LeaseRevokeResponse, LeaseStatus,
+    LeaseTimeToLiveRequest, LeaseTimeToLiveResponse,
+};
+use tonic::{Request, Response, Status, Streaming};
+
+use super::{Etcd, EtcdError, lease_id, lease_name};
+use crate::domain::auth::Access;
+use crate::domain::command::{Command, KvError, Response as Applied};
+use crate::http::auth::{check_lease, guard, lease_allowed};
+use crate::http::kv::{admit, propose, unexpected};
+use crate::runtime::auth::Caller;
+use crate::runtime::lease::LeaseError;
+
+/// Whole seconds, rounded up: a granted TTL never reads shorter than it is.
+fn seconds_up(ms: u64) -> i64 {
+    ms.div_ceil(1000) as i64
+}
+
+type KeepAliveStream =
+    Pin<Box<dyn Stream<Item = Result<LeaseKeepAliveResponse, Status>> + Send + 'static>>;
+
+impl Etcd {
+    /// Register lease `id` with `ttl_ms`; `Ok(false)` if the id is taken.
+    async fn grant(&self, caller: &Caller, id: i64, ttl_ms: u64) -> Result<bool, EtcdError> {
+        let cmd = Command::RegisterLease {
+            name: lease_name(id),
+            ttl_ms,
+            clock_ms: None,
+        };
+        admit(&self.state, &cmd)?;
+        let cmd = guard(&self.state, caller, cmd)?;
+        match propose(&self.state, cmd).await? {
+            Applied::LeaseRegistered { .. } => Ok(true),
+            Applied::Rejected {
+                error: KvError::LeaseExists { .. },
+            } => Ok(false),
+            other => Err(unexpected(other).into()),
+        }
+    }
+
+    /// One keepalive: the lease's TTL in seconds, 0 if it is gone (as etcd answers).
+    async fn keep_alive_once(
+        &self,
+        caller: &Caller,
+        id: i64,
+    ) -> Result<LeaseKeepAliveResponse, Status> {
+        let name = lease_name(id);
+        check_lease(&self.state, caller, &name, Access::Write).map_err(EtcdError::from)?;
+        let ttl = match self.state.leases.refresh(&name).await {
+            Ok(ack) => seconds_up(ack.ttl_ms),
+            Err(LeaseError::NotFound { .. }) => 0,
+            Err(e) => return Err(EtcdError::from(e).into()),
+        };
+        Ok(LeaseKeepAliveResponse {
+            header: self.header(),
+            id,
+            ttl,
+        })
+    }
+}
+
+#[tonic::async_trait]
+impl Lease for Etcd {
+    async fn lease_grant(
+        &self,
+        req: Request<LeaseGrantRequest>,
+    ) -> Result<Response<LeaseGrantResponse>, Status> {
+        let caller = self.caller(&req)?;
+        let r = req.into_inner();
+        if r.id < 0 {
+            return Err(EtcdError::invalid("lease ID must be positive").into());
+        }
+        let bounds = self.state.leases.hub().config().ttl_bounds();
+        let asked_ms = u64::try_from(r.ttl).unwrap_or(0).saturating_mul(1000);
+        if asked_ms > bounds.max_ms {
+            return Err(Status::out_of_range("etcdserver: too large lease TTL"));
+        }
+        let ttl_ms = asked_ms.max(bounds.min_ms);
+        let id = if r.id != 0 {
+            if !self.grant(&caller, r.id, ttl_ms).await? {
+                return Err(Status::failed_precondition(
+                    "etcdserver: lease already exists",
+                ));
+            }
+            r.id
+        } else {
+            // The server picks: a random positive id, again on the (unlikely) collision.
+            let mut granted = None;
+            for _ in 0..4 {
+                let id = (rand::random::<u64>() >> 2).max(1) as i64;
+                if self.grant(&caller, id, ttl_ms).await? {
+                    granted = Some(id);
+                    break;
+                }
+            }
+            granted.ok_or_else(|| Status::internal("etcdserver: no free lease id"))?
+        };
+        Ok(Response::new(LeaseGrantResponse {
+            header: self.header(),
+            id,
+            ttl: seconds_up(ttl_ms),
+            error: String::new(),
+        }))
+    }
+
+    async fn lease_revoke(
+        &self,
+        req: Request<LeaseRevokeRequest>,
+    ) -> Result<Response<LeaseRevokeResponse>, Status> {
+        let caller = self.caller(&req)?;
+        let cmd = Command::RevokeLease {
+            name: lease_name(req.get_ref().id),
+        };
+        let cmd = guard(&self.state, &caller, cmd).map_err(EtcdError::from)?;
+        match propose(&self.state, cmd).await.map_err(EtcdError::from)? {
+            Applied::LeaseRevoked { revision, .. } => Ok(Response::new(LeaseRevokeResponse {
+                header: self.header_at(revision),
+            })),
+            Applied::Rejected {
+                error: KvError::LeaseNotFound { .. },
+            } => Err(EtcdError::lease_not_found().into()),
+            other => Err(EtcdError::from(unexpected(other)).into()),
+        }
+    }
+
+    type LeaseKeepAliveStream = KeepAliveStream;
+
+    async fn lease_keep_alive(
+        &self,
+        req: Request<Streaming<LeaseKeepAliveRequest>>,
+    ) -> Result<Response<Self::LeaseKeepAliveStream>, Status> {
+        let caller = self.caller(&req)?;
+        let inbound = req.into_inner();
+        let etcd = self.clone();
+        // One answer per request, in order; the stream ends with the client's, or at the first
+        // failure (the client then reconnects, as it does when a node goes).
+        let out = futures::stream::unfold(Some((etcd, caller, inbound)), |s| async move {
+            let (etcd, caller, mut inbound) = s?;
+            match inbound.message().await {
+                Ok(Some(m)) => match etcd.keep_alive_once(&caller, m.id).await {
+                    Ok(resp) => Some((Ok(resp), Some((etcd, caller, inbound)))),
+                    Err(status) => Some((Err(status), None)),
+                },
+                Ok(None) => None,
+                Err(status) => Some((Err(status), None)),
+            }
+        });
+        Ok(Response::new(Box::pin(out)))
+    }
+
+    async fn lease_time_to_live(
+        &self,
+        req: Request<LeaseTimeToLiveRequest>,
+    ) -> Result<Response<LeaseTimeToLiveResponse>, Status> {
+        let caller = self.caller(&req)?;
+        let r = req.into_inner();
+        let name = lease_name(r.id);
+        self.state
+            .consensus
+            .read_barrier()
+            .await
+            .map_err(EtcdError::from)?;
+        let (revision, lease) = self.state.consensus.view().lease(&name);
+        let not_found = LeaseTimeToLiveResponse {
+            header: self.header_at(revision),
+            id: r.id,
+            ttl: -1,
+            granted_ttl: 0,
+            keys: Vec::new(),
+        };
+        let Some(lease) = lease else {
+            return Ok(Response::new(not_found));
+        };
+        if r.keys {
+            check_lease(&self.state, &caller, &name, Access::Read).map_err(EtcdError::from)?;
+        }
+        let remaining = self
+            .state
+            .leases
+            .remaining(std::slice::from_ref(&name))
+            .await
+            .map_err(EtcdError::from)?;
+        let Some(remaining_ms) = remaining.into_iter().next().flatten() else {
+            return Ok(Response::new(not_found));
+        };
+        Ok(Response::new(LeaseTimeToLiveResponse {
+            header: self.header_at(revision),
+            id: r.id,
+            // As etcd: whole seconds left, rounded down.
+            ttl: (remaining_ms / 1000) as i64,
+            granted_ttl: seconds_up(lease.ttl_ms),
+            keys: if r.keys {
+                lease.keys.into_iter().map(String::into_bytes).collect()
+            } else {
+                Vec::new()
+            },
+        }))
+    }
+
+    async fn lease_leases(
+        &self,
+        req: Request<LeaseLeasesRequest>,
+    ) -> Result<Response<LeaseLeasesResponse>, Status> {
+        let caller = self.caller(&req)?;
+        self.state
+            .consensus
+            .read_barrier()
+            .await
+            .map_err(EtcdError::from)?;
+        let (revision, all) = self.state.consensus.view().leases();
+        let leases = all
+            .iter()
+            .map(|(name, _)| (lease_id(name), name))
+            .filter(|(id, name)| {
+                *id != 0 && lease_allowed(&self.state, &caller, name, Access::Read)
+            })
+            .map(|(id, _)| LeaseStatus { id })
+            .collect();
+        Ok(Response::new(LeaseLeasesResponse {
+            header: self.header_at(revision),
+            leases,
+        }))
+    }
+}

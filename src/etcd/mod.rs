@@ -1,0 +1,157 @@
+//! etcd v3's gRPC API, served on its own listener (`--etcd-listen`): an adapter that
+//! translates etcd's requests into the same calls the `/v1` handlers make (proposals through
+//! consensus, read barriers, the watch hub, the lease service) and their answers back.
+//!
+//! # Mapping
+//! - Keys and values are bytes in etcd and UTF-8 text in leasecore: a key or value that is not
+//!   UTF-8 is refused (`InvalidArgument`). Range bounds may be any bytes.
+//! - A `Put`, a `DeleteRange` and a `Txn` are each one [`Command::Txn`]: one revision, one
+//!   event per changed key, `prev_kv` read at apply time.
+//! - etcd's int64 lease ids are leasecore leases named `etcd-<id as 16 hex digits>` (see
+//!   [`lease_name`]); TTLs are whole seconds here and milliseconds inside. Keys attached to a
+//!   lease registered through `/v1` under another name show lease 0.
+//! - Response headers carry [`CLUSTER_ID`], this node's id as `member_id`, the store revision
+//!   and the Raft term.
+//! - Errors become etcd's gRPC codes and messages in one place ([`status`]).
+//!
+//! # What it must not do
+//! Decide anything: validation rules, authorization and apply semantics are the domain's, and
+//! the `/v1` helpers it calls are the same ones the HTTP handlers use.
+
+mod cluster;
+mod kv;
+
+mod lease;
+pub mod status;
+mod watch;
+
+use axum::Router;
+use leasecore_etcd_api::etcdserverpb::ResponseHeader;
+use leasecore_etcd_api::etcdserverpb::cluster_server::ClusterServer;
+use leasecore_etcd_api::etcdserverpb::kv_server::KvServer;
+use leasecore_etcd_api::etcdserverpb::lease_server::LeaseServer;
+use leasecore_etcd_api::etcdserverpb::maintenance_server::MaintenanceServer;
+use leasecore_etcd_api::etcdserverpb::watch_server::WatchServer;
+use leasecore_etcd_api::mvccpb;
+
+use crate::domain::kv::Versioned;
+use crate::domain::types::Revision;
+use crate::http::AppState;
+use crate::runtime::auth::Caller;
+
+pub use status::EtcdError;
+
+/// The cluster id every response header carries. leasecore has no per-cluster id yet; a fixed
+/// one keeps headers well-formed (clients only compare it between responses).
+pub const CLUSTER_ID: u64 = 0x6c65_6173_6563_6f72;
+
+/// The etcd version leasecore speaks, as `Maintenance.Status` and `GET /version` report it.
+pub const ETCD_VERSION: &str = "3.5.17";
+
+/// The largest gRPC message accepted or sent (etcd's `--max-request-bytes` default is 1.5 MiB;
+/// values may be up to the configured limit, so allow a little more than that).
+const MAX_MESSAGE_BYTES: usize = 4 << 20;
+
+/// What every service shares: the node's state.
+#[derive(Clone)]
+pub struct Etcd {
+    state: AppState,
+    /// This node's etcd URL, as `MemberList` shows it.
+    etcd_url: Option<String>,
+}
+
+impl Etcd {
+    /// A response header as of `revision`.
+    fn header_at(&self, revision: Revision) -> Option<ResponseHeader> {
+        Some(ResponseHeader {
+            cluster_id: CLUSTER_ID,
+            member_id: self.state.consensus.id(),
+            revision: revision.0 as i64,
+            raft_term: self.state.consensus.raft().metrics().borrow().current_term,
+        })
+    }
+
+    /// A response header as of this node's applied revision.
+    fn header(&self) -> Option<ResponseHeader> {
+        self.header_at(self.state.consensus.view().applied().revision)
+    }
+
+    /// Who sent `req`: etcd clients send their token in the `token` metadata (and some in
+    /// `authorization`).
+    fn caller<T>(&self, req: &tonic::Request<T>) -> Result<Caller, EtcdError> {
+        let md = req.metadata();
+        let token = md
+            .get("token")
+            .or_else(|| md.get("authorization"))
+            .map(|v| v.as_bytes());
+        Ok(self.state.auth.caller(token)?)
+    }
+}
+
+/// The etcd API's router: the gRPC services (HTTP/2), to be served by a listener that speaks
+/// both HTTP/1 and HTTP/2.
+pub fn router(state: AppState, etcd_url: Option<String>) -> Router {
+    let etcd = Etcd { state, etcd_url };
+    tonic::service::Routes::new(
+        KvServer::new(etcd.clone())
+            .max_decoding_message_size(MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(MAX_MESSAGE_BYTES),
+    )
+    .add_service(
+        WatchServer::new(etcd.clone())
+            .max_decoding_message_size(MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(MAX_MESSAGE_BYTES),
+    )
+    .add_service(LeaseServer::new(etcd.clone()))
+    .add_service(ClusterServer::new(etcd.clone()))
+    .add_service(MaintenanceServer::new(etcd))
+    .into_axum_router()
+}
+
+/// The lease name of etcd lease `id`.
+pub fn lease_name(id: i64) -> String {
+    format!("etcd-{:016x}", id as u64)
+}
+
+/// The etcd id of lease `name` (0 for leases not named by [`lease_name`]).
+pub fn lease_id(name: &str) -> i64 {
+    name.strip_prefix("etcd-")
+        .filter(|hex| hex.len() == 16)
+        .and_then(|hex| u64::from_str_radix(hex, 16).ok())
+        .map_or(0, |id| id as i64)
+}
+
+/// etcd's view of one key.
+fn key_value(key: &str, v: &Versioned) -> mvccpb::KeyValue {
+    mvccpb::KeyValue {
+        key: key.as_bytes().to_vec(),
+        create_revision: v.create_revision.0 as i64,
+        mod_revision: v.mod_revision.0 as i64,
+        version: v.version as i64,
+        value: v.value.as_bytes().to_vec(),
+        lease: v.lease.as_deref().map_or(0, lease_id),
+    }
+}
+
+/// Bytes that must be UTF-8 text (a key or a value).
+fn text(what: &str, bytes: Vec<u8>) -> Result<String, EtcdError> {
+    String::from_utf8(bytes).map_err(|_| {
+        EtcdError::invalid(format!(
+            "leasecore stores {what}s as UTF-8 text; this {what} is not"
+        ))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lease_ids_round_trip_through_names() {
+        for id in [1i64, 0x7fff_ffff_ffff_ffff, 42, -1] {
+            assert_eq!(lease_id(&lease_name(id)), id);
+        }
+        assert_eq!(lease_id("members/n1"), 0);
+        assert_eq!(lease_id("etcd-12"), 0);
+    }
+}

@@ -1,0 +1,134 @@
+//! Every error the etcd API answers, mapped to etcd's gRPC code and message in ONE place.
+//!
+//! etcd clients match errors on their code and message (`etcdserver: requested lease not
+//! found`, `mvcc: required revision has been compacted`, ...): the Go client turns known
+//! messages back into typed errors, and tools compare them. So the messages here are etcd's,
+//! word for word, wherever etcd has one; leasecore's own detail follows where it helps.
+//!
+//! Errors arrive as the `/v1` API's [`ApiError`] (so both APIs classify failures the same
+//! way) and leave as a [`tonic::Status`].
+
+use tonic::{Code, Status};
+
+use crate::domain::history::Compacted;
+use crate::http::error::ApiError;
+
+/// An error on its way to an etcd client.
+#[derive(Debug)]
+pub enum EtcdError {
+    /// A failure the `/v1` API would answer too.
+    Api(ApiError),
+    /// A failure only the etcd API has.
+    Status(Status),
+}
+
+impl EtcdError {
+    pub fn invalid(message: impl Into<String>) -> Self {
+        EtcdError::Status(Status::invalid_argument(format!(
+            "etcdserver: {}",
+            message.into()
+        )))
+    }
+
+    /// A read or watch below what the store still holds.
+    pub fn compacted(_c: Compacted) -> Self {
+        EtcdError::Status(Status::out_of_range(
+            "etcdserver: mvcc: required revision has been compacted",
+        ))
+    }
+
+    /// A read at a revision the store has not reached.
+    pub fn future_revision() -> Self {
+        EtcdError::Status(Status::out_of_range(
+            "etcdserver: mvcc: required revision is a future revision",
+        ))
+    }
+
+    pub fn lease_not_found() -> Self {
+        EtcdError::Status(Status::not_found("etcdserver: requested lease not found"))
+    }
+}
+
+impl<E: Into<ApiError>> From<E> for EtcdError {
+    fn from(e: E) -> Self {
+        EtcdError::Api(e.into())
+    }
+}
+
+impl From<EtcdError> for Status {
+    fn from(e: EtcdError) -> Self {
+        match e {
+            EtcdError::Status(s) => s,
+            EtcdError::Api(e) => from_api(e),
+        }
+    }
+}
+
+/// The `/v1` classification, in etcd's words.
+fn from_api(e: ApiError) -> Status {
+    let (code, message): (Code, String) = match e.code {
+        "invalid_argument" => (Code::InvalidArgument, e.message),
+        "too_large" => (Code::InvalidArgument, "request is too large".into()),
+        "lease_not_found" => (Code::NotFound, "requested lease not found".into()),
+        "lease_exists" => (Code::FailedPrecondition, "lease already exists".into()),
+        "key_not_found" => (Code::InvalidArgument, "key not found".into()),
+        "permission_denied" => (Code::PermissionDenied, "permission denied".into()),
+        "unauthenticated" => (Code::Unauthenticated, "invalid auth token".into()),
+        "auth_failed" => (
+            Code::InvalidArgument,
+            "authentication failed, invalid user ID or password".into(),
+        ),
+        "auth_not_enabled" => (
+            Code::FailedPrecondition,
+            "authentication is not enabled".into(),
+        ),
+        "over_quota" | "insufficient_storage" => (
+            Code::ResourceExhausted,
+            "mvcc: database space exceeded".into(),
+        ),
+        "too_many_requests" | "too_many_leases" => {
+            (Code::ResourceExhausted, "too many requests".into())
+        }
+        "no_leader" => (Code::Unavailable, "no leader".into()),
+        // etcd's ErrTimeout: the request may or may not have taken effect.
+        "outcome_unknown" | "timeout" => (Code::Unavailable, "request timed out".into()),
+        "no_quorum" | "shutting_down" => (Code::Unavailable, e.message),
+        "user_not_found" => (Code::FailedPrecondition, "user name not found".into()),
+        "user_exists" => (Code::FailedPrecondition, "user name already exists".into()),
+        "role_not_found" => (Code::FailedPrecondition, "role name not found".into()),
+        "role_exists" => (Code::FailedPrecondition, "role name already exists".into()),
+        "root_user_required" => (Code::FailedPrecondition, "root user does not exist".into()),
+        _ if e.status.is_client_error() => (Code::FailedPrecondition, e.message),
+        _ if e.status == axum::http::StatusCode::SERVICE_UNAVAILABLE => {
+            (Code::Unavailable, e.message)
+        }
+        _ => (Code::Internal, e.message),
+    };
+    Status::new(code, format!("etcdserver: {message}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::command::KvError;
+
+    #[test]
+    fn etcd_messages_for_what_clients_match_on() {
+        let s: Status = EtcdError::from(KvError::LeaseNotFound { lease: "x".into() }).into();
+        assert_eq!(s.code(), Code::NotFound);
+        assert_eq!(s.message(), "etcdserver: requested lease not found");
+        let s: Status = EtcdError::from(KvError::PermissionDenied).into();
+        assert_eq!(s.code(), Code::PermissionDenied);
+        let s: Status = EtcdError::compacted(Compacted {
+            compacted: crate::domain::types::Revision(3),
+        })
+        .into();
+        assert_eq!(
+            (s.code(), s.message()),
+            (
+                Code::OutOfRange,
+                "etcdserver: mvcc: required revision has been compacted"
+            )
+        );
+    }
+}

@@ -1,0 +1,359 @@
+//! The `Watch` service: one bidirectional stream per client, carrying any number of watchers.
+//!
+//! Each stream has a session task that reads the client's requests (create, cancel, progress)
+//! and one task per watcher that follows the watch hub from its start revision and sends
+//! batches. Everything leaves through one bounded channel, so a watcher's `created` answer
+//! always precedes its events, and a slow client slows its own watchers, no one else's.
+//!
+//! # Invariants
+//! - A watcher never skips an event: it resumes each wait from the revision after the last
+//!   batch (`through + 1`), and batches end on whole revisions.
+//! - A start below what the history holds cancels the watcher with etcd's `compacted` reason
+//!   and the first revision still held, so the client can resume there.
+//! - Events are checked against the caller's read permission at delivery.
+//! - The session ends when the client's stream ends, the client stops reading, or the node
+//!   stops; its watchers end with it.
+//!
+//! # What is not here yet
+//! `prev_kv` (events carry no previous value until MVCC history lands) and `fragment`
+//! (batches are bounded instead).
+
+use std::collections::HashMap;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use futures::Stream;
+use leasecore_etcd_api::etcdserverpb::watch_server::Watch;
+use leasecore_etcd_api::etcdserverpb::{
+    WatchCreateRequest, WatchRequest, WatchResponse, watch_create_request, watch_request,
+};
+use leasecore_etcd_api::mvccpb;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use tonic::{Request, Response, Status, Streaming};
+
+use super::{Etcd, lease_id};
+use crate::domain::auth::{Access, KeyRange, perm::prefix_end};
+use crate::domain::command::{Event, EventKind};
+use crate::domain::history::KeyFilter;
+use crate::domain::types::Revision;
+use crate::http::auth::{can_read, check};
+use crate::runtime::auth::Caller;
+
+/// Watchers one stream may hold.
+const MAX_WATCHERS_PER_STREAM: usize = 1024;
+/// Events per response at most (a response never splits a revision, so it may hold more).
+const BATCH_LIMIT: usize = 1000;
+/// Responses queued for a client that reads slowly.
+const QUEUE: usize = 64;
+/// How often an idle watcher with `progress_notify` says how far it has looked (etcd's
+/// default progress-notify interval).
+const PROGRESS_INTERVAL: Duration = Duration::from_secs(600);
+
+type WatchStream = Pin<Box<dyn Stream<Item = Result<WatchResponse, Status>> + Send>>;
+type Outbox = mpsc::Sender<Result<WatchResponse, Status>>;
+
+/// What one watcher follows.
+struct Spec {
+    range: KeyRange,
+    filter: KeyFilter,
+    no_put: bool,
+    no_delete: bool,
+    progress_notify: bool,
+}
+
+/// The hub filter that covers `range` (the events are checked against the range too).
+fn hub_filter(range: &KeyRange) -> KeyFilter {
+    if let Some(key) = range.single_key()
+        && let Ok(key) = std::str::from_utf8(key)
+    {
+        return KeyFilter::Key(key.to_string());
+    }
+    if let Ok(prefix) = std::str::from_utf8(&range.start)
+        && range.end == prefix_end(&range.start)
+    {
+        return KeyFilter::Prefix(prefix.to_string());
+    }
+    KeyFilter::Prefix(String::new())
+}
+
+fn event(e: &Event) -> mvccpb::Event {
+    let (kind, kv) = match e.kind {
+        EventKind::Put => (
+            mvccpb::event::EventType::Put,
+            mvccpb::KeyValue {
+                key: e.key.as_bytes().to_vec(),
+                create_revision: e.create_revision.unwrap_or(e.revision).0 as i64,
+                mod_revision: e.revision.0 as i64,
+                version: e.version.unwrap_or(1) as i64,
+                value: e.value.as_deref().unwrap_or_default().as_bytes().to_vec(),
+                lease: e.lease.as_deref().map_or(0, lease_id),
+            },
+        ),
+        EventKind::Delete => (
+            mvccpb::event::EventType::Delete,
+            mvccpb::KeyValue {
+                key: e.key.as_bytes().to_vec(),
+                mod_revision: e.revision.0 as i64,
+                ..Default::default()
+            },
+        ),
+    };
+    mvccpb::Event {
+        r#type: kind as i32,
+        kv: Some(kv),
+        prev_kv: None,
+    }
+}
+
+/// One stream's watchers.
+struct Session {
+    etcd: Etcd,
+    caller: Caller,
+    out: Outbox,
+    watchers: HashMap<i64, (CancellationToken, Arc<AtomicU64>)>,
+    next_id: i64,
+    /// Fires when the session ends: every watcher's token is a child of it.
+    done: CancellationToken,
+}
+
+impl Session {
+    async fn run(mut self, mut inbound: Streaming<WatchRequest>) {
+        let hub = self.etcd.state.watch.clone();
+        loop {
+            let msg = tokio::select! {
+                m = inbound.message() => m,
+                _ = self.out.closed() => break,
+                _ = hub.closed() => break,
+            };
+            let request = match msg {
+                Ok(Some(WatchRequest {
+                    request_union: Some(r),
+                })) => r,
+                Ok(Some(_)) => continue,
+                Ok(None) | Err(_) => break,
+            };
+            let sent = match request {
+                watch_request::RequestUnion::CreateRequest(c) => self.create(c).await,
+                watch_request::RequestUnion::CancelRequest(c) => self.cancel(c.watch_id).await,
+                watch_request::RequestUnion::ProgressRequest(_) => self.progress().await,
+            };
+            if !sent {
+                break;
+            }
+        }
+        self.done.cancel();
+    }
+
+    async fn send(&self, resp: WatchResponse) -> bool {
+        self.out.send(Ok(resp)).await.is_ok()
+    }
+
+    fn refused(&self, watch_id: i64, reason: &str) -> WatchResponse {
+        WatchResponse {
+            header: self.etcd.header(),
+            watch_id,
+            created: true,
+            canceled: true,
+            cancel_reason: reason.to_string(),
+            ..Default::default()
+        }
+    }
+
+    async fn create(&mut self, c: WatchCreateRequest) -> bool {
+        let range = KeyRange::from_etcd(&c.key, &c.range_end);
+        let id = if c.watch_id != 0 {
+            c.watch_id
+        } else {
+            while self.watchers.contains_key(&self.next_id) {
+                self.next_id += 1;
+            }
+            self.next_id
+        };
+        if self.watchers.contains_key(&id) {
+            return self
+                .send(self.refused(id, "etcdserver: duplicate watch ID"))
+                .await;
+        }
+        if self.watchers.len() >= MAX_WATCHERS_PER_STREAM {
+            let reason = format!(
+                "etcdserver: too many watchers on one stream (at most {MAX_WATCHERS_PER_STREAM})"
+            );
+            return self.send(self.refused(id, &reason)).await;
+        }
+        if c.key.is_empty() {
+            return self
+                .send(self.refused(id, "etcdserver: key is not provided"))
+                .await;
+        }
+        if check(&self.etcd.state, &self.caller, Access::Read, &range).is_err() {
+            return self
+                .send(self.refused(id, "etcdserver: permission denied"))
+                .await;
+        }
+        let current = self.etcd.state.watch.current();
+        let from = match u64::try_from(c.start_revision) {
+            Ok(r) if r > 0 => Revision(r),
+            _ => current.next(),
+        };
+        let spec = Spec {
+            filter: hub_filter(&range),
+            range,
+            no_put: c
+                .filters
+                .contains(&(watch_create_request::FilterType::Noput as i32)),
+            no_delete: c
+                .filters
+                .contains(&(watch_create_request::FilterType::Nodelete as i32)),
+            progress_notify: c.progress_notify,
+        };
+        let created = WatchResponse {
+            header: self.etcd.header_at(current),
+            watch_id: id,
+            created: true,
+            ..Default::default()
+        };
+        if !self.send(created).await {
+            return false;
+        }
+        let cancel = self.done.child_token();
+        let delivered = Arc::new(AtomicU64::new(from.0.saturating_sub(1)));
+        self.watchers
+            .insert(id, (cancel.clone(), delivered.clone()));
+        let watcher = Watcher {
+            etcd: self.etcd.clone(),
+            caller: self.caller.clone(),
+            id,
+            spec,
+            out: self.out.clone(),
+            delivered,
+        };
+        tokio::spawn(watcher.run(from, cancel));
+        true
+    }
+
+    async fn cancel(&mut self, id: i64) -> bool {
+        if let Some((token, _)) = self.watchers.remove(&id) {
+            token.cancel();
+        }
+        self.send(WatchResponse {
+            header: self.etcd.header(),
+            watch_id: id,
+            canceled: true,
+            ..Default::default()
+        })
+        .await
+    }
+
+    /// How far every watcher of the stream has delivered (etcd's progress response: watch id
+    /// -1, the header's revision).
+    async fn progress(&self) -> bool {
+        let through = self
+            .watchers
+            .values()
+            .map(|(_, d)| d.load(Ordering::Relaxed))
+            .min()
+            .unwrap_or(self.etcd.state.watch.current().0);
+        self.send(WatchResponse {
+            header: self.etcd.header_at(Revision(through)),
+            watch_id: -1,
+            ..Default::default()
+        })
+        .await
+    }
+}
+
+/// One watcher's follower task.
+struct Watcher {
+    etcd: Etcd,
+    caller: Caller,
+    id: i64,
+    spec: Spec,
+    out: Outbox,
+    /// The revision through which this watcher has sent every event.
+    delivered: Arc<AtomicU64>,
+}
+
+impl Watcher {
+    async fn run(self, mut from: Revision, cancel: CancellationToken) {
+        let hub = self.etcd.state.watch.clone();
+        loop {
+            let batch = tokio::select! {
+                _ = cancel.cancelled() => return,
+                b = hub.watch(&self.spec.filter, Some(from), PROGRESS_INTERVAL, BATCH_LIMIT) => b,
+            };
+            let batch = match batch {
+                Ok(b) => b,
+                Err(c) => {
+                    let gone = WatchResponse {
+                        header: self.etcd.header(),
+                        watch_id: self.id,
+                        canceled: true,
+                        compact_revision: c.compacted.next().0 as i64,
+                        cancel_reason: "etcdserver: mvcc: required revision has been compacted"
+                            .into(),
+                        ..Default::default()
+                    };
+                    let _ = self.out.send(Ok(gone)).await;
+                    return;
+                }
+            };
+            if hub.is_closed() {
+                return;
+            }
+            let events: Vec<mvccpb::Event> = batch
+                .events
+                .iter()
+                .filter(|e| self.spec.range.contains(e.key.as_bytes()))
+                .filter(|e| match e.kind {
+                    EventKind::Put => !self.spec.no_put,
+                    EventKind::Delete => !self.spec.no_delete,
+                })
+                .filter(|e| can_read(&self.etcd.state, &self.caller, &e.key))
+                .map(event)
+                .collect();
+            let progress = events.is_empty() && batch.events.is_empty();
+            if !events.is_empty() || (progress && self.spec.progress_notify) {
+                let resp = WatchResponse {
+                    header: self.etcd.header_at(batch.through),
+                    watch_id: self.id,
+                    events,
+                    ..Default::default()
+                };
+                if self.out.send(Ok(resp)).await.is_err() {
+                    return;
+                }
+            }
+            self.delivered.store(batch.through.0, Ordering::Relaxed);
+            from = batch.through.next();
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl Watch for Etcd {
+    type WatchStream = WatchStream;
+
+    async fn watch(
+        &self,
+        req: Request<Streaming<WatchRequest>>,
+    ) -> Result<Response<Self::WatchStream>, Status> {
+        let caller = self.caller(&req)?;
+        let (out, rx) = mpsc::channel(QUEUE);
+        let session = Session {
+            etcd: self.clone(),
+            caller,
+            out,
+            watchers: HashMap::new(),
+            next_id: 0,
+            done: CancellationToken::new(),
+        };
+        tokio::spawn(session.run(req.into_inner()));
+        let stream = futures::stream::unfold(rx, |mut rx| async move {
+            rx.recv().await.map(|resp| (resp, rx))
+        });
+        Ok(Response::new(Box::pin(stream)))
+    }
+}
