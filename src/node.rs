@@ -128,6 +128,9 @@ pub struct NodeConfig {
     pub etcd_listen: Option<String>,
     /// Connection cap and header timeout of the etcd listener.
     pub etcd_limits: ListenerLimits,
+    /// Automatic MVCC compaction (etcd's `--auto-compaction-*`): `None` keeps every version
+    /// until an explicit compaction.
+    pub auto_compaction: Option<crate::domain::auto_compact::Retention>,
     /// Mutual TLS on the peer side, listener and outgoing client (`None`: plaintext). Every
     /// node of a cluster must agree: the scheme peers are dialed with follows this setting.
     pub peer_tls: Option<PeerTls>,
@@ -173,6 +176,7 @@ impl NodeConfig {
             client_tls: None,
             etcd_listen: None,
             etcd_limits: ListenerLimits::ETCD,
+            auto_compaction: None,
             peer_tls: None,
             auth_token_ttl_ms: crate::runtime::auth::DEFAULT_TOKEN_TTL_MS,
         }
@@ -390,6 +394,8 @@ impl Node {
         let observers = Observers(vec![lease_hub.clone(), watch_hub.clone()]);
         let (mut state_machine, view) =
             StateMachine::open(&db, &cfg.data_dir, Arc::new(observers))?;
+        // Watches that resume before the in-memory history read the MVCC store.
+        watch_hub.set_older(Arc::new(view.clone()));
         let mut log_store = log_store.with_receipts(lease_hub.clone());
         seed_watch_history(
             &mut log_store,
@@ -433,6 +439,16 @@ impl Node {
             }
             .run(cancel.clone()),
         );
+        if let Some(retention) = cfg.auto_compaction {
+            tasks.spawn(
+                crate::runtime::auto_compact::AutoCompactor {
+                    retention,
+                    consensus: consensus.clone(),
+                    clock: clock.clone(),
+                }
+                .run(cancel.clone()),
+            );
+        }
         let leases = Arc::new(LeaseService::new(
             lease_hub,
             consensus.clone(),

@@ -173,13 +173,10 @@ async fn etcdctl_reads_and_writes_through_every_node() {
     assert_eq!(del["prev_kvs"].as_array().unwrap().len(), 2);
     assert_eq!(ok(&e3, &["get", "app/", "--prefix"]).await, "");
 
-    // A past revision is not held yet: etcd's compacted error, which etcdctl reports.
-    let past = etcdctl_in(&e1, &["get", "zzz", "--rev", "1"], "").await;
-    assert!(!past.status.success());
-    assert!(
-        String::from_utf8_lossy(&past.stderr).contains("required revision has been compacted"),
-        "{}",
-        String::from_utf8_lossy(&past.stderr)
+    // The past is still held: the range as it was at revision 1.
+    assert_eq!(
+        ok(&e1, &["get", "app/", "--prefix", "--rev", "1"]).await,
+        "app/a\n1\n"
     );
     let status = json(&endpoints(&c), &["endpoint", "status"]).await;
     let statuses = status.as_array().unwrap();
@@ -419,5 +416,116 @@ async fn txn_increments_through_different_nodes_never_lose_an_update() {
     }
     let v = json(&endpoint(&c, 2), &["get", "counter"]).await;
     assert_eq!(b64(&v["kvs"][0]["value"]), (WORKERS * EACH).to_string());
+    c.shutdown().await;
+}
+
+/// A key's whole history through etcdctl: reads at past revisions through every node (a
+/// follower's serializable read too), watches replaying with the previous values, and a
+/// compaction that makes the old revisions answer etcd's `compacted` while the newer ones
+/// stay readable.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn etcdctl_reads_the_past_and_compaction_forgets_it() {
+    if !have_etcdctl() {
+        return;
+    }
+    let c = cluster().await;
+    let (e1, e2, e3) = (endpoint(&c, 1), endpoint(&c, 2), endpoint(&c, 3));
+    let rev = |v: Value| v["header"]["revision"].as_i64().unwrap();
+    let r1 = rev(json(&e1, &["put", "h", "one"]).await);
+    let r2 = rev(json(&e2, &["put", "h", "two"]).await);
+    let r3 = rev(json(&e3, &["del", "h"]).await);
+    let r4 = rev(json(&e1, &["put", "h", "four"]).await);
+    assert!(r1 < r2 && r2 < r3 && r3 < r4);
+    for (at, want) in [
+        (r1, "h\none\n"),
+        (r2, "h\ntwo\n"),
+        (r3, ""),
+        (r4, "h\nfour\n"),
+    ] {
+        let at = at.to_string();
+        assert_eq!(ok(&e2, &["get", "h", "--rev", &at]).await, want, "at {at}");
+        let local = ok(&e3, &["get", "h", "--rev", &at, "--consistency=s"]).await;
+        assert_eq!(local, want, "serializable at {at}");
+    }
+    let at_r1 = json(&e1, &["get", "h", "--rev", &r1.to_string()]).await;
+    assert_eq!(
+        (
+            at_r1["kvs"][0]["version"].as_i64(),
+            rev(at_r1.clone()) >= r4
+        ),
+        (Some(1), true),
+        "the version as it was, the header at the store's revision: {at_r1}"
+    );
+    let future = etcdctl_in(&e1, &["get", "h", "--rev", &(r4 + 100).to_string()], "").await;
+    assert!(String::from_utf8_lossy(&future.stderr).contains("future revision"));
+
+    // A watch from the first revision replays every change with the value before it.
+    let mut watch = Command::new("etcdctl")
+        .env("ETCDCTL_API", "3")
+        .arg(format!("--endpoints={e3}"))
+        .args([
+            "watch",
+            "h",
+            "--prev-kv",
+            "--rev",
+            &r1.to_string(),
+            "-w",
+            "json",
+        ])
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(watch.stdout.take().unwrap()).lines();
+    let mut seen = Vec::new();
+    while seen.len() < 4 {
+        let line = tokio::time::timeout(Duration::from_secs(10), lines.next_line())
+            .await
+            .expect("the replay stalled")
+            .unwrap()
+            .expect("the watch ended");
+        let v: Value = serde_json::from_str(&line).unwrap();
+        for ev in v["Events"].as_array().into_iter().flatten() {
+            let value = ev["kv"].get("value").map(b64).unwrap_or_default();
+            let prev = ev
+                .get("prev_kv")
+                .and_then(|p| p.get("value"))
+                .map(b64)
+                .unwrap_or_default();
+            seen.push((value, prev));
+        }
+    }
+    drop(watch);
+    let pairs: Vec<(&str, &str)> = seen.iter().map(|(a, b)| (a.as_str(), b.as_str())).collect();
+    assert_eq!(
+        pairs,
+        [("one", ""), ("two", "one"), ("", "two"), ("four", "")]
+    );
+
+    // Compaction: revisions below the mark are gone on every node, the mark itself stays.
+    ok(&e2, &["compaction", &r3.to_string()]).await;
+    for e in [&e1, &e2, &e3] {
+        let old = etcdctl_in(e, &["get", "h", "--rev", &r2.to_string()], "").await;
+        assert!(
+            String::from_utf8_lossy(&old.stderr).contains("required revision has been compacted"),
+            "{}",
+            String::from_utf8_lossy(&old.stderr)
+        );
+        assert_eq!(ok(e, &["get", "h", "--rev", &r3.to_string()]).await, "");
+        assert_eq!(
+            ok(e, &["get", "h", "--rev", &r4.to_string()]).await,
+            "h\nfour\n"
+        );
+    }
+    let again = etcdctl_in(&e1, &["compaction", &r2.to_string()], "").await;
+    assert!(
+        !again.status.success(),
+        "compacting below the mark is refused"
+    );
+    // A watch from below the mark is cancelled as compacted.
+    let gone = etcdctl_in(&e1, &["watch", "h", "--rev", &r1.to_string()], "").await;
+    let text =
+        String::from_utf8_lossy(&gone.stdout).to_string() + &String::from_utf8_lossy(&gone.stderr);
+    assert!(text.contains("compacted"), "{text}");
     c.shutdown().await;
 }

@@ -280,11 +280,37 @@ async fn a_compacted_start_is_410_and_the_watcher_resyncs() {
             .await
             .unwrap();
     }
-    let err = client
+    // Memory holds the last 10 events; the rest come from the MVCC store.
+    let old = client
         .watch_once(&WatchFilter::Prefix("c/".into()), Some(1), 100)
         .await
-        .unwrap_err();
+        .unwrap();
+    assert_eq!(old.events.first().map(|e| e.revision.0), Some(1));
+    // Compaction is what makes revisions go.
+    let r = reqwest::Client::new()
+        .post(format!("{}/v1/compact", c.url(1)))
+        .json(&serde_json::json!({ "revision": 20 }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let err = eventually(
+        Duration::from_secs(10),
+        "the compaction to apply",
+        || async {
+            client
+                .watch_once(&WatchFilter::Prefix("c/".into()), Some(1), 100)
+                .await
+                .err()
+        },
+    )
+    .await;
     assert_eq!((err.status(), err.code()), (Some(410), Some("compacted")));
+    let kept = client
+        .watch_once(&WatchFilter::Prefix("c/".into()), Some(21), 100)
+        .await
+        .unwrap();
+    assert_eq!(kept.events.first().map(|e| e.revision.0), Some(21));
 
     let mut watcher =
         Watcher::new(client.clone(), WatchFilter::Prefix("c/".into()), Some(1)).poll_timeout(1_000);

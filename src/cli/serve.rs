@@ -41,6 +41,21 @@ pub struct ServeArgs {
     /// The most compares, or operations per branch, of one transaction (etcd's --max-txn-ops).
     #[arg(long, env = "LEASECORE_MAX_TXN_OPS", default_value_t = leasecore::domain::txn::DEFAULT_MAX_TXN_OPS)]
     pub max_txn_ops: usize,
+    /// Automatic compaction of the MVCC history (etcd's flag): `periodic` keeps the history
+    /// of the last --auto-compaction-retention, `revision` that many revisions.
+    #[arg(long, env = "LEASECORE_AUTO_COMPACTION_MODE", default_value = "periodic",
+          value_parser = ["periodic", "revision"])]
+    pub auto_compaction_mode: String,
+    /// What auto-compaction keeps (etcd's flag): a duration for `periodic` (1h, 30m, 90s; a
+    /// bare number is hours), a count for `revision`. 0 turns it off: every version is kept
+    /// until an explicit compaction (etcdctl compaction, POST /v1/compact). The default keeps
+    /// an hour (etcd's keeps everything), so that history never fills a disk unnoticed.
+    #[arg(
+        long,
+        env = "LEASECORE_AUTO_COMPACTION_RETENTION",
+        default_value = "1h"
+    )]
+    pub auto_compaction_retention: String,
     /// Address peers and clients reach this node at (default: this node's --peers entry, else
     /// --listen).
     #[arg(long, env = "LEASECORE_ADVERTISE")]
@@ -175,6 +190,16 @@ pub async fn run(args: ServeArgs) -> ExitCode {
     cfg.limits.max_leases = args.max_leases;
     cfg.limits.max_txn_ops = args.max_txn_ops.max(1);
     cfg.etcd_listen = args.etcd_listen;
+    cfg.auto_compaction = match leasecore::domain::auto_compact::Retention::parse(
+        &args.auto_compaction_mode,
+        &args.auto_compaction_retention,
+    ) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
     cfg.cache_bytes = args.cache_mb << 20;
     cfg.auth_token_ttl_ms = args.auth_token_ttl.saturating_mul(1000);
     args.resources.apply(&mut cfg);

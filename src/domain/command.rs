@@ -40,6 +40,10 @@ pub enum Command {
     /// A transaction (see [`crate::domain::txn`]): compares, then one branch of operations,
     /// every change at one revision. etcd's `Put` and `DeleteRange` are transactions too.
     Txn { txn: Txn },
+    /// Forget the key versions below `revision` (MVCC compaction, see
+    /// [`crate::domain::mvcc`]): reads below it and watches from it answer `compacted`.
+    /// Changes no key and no store revision.
+    Compact { revision: Revision },
     /// Create a lease. The duplicate check happens here, at apply time. `clock_ms`: the
     /// leader's lease clock when it proposed the registration, which makes the registration a
     /// checkpoint (`remaining = ttl` at that clock; see [`crate::domain::lease`]).
@@ -114,6 +118,7 @@ impl Command {
             Command::Put { .. }
             | Command::Delete { .. }
             | Command::Txn { .. }
+            | Command::Compact { .. }
             | Command::RevokeLease { .. }
             | Command::ExpireLeases { .. }
             | Command::Auth { .. } => None,
@@ -153,7 +158,7 @@ impl Command {
                         .sum::<usize>()
             }
             Command::Auth { .. } => OVERHEAD + 256,
-            Command::LeaseClock { .. } => OVERHEAD,
+            Command::LeaseClock { .. } | Command::Compact { .. } => OVERHEAD,
             Command::Guarded { user, command } => user.len() + command.approx_bytes(),
         }
     }
@@ -245,6 +250,8 @@ pub enum Response {
         revision: Revision,
         lease_revision: Revision,
     },
+    /// The history is compacted up to `compact_revision` (the store revision is unchanged).
+    Compacted { compact_revision: Revision },
     /// An auth change applied; the auth revision after it.
     AuthChanged { auth_revision: u64 },
     /// The command was applied and changed nothing, for this reason.
@@ -274,6 +281,18 @@ pub enum KvError {
     /// A member registration found a live registration of the same id.
     #[error("member {id:?} is already registered")]
     MemberExists { id: String },
+    /// A compaction or a read at a revision that compaction has removed.
+    #[error("revision {revision} is compacted (the history starts after {compacted})")]
+    Compacted {
+        revision: Revision,
+        compacted: Revision,
+    },
+    /// A compaction or a read at a revision the store has not reached.
+    #[error("revision {revision} is in the future (the store is at {current})")]
+    FutureRevision {
+        revision: Revision,
+        current: Revision,
+    },
     /// A guarded command the user's permissions no longer allowed when it applied.
     #[error("permission denied")]
     PermissionDenied,

@@ -108,6 +108,25 @@ pub struct Batch {
     pub through: Revision,
 }
 
+/// Events older than an [`EventHistory`] retains, from wherever the node keeps them (its
+/// MVCC store): a watch resumes from any revision still held there.
+pub trait OlderEvents: Send + Sync {
+    /// The highest revision no longer answerable (the compaction mark, or where the store's
+    /// history began): a watch starting at or below it is compacted, even where memory still
+    /// holds its events, so that every node answers alike.
+    fn floor(&self) -> Revision;
+
+    /// Matching events with revision `>= from`, up to `through`, at most `limit` (whole
+    /// revisions, as [`EventHistory::since`]); `Compacted` if `from` is not above what is held.
+    fn since(
+        &self,
+        from: Revision,
+        through: Revision,
+        filter: &KeyFilter,
+        limit: usize,
+    ) -> Result<Batch, Compacted>;
+}
+
 /// Bounds of the history.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct HistoryLimits {

@@ -77,6 +77,9 @@ pub struct KvSnapshot {
     /// rebuilt from the leases' checkpoints, see [`KvState::from_snapshot`]).
     #[serde(default)]
     pub lease_clock_ms: u64,
+    /// The MVCC compaction mark: versions below it are gone (absent in older snapshots: 0).
+    #[serde(default)]
+    pub compact_revision: Revision,
 }
 
 /// The replicated key-value state.
@@ -101,6 +104,9 @@ pub struct KvState {
     /// restarts included: a node that came back with a lower value would start a clock ahead
     /// of the leader that wrote the newest stamps, and age their checkpoints too fast.
     lease_clock_ms: u64,
+    /// The MVCC compaction mark (see [`crate::domain::mvcc`]): the store keeps every key's
+    /// versions from here on. Replicated, so every replica answers `compacted` alike.
+    compact_revision: Revision,
     /// Bytes of every live key and value (what the storage quota counts of the state).
     data_bytes: u64,
     /// The revision of the request being applied, once it has changed something (every
@@ -137,8 +143,32 @@ impl KvState {
             auth: snapshot.auth,
             dirty_auth: false,
             lease_clock_ms,
+            compact_revision: snapshot.compact_revision,
             data_bytes,
             request: None,
+        }
+    }
+
+    /// The MVCC compaction mark.
+    pub fn compact_revision(&self) -> Revision {
+        self.compact_revision
+    }
+
+    /// Whether the state at `revision` can be asked for: not compacted, not in the future.
+    /// (Whether this node still holds it is the history's floor, a storage matter.)
+    pub fn check_revision(&self, revision: Revision) -> Result<(), KvError> {
+        if revision < self.compact_revision {
+            Err(KvError::Compacted {
+                revision,
+                compacted: self.compact_revision,
+            })
+        } else if revision > self.revision {
+            Err(KvError::FutureRevision {
+                revision,
+                current: self.revision,
+            })
+        } else {
+            Ok(())
         }
     }
 
@@ -268,6 +298,7 @@ impl KvState {
                 clock_ms,
             } => self.register_lease(name, *ttl_ms, *clock_ms),
             Command::RevokeLease { name } => self.revoke_lease(name),
+            Command::Compact { revision } => self.compact(*revision),
             Command::ExpireLeases { leases } => self.expire_leases(leases),
             Command::CheckpointLeases { checkpoints } => self.checkpoint_leases(checkpoints),
             // Its stamp advanced the clock above; nothing else changes.
@@ -319,6 +350,35 @@ impl KvState {
                 out.response = Response::Batch { responses };
                 out
             }
+        }
+    }
+
+    /// etcd's rules: compacting to the current revision is allowed, to a revision at or below
+    /// the mark (nothing to do) answers `compacted`, past the current one `future`.
+    fn compact(&mut self, revision: Revision) -> Applied {
+        let refused = if revision <= self.compact_revision {
+            Some(KvError::Compacted {
+                revision,
+                compacted: self.compact_revision,
+            })
+        } else if revision > self.revision {
+            Some(KvError::FutureRevision {
+                revision,
+                current: self.revision,
+            })
+        } else {
+            None
+        };
+        if let Some(error) = refused {
+            return rejected(error);
+        }
+        self.compact_revision = revision;
+        Applied {
+            response: Response::Compacted {
+                compact_revision: revision,
+            },
+            events: vec![],
+            lease_changes: vec![],
         }
     }
 
@@ -675,6 +735,7 @@ impl KvState {
             leases: self.leases.clone(),
             auth: self.auth.clone(),
             lease_clock_ms: self.lease_clock_ms,
+            compact_revision: self.compact_revision,
         }
     }
 
@@ -686,12 +747,14 @@ impl KvState {
             keys: &'a BTreeMap<String, Versioned>,
             leases: &'a BTreeMap<String, LeaseRecord>,
             auth: &'a AuthState,
+            compact_revision: Revision,
         }
         serde_json::to_vec(&View {
             revision: self.revision,
             keys: &self.keys,
             leases: &self.leases,
             auth: &self.auth,
+            compact_revision: self.compact_revision,
         })
         .expect("serializing plain data cannot fail")
     }
@@ -733,6 +796,51 @@ mod tests {
             key: key.into(),
             prev_revision: None,
         }
+    }
+
+    #[test]
+    fn compaction_follows_etcds_rules_and_changes_no_revision() {
+        let mut kv = KvState::new();
+        kv.apply(&put("a", "1"));
+        kv.apply(&put("a", "2"));
+        let compact = |kv: &mut KvState, r| {
+            kv.apply(&Command::Compact {
+                revision: Revision(r),
+            })
+        };
+        assert_eq!(
+            compact(&mut kv, 3).response,
+            rejected(KvError::FutureRevision {
+                revision: Revision(3),
+                current: Revision(2)
+            })
+            .response
+        );
+        let done = compact(&mut kv, 2);
+        assert_eq!(
+            done.response,
+            Response::Compacted {
+                compact_revision: Revision(2)
+            }
+        );
+        assert!(done.events.is_empty());
+        assert_eq!(
+            (kv.revision(), kv.compact_revision()),
+            (Revision(2), Revision(2))
+        );
+        // Again at or below the mark: compacted, as etcd answers.
+        assert!(matches!(
+            compact(&mut kv, 1).response,
+            Response::Rejected {
+                error: KvError::Compacted { .. }
+            }
+        ));
+        assert!(kv.check_revision(Revision(1)).is_err());
+        assert!(kv.check_revision(Revision(2)).is_ok());
+        // Replicated: a snapshot carries the mark.
+        let restored = KvState::from_snapshot(kv.snapshot());
+        assert_eq!(restored.compact_revision(), Revision(2));
+        assert_eq!(restored.encode(), kv.encode());
     }
 
     #[test]

@@ -27,6 +27,7 @@
 //! - [`replay`]: rebuilding the watch history at start-up from the snapshot and the log.
 
 pub mod auth;
+pub mod auto_compact;
 pub mod bootstrap;
 pub mod command;
 pub mod flease;
@@ -39,6 +40,7 @@ pub mod limits;
 /// drives it).
 pub use leasecore_client::lwlease;
 pub mod members;
+pub mod mvcc;
 pub mod peer_link;
 pub mod peer_trust;
 pub mod range;

@@ -215,7 +215,8 @@ fn grows(cmd: &Command) -> bool {
         | Command::RevokeLease { .. }
         | Command::ExpireLeases { .. }
         | Command::CheckpointLeases { .. }
-        | Command::LeaseClock { .. } => false,
+        | Command::LeaseClock { .. }
+        | Command::Compact { .. } => false,
         Command::Batch { commands } => commands.iter().any(grows),
         Command::Guarded { command, .. } => grows(command),
         Command::Auth { .. } => true,

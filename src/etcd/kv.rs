@@ -2,12 +2,9 @@
 //!
 //! Writes are one [`Command::Txn`] each, checked (`admit`) and authorized (`guard`) as the
 //! `/v1` writes are, then proposed (followers forward). Reads are linearizable unless the
-//! request is `serializable`, and are served from this node's applied state.
-//!
-//! # What is not here yet
-//! Reads at a past revision: the store keeps the latest version of each key, so a range at a
-//! revision below the current one answers `compacted` (MVCC history is the next step of
-//! issue 14), and `Compact` changes nothing.
+//! request is `serializable`, and are served from this node's applied state: the current
+//! one, or its MVCC history for a range at a past revision. `Compact` is a replicated
+//! [`Command::Compact`].
 
 use leasecore_etcd_api::etcdserverpb::kv_server::Kv;
 use leasecore_etcd_api::etcdserverpb::{
@@ -25,6 +22,7 @@ use crate::domain::txn::{Compare, CompareOp, CompareTarget, OpResult, Txn, TxnOp
 use crate::domain::types::Revision;
 use crate::http::auth::{check, guard};
 use crate::http::kv::{Consistency, admit, propose, read_point, unexpected};
+use crate::raft::state_machine::HistoryError;
 
 impl Etcd {
     /// Propose `txn` for the caller of `req`; the store revision after it, and its result.
@@ -233,23 +231,17 @@ impl Kv for Etcd {
                 .map_err(EtcdError::from)?;
         }
         check(&self.state, &caller, Access::Read, &spec.range).map_err(EtcdError::from)?;
-        let (revision, result) = self
-            .state
-            .consensus
-            .view()
-            .with_state(|kv| (kv.revision(), evaluate(&spec, kv.range(&spec.range))));
-        if r.revision > 0 {
-            let at = Revision(r.revision as u64);
-            if at > revision {
-                return Err(EtcdError::future_revision().into());
-            }
-            if at < revision {
-                return Err(EtcdError::compacted(crate::domain::history::Compacted {
-                    compacted: revision,
-                })
-                .into());
-            }
+        let view = self.state.consensus.view();
+        if r.revision <= 0 {
+            // Now: evaluated in place, without copying the range.
+            let (revision, result) =
+                view.with_state(|kv| (kv.revision(), evaluate(&spec, kv.range(&spec.range))));
+            return Ok(Response::new(self.range_response(revision, result)));
         }
+        let (revision, kvs) = view
+            .range_at(&spec.range, Some(Revision(r.revision as u64)))
+            .map_err(history_error)?;
+        let result = evaluate(&spec, kvs.iter().map(|(k, v)| (k.as_str(), v)));
         Ok(Response::new(self.range_response(revision, result)))
     }
 
@@ -312,14 +304,31 @@ impl Kv for Etcd {
         &self,
         req: Request<CompactionRequest>,
     ) -> Result<Response<CompactionResponse>, Status> {
+        let caller = self.caller(&req)?;
         let r = req.into_inner();
-        let current = self.state.consensus.view().applied().revision;
-        if r.revision > current.0 as i64 {
-            return Err(EtcdError::future_revision().into());
+        let cmd = Command::Compact {
+            revision: Revision(u64::try_from(r.revision).unwrap_or(0)),
+        };
+        admit(&self.state, &cmd).map_err(EtcdError::from)?;
+        let cmd = guard(&self.state, &caller, cmd).map_err(EtcdError::from)?;
+        // `physical` (wait until the space is reclaimed) needs no wait here: what compaction
+        // drops is unreadable from the moment it applies.
+        match propose(&self.state, cmd).await.map_err(EtcdError::from)? {
+            Applied::Compacted { .. } => Ok(Response::new(CompactionResponse {
+                header: self.header(),
+            })),
+            other => Err(EtcdError::from(unexpected(other)).into()),
         }
-        // No past versions are kept yet (see the module docs): nothing to drop.
-        Ok(Response::new(CompactionResponse {
-            header: self.header_at(current),
-        }))
+    }
+}
+
+/// A history read's failure, in etcd's words.
+pub(super) fn history_error(e: HistoryError) -> EtcdError {
+    match e {
+        HistoryError::Compacted { floor, .. } => {
+            EtcdError::compacted(crate::domain::history::Compacted { compacted: floor })
+        }
+        HistoryError::Future { .. } => EtcdError::future_revision(),
+        HistoryError::Storage(e) => EtcdError::Status(Status::internal(e.to_string())),
     }
 }

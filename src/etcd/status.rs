@@ -72,6 +72,14 @@ fn from_api(e: ApiError) -> Status {
         "lease_not_found" => (Code::NotFound, "requested lease not found".into()),
         "lease_exists" => (Code::FailedPrecondition, "lease already exists".into()),
         "key_not_found" => (Code::InvalidArgument, "key not found".into()),
+        "compacted" => (
+            Code::OutOfRange,
+            "mvcc: required revision has been compacted".into(),
+        ),
+        "future_revision" => (
+            Code::OutOfRange,
+            "mvcc: required revision is a future revision".into(),
+        ),
         "permission_denied" => (Code::PermissionDenied, "permission denied".into()),
         "unauthenticated" => (Code::Unauthenticated, "invalid auth token".into()),
         "auth_failed" => (

@@ -13,10 +13,11 @@
 //! - Events are checked against the caller's read permission at delivery.
 //! - The session ends when the client's stream ends, the client stops reading, or the node
 //!   stops; its watchers end with it.
+//! - `prev_kv` is the key's previous version from the MVCC history, looked up per event
+//!   (absent when it was not live, or has been compacted since).
 //!
 //! # What is not here yet
-//! `prev_kv` (events carry no previous value until MVCC history lands) and `fragment`
-//! (batches are bounded instead).
+//! `fragment` (batches are bounded instead).
 
 use std::collections::HashMap;
 use std::pin::Pin;
@@ -34,7 +35,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status, Streaming};
 
-use super::{Etcd, lease_id};
+use super::{Etcd, key_value, lease_id};
 use crate::domain::auth::{Access, KeyRange, perm::prefix_end};
 use crate::domain::command::{Event, EventKind};
 use crate::domain::history::KeyFilter;
@@ -62,6 +63,7 @@ struct Spec {
     no_put: bool,
     no_delete: bool,
     progress_notify: bool,
+    prev_kv: bool,
 }
 
 /// The hub filter that covers `range` (the events are checked against the range too).
@@ -208,6 +210,7 @@ impl Session {
                 .filters
                 .contains(&(watch_create_request::FilterType::Nodelete as i32)),
             progress_notify: c.progress_notify,
+            prev_kv: c.prev_kv,
         };
         let created = WatchResponse {
             header: self.etcd.header_at(current),
@@ -279,6 +282,7 @@ struct Watcher {
 impl Watcher {
     async fn run(self, mut from: Revision, cancel: CancellationToken) {
         let hub = self.etcd.state.watch.clone();
+        let view = self.etcd.state.consensus.view();
         loop {
             let batch = tokio::select! {
                 _ = cancel.cancelled() => return,
@@ -312,7 +316,15 @@ impl Watcher {
                     EventKind::Delete => !self.spec.no_delete,
                 })
                 .filter(|e| can_read(&self.etcd.state, &self.caller, &e.key))
-                .map(event)
+                .map(|e| {
+                    let mut out = event(e);
+                    if self.spec.prev_kv {
+                        out.prev_kv = view
+                            .version_before(&e.key, e.revision)
+                            .map(|v| key_value(&e.key, &v));
+                    }
+                    out
+                })
                 .collect();
             let progress = events.is_empty() && batch.events.is_empty();
             if !events.is_empty() || (progress && self.spec.progress_notify) {

@@ -91,8 +91,36 @@ impl From<KvError> for ApiError {
             KvError::KeyNotFound { key } => {
                 ApiError::not_found("key_not_found", message).with("key", key)
             }
+            KvError::Compacted { compacted, .. } => {
+                ApiError::new(StatusCode::GONE, "compacted", message)
+                    .with("compact_revision", compacted.0)
+            }
+            KvError::FutureRevision { current, .. } => {
+                ApiError::new(StatusCode::BAD_REQUEST, "future_revision", message)
+                    .with("revision", current.0)
+            }
             KvError::PermissionDenied => AccessError::PermissionDenied.into(),
             KvError::Auth { error } => error.into(),
+        }
+    }
+}
+
+impl From<crate::raft::state_machine::HistoryError> for ApiError {
+    fn from(e: crate::raft::state_machine::HistoryError) -> Self {
+        use crate::raft::state_machine::HistoryError;
+        let message = e.to_string();
+        match e {
+            HistoryError::Compacted { floor, .. } => {
+                ApiError::new(StatusCode::GONE, "compacted", message)
+                    .with("compact_revision", floor.0)
+            }
+            HistoryError::Future { current, .. } => {
+                ApiError::new(StatusCode::BAD_REQUEST, "future_revision", message)
+                    .with("revision", current.0)
+            }
+            HistoryError::Storage(e) => {
+                ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string())
+            }
         }
     }
 }

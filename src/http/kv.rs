@@ -44,6 +44,8 @@ pub struct WriteQuery {
 pub struct ReadQuery {
     #[serde(default)]
     consistency: Consistency,
+    /// Read the key as it was at this revision (from the MVCC history).
+    revision: Option<u64>,
 }
 
 #[derive(Deserialize)]
@@ -54,6 +56,22 @@ pub struct ListQuery {
     limit: Option<usize>,
     #[serde(default)]
     consistency: Consistency,
+    /// List the keys as they were at this revision (from the MVCC history).
+    revision: Option<u64>,
+}
+
+/// `POST /v1/compact`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CompactRequest {
+    revision: u64,
+}
+
+/// The answer to `POST /v1/compact`.
+#[derive(serde::Serialize)]
+pub struct CompactResponse {
+    compact_revision: Revision,
+    revision: Revision,
 }
 
 /// Run a command and count it.
@@ -125,7 +143,17 @@ pub async fn get(
     // After the read point: a linearizable read is checked against the auth state as of then.
     read_point(&state, q.consistency).await?;
     check_key(&state, &caller, Access::Read, &key)?;
-    match state.consensus.view().get(&key) {
+    let found = match q.revision {
+        None => state.consensus.view().get(&key),
+        Some(at) => {
+            let (revision, mut kvs) = state
+                .consensus
+                .view()
+                .range_at(&KeyRange::key(&key), Some(Revision(at)))?;
+            (revision, kvs.pop().map(|(_, v)| v))
+        }
+    };
+    match found {
         (revision, Some(v)) => Ok(Json(GetResponse {
             kv: KeyValue::new(key, v),
             revision,
@@ -154,7 +182,13 @@ pub async fn list(
     // As etcd: a range needs read on all of it (no silent filtering of what it returns).
     check(&state, &caller, Access::Read, &KeyRange::prefix(&q.prefix))?;
     // One more than asked tells whether the listing was cut short.
-    let (revision, mut items) = state.consensus.view().list(&q.prefix, limit + 1);
+    let (revision, mut items) = match q.revision {
+        None => state.consensus.view().list(&q.prefix, limit + 1),
+        Some(at) => state
+            .consensus
+            .view()
+            .range_at(&KeyRange::prefix(&q.prefix), Some(Revision(at)))?,
+    };
     let more = items.len() > limit;
     items.truncate(limit);
     Ok(Json(ListResponse {
@@ -199,5 +233,26 @@ pub(crate) fn unexpected(resp: Response) -> ApiError {
             "internal",
             format!("unexpected applied result {other:?}"),
         ),
+    }
+}
+
+/// `POST /v1/compact`: forget the key versions below a revision, on every node (etcd's
+/// `Compact`). Reads below it and watches from it answer 410 `compacted` afterwards.
+pub async fn compact(
+    State(state): State<AppState>,
+    caller: Caller,
+    ApiJson(body): ApiJson<CompactRequest>,
+) -> Result<Json<CompactResponse>, ApiError> {
+    let cmd = Command::Compact {
+        revision: Revision(body.revision),
+    };
+    admit(&state, &cmd)?;
+    let cmd = guard(&state, &caller, cmd)?;
+    match propose(&state, cmd).await? {
+        Response::Compacted { compact_revision } => Ok(Json(CompactResponse {
+            compact_revision,
+            revision: state.consensus.view().applied().revision,
+        })),
+        other => Err(unexpected(other)),
     }
 }

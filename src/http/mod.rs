@@ -208,6 +208,7 @@ pub fn route_table() -> Vec<RouteSpec> {
             Public,
             get(flease::paxos_get),
         ),
+        spec("POST", "/v1/compact", Public, post(kv::compact)),
         spec("GET", "/v1/cluster", Public, get(cluster::status)),
         spec("GET", "/v1/snapshot", Public, get(snapshot::save)),
         spec("POST", "/v1/cluster/nodes", Public, post(cluster::add_node)),

@@ -16,6 +16,7 @@ pub mod backup;
 pub mod consensus;
 pub mod history_replay;
 pub mod log_store;
+pub mod mvcc_store;
 pub mod network;
 pub mod state_machine;
 

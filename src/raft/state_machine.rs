@@ -20,6 +20,7 @@
 #![allow(clippy::result_large_err)]
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
@@ -28,9 +29,12 @@ use openraft::{EntryPayload, OptionalSend, RaftSnapshotBuilder, StorageIOError};
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
+use super::mvcc_store;
 use super::{Entry, LogId, SnapshotMeta, StorageError, StoredMembership, TypeConfig, any_err};
 use crate::domain::command::{Event, LeaseChange, Response};
+use crate::domain::history::{Batch, Compacted, KeyFilter};
 use crate::domain::kv::{KvSnapshot, KvState, LeaseRecord, Versioned};
+use crate::domain::mvcc;
 use crate::domain::types::Revision;
 use crate::storage::TREE_STATE;
 use crate::storage::snapshot_file::SnapshotFile;
@@ -44,6 +48,8 @@ const KEY_REVISION: &[u8] = b"m/revision";
 const KEY_AUTH: &[u8] = b"m/auth";
 /// The lease clock (the highest stamp applied): persisted, never rebuilt lower.
 const KEY_LEASE_CLOCK: &[u8] = b"m/lease_clock";
+/// The MVCC compaction mark (replicated state).
+const KEY_COMPACT: &[u8] = b"m/compact_revision";
 
 /// How far the state machine has applied: published after every applied batch.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -99,6 +105,24 @@ impl ApplyObserver for Observers {
 pub struct StateView {
     kv: Arc<RwLock<KvState>>,
     applied: watch::Receiver<AppliedMark>,
+    /// The state tree, for the MVCC history (`mvcc_store`).
+    tree: sled::Tree,
+    /// Where this node's history begins (changed only with the state, under its write lock).
+    history_start: Arc<AtomicU64>,
+}
+
+/// Why the state at a revision cannot be read.
+#[derive(Debug, thiserror::Error)]
+pub enum HistoryError {
+    #[error("revision {revision} is compacted (history starts after {floor})")]
+    Compacted { revision: Revision, floor: Revision },
+    #[error("revision {revision} is in the future (the store is at {current})")]
+    Future {
+        revision: Revision,
+        current: Revision,
+    },
+    #[error(transparent)]
+    Storage(#[from] crate::storage::StorageError),
 }
 
 impl StateView {
@@ -150,6 +174,71 @@ impl StateView {
         f(&kv)
     }
 
+    /// `(floor, current)`: history is held above `floor` (ranges may read at it), the store
+    /// is at `current`.
+    fn bounds(&self) -> (Revision, Revision) {
+        let kv = self.kv.read().unwrap_or_else(|p| p.into_inner());
+        let start = Revision(self.history_start.load(Ordering::Acquire));
+        (mvcc::floor(kv.compact_revision(), start), kv.revision())
+    }
+
+    /// The floor, checked again after a read of the history: a compaction that applied
+    /// meanwhile may have swept what the read saw, and then it must not answer.
+    fn still_held(&self, revision: Revision, inclusive: bool) -> Result<(), HistoryError> {
+        let (floor, _) = self.bounds();
+        if revision < floor || (!inclusive && revision == floor) {
+            return Err(HistoryError::Compacted { revision, floor });
+        }
+        Ok(())
+    }
+
+    /// The live keys of `range` at `revision` (`None` or the current revision: now), with the
+    /// store revision, as an etcd range at a revision.
+    pub fn range_at(
+        &self,
+        range: &crate::domain::auth::KeyRange,
+        revision: Option<Revision>,
+    ) -> Result<(Revision, Vec<(String, Versioned)>), HistoryError> {
+        {
+            let kv = self.kv.read().unwrap_or_else(|p| p.into_inner());
+            let current = kv.revision();
+            match revision {
+                None => {
+                    let now = kv.range(range).map(|(k, v)| (k.to_string(), v.clone()));
+                    return Ok((current, now.collect()));
+                }
+                Some(r) if r == current => {
+                    let now = kv.range(range).map(|(k, v)| (k.to_string(), v.clone()));
+                    return Ok((current, now.collect()));
+                }
+                Some(r) if r > current => {
+                    return Err(HistoryError::Future {
+                        revision: r,
+                        current,
+                    });
+                }
+                Some(_) => {}
+            }
+        }
+        let revision = revision.unwrap_or_default();
+        let (floor, current) = self.bounds();
+        if revision < floor {
+            return Err(HistoryError::Compacted { revision, floor });
+        }
+        let kvs = mvcc_store::range_at(&self.tree, range, revision)?;
+        self.still_held(revision, true)?;
+        Ok((current, kvs))
+    }
+
+    /// The version of `key` before its change at `revision` (a watch's `prev_kv`), if it was
+    /// live and is still held.
+    pub fn version_before(&self, key: &str, revision: Revision) -> Option<Versioned> {
+        let prev = mvcc_store::version_before(&self.tree, key, revision).ok()?;
+        self.still_held(Revision(revision.0.saturating_sub(1)), true)
+            .ok()?;
+        prev
+    }
+
     /// The latest applied mark.
     pub fn applied(&self) -> AppliedMark {
         *self.applied.borrow()
@@ -165,6 +254,34 @@ impl StateView {
     /// A receiver of applied marks (for drivers that follow progress).
     pub fn subscribe(&self) -> watch::Receiver<AppliedMark> {
         self.applied.clone()
+    }
+}
+
+impl crate::domain::history::OlderEvents for StateView {
+    fn floor(&self) -> Revision {
+        self.bounds().0
+    }
+
+    fn since(
+        &self,
+        from: Revision,
+        through: Revision,
+        filter: &KeyFilter,
+        limit: usize,
+    ) -> Result<Batch, Compacted> {
+        let compacted = |floor| Compacted { compacted: floor };
+        let (floor, _) = self.bounds();
+        if from <= floor {
+            return Err(compacted(floor));
+        }
+        let batch =
+            mvcc_store::events_since(&self.tree, from, through, filter, limit).map_err(|e| {
+                tracing::error!(error = %e, "reading the history");
+                compacted(through)
+            })?;
+        self.still_held(from, false)
+            .map_err(|_| compacted(self.bounds().0))?;
+        Ok(batch)
     }
 }
 
@@ -196,6 +313,8 @@ pub struct StateMachine {
     membership: StoredMembership,
     applied_tx: Arc<watch::Sender<AppliedMark>>,
     observer: Arc<dyn ApplyObserver>,
+    /// Where this node's MVCC history begins (shared with the views).
+    history_start: Arc<AtomicU64>,
     /// Distinguishes snapshots built at the same log id.
     snapshot_seq: u64,
     /// Dropped with the state machine: tells [`StateMachine::dropped`]'s receiver that this
@@ -270,12 +389,29 @@ impl StateMachine {
             Some(b) => serde_json::from_slice(&b).map_err(|e| corrupt("lease clock", e))?,
             None => 0,
         };
+        let compact_revision: Revision = match read(KEY_COMPACT)? {
+            Some(b) => serde_json::from_slice(&b).map_err(|e| corrupt("compact revision", e))?,
+            None => Revision::default(),
+        };
+        // A history not written through the persisted revision (a store from before history,
+        // or one a build without history wrote to since) starts again at the current state.
+        let history_start = match mvcc_store::marks(&state)? {
+            Some((start, through)) if through == revision => start,
+            _ => {
+                let mut batch = sled::Batch::default();
+                mvcc_store::restart(&state, &mut batch, keys.iter(), revision)?;
+                state.apply_batch(batch)?;
+                tracing::info!(%revision, "MVCC history starts at the current revision");
+                revision
+            }
+        };
         let kv = KvState::from_snapshot(KvSnapshot {
             revision,
             keys,
             leases,
             auth,
             lease_clock_ms,
+            compact_revision,
         });
         let mark = AppliedMark {
             log_index: last_applied.map(|l| l.index).unwrap_or(0),
@@ -284,9 +420,12 @@ impl StateMachine {
         };
         let (applied_tx, applied_rx) = watch::channel(mark);
         let kv = Arc::new(RwLock::new(kv));
+        let history_start = Arc::new(AtomicU64::new(history_start.0));
         let view = StateView {
             kv: kv.clone(),
             applied: applied_rx,
+            tree: state.clone(),
+            history_start: history_start.clone(),
         };
         let sm = StateMachine {
             db: db.clone(),
@@ -297,6 +436,7 @@ impl StateMachine {
             membership,
             applied_tx: Arc::new(applied_tx),
             observer,
+            history_start,
             snapshot_seq: 0,
             drop_signal: None,
         };
@@ -399,15 +539,30 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             if let Some(auth) = kv.take_dirty_auth() {
                 batch.insert(KEY_AUTH, json(auth)?);
             }
-            (kv.revision(), kv.lease_clock_ms())
+            let revision = kv.revision();
+            mvcc_store::record(&mut batch, &events).map_err(write_err)?;
+            if kv.compact_revision() > Revision(0) {
+                mvcc_store::sweep(
+                    &self.state,
+                    &mut batch,
+                    kv.compact_revision(),
+                    mvcc_store::SWEEP_BUDGET,
+                )
+                .map_err(write_err)?;
+            }
+            batch.insert(mvcc_store::KEY_HISTORY_THROUGH, &revision.0.to_be_bytes());
+            batch.insert(KEY_COMPACT, json(&kv.compact_revision())?);
+            batch.insert(KEY_APPLIED, json(&self.last_applied)?);
+            batch.insert(KEY_MEMBERSHIP, json(&self.membership)?);
+            batch.insert(KEY_REVISION, json(&revision)?);
+            batch.insert(KEY_LEASE_CLOCK, json(&kv.lease_clock_ms())?);
+            // Written while the state is still locked: a reader that sees revision `r` finds
+            // the history through `r` (sled's batch is in memory, not a disk write).
+            // Not flushed here: the log holds every applied entry durably, and sled recovers a
+            // prefix of writes, so a lost tail is re-applied from the log on restart.
+            self.state.apply_batch(batch).map_err(write_err)?;
+            (revision, kv.lease_clock_ms())
         };
-        batch.insert(KEY_APPLIED, json(&self.last_applied)?);
-        batch.insert(KEY_MEMBERSHIP, json(&self.membership)?);
-        batch.insert(KEY_REVISION, json(&revision)?);
-        batch.insert(KEY_LEASE_CLOCK, json(&lease_clock_ms)?);
-        // Not flushed here: the log holds every applied entry durably, and sled recovers a
-        // prefix of writes, so a lost tail is re-applied from the log on restart.
-        self.state.apply_batch(batch).map_err(write_err)?;
         self.publish((revision, lease_clock_ms), events, lease_changes, false);
         Ok(responses)
     }
@@ -460,18 +615,26 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         }
         batch.insert(KEY_AUTH, json(&payload.kv.auth)?);
         batch.insert(KEY_LEASE_CLOCK, json(&payload.kv.lease_clock_ms)?);
+        batch.insert(KEY_COMPACT, json(&payload.kv.compact_revision)?);
         let revision = payload.kv.revision;
+        // The history of the gap is unknown: it starts again at the snapshot.
+        mvcc_store::restart(&self.state, &mut batch, payload.kv.keys.iter(), revision)
+            .map_err(write_err)?;
         batch.insert(KEY_APPLIED, json(&meta.last_log_id)?);
         batch.insert(KEY_MEMBERSHIP, json(&meta.last_membership)?);
         batch.insert(KEY_REVISION, json(&revision)?);
-        self.state.apply_batch(batch).map_err(write_err)?;
-        self.db.flush_async().await.map_err(write_err)?;
 
         // The tracker (if this node leads, which it does not while installing) re-learns every
         // lease at its next promote; the watch hub learns that history before `revision` is gone.
         let installed = KvState::from_snapshot(payload.kv);
         let lease_clock_ms = installed.lease_clock_ms();
-        *self.kv.write().unwrap_or_else(|p| p.into_inner()) = installed;
+        {
+            let mut kv = self.kv.write().unwrap_or_else(|p| p.into_inner());
+            self.state.apply_batch(batch).map_err(write_err)?;
+            *kv = installed;
+            self.history_start.store(revision.0, Ordering::Release);
+        }
+        self.db.flush_async().await.map_err(write_err)?;
         self.last_applied = meta.last_log_id;
         self.membership = meta.last_membership.clone();
         self.publish((revision, lease_clock_ms), Vec::new(), Vec::new(), true);
@@ -596,6 +759,8 @@ pub(crate) fn seed(
     }
     batch.insert(KEY_AUTH, enc(&kv.auth)?);
     batch.insert(KEY_LEASE_CLOCK, enc(&kv.lease_clock_ms)?);
+    batch.insert(KEY_COMPACT, enc(&kv.compact_revision)?);
+    mvcc_store::restart(&state, &mut batch, kv.keys.iter(), kv.revision)?;
     batch.insert(KEY_APPLIED, enc(&meta.last_log_id)?);
     batch.insert(KEY_MEMBERSHIP, enc(&meta.last_membership)?);
     batch.insert(KEY_REVISION, enc(&kv.revision)?);

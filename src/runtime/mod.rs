@@ -21,6 +21,7 @@
 //! are; the shell itself is exercised end to end.
 
 pub mod auth;
+pub mod auto_compact;
 pub mod batch;
 pub mod bootstrap;
 pub mod compaction;

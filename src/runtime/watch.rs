@@ -24,7 +24,9 @@ use std::time::Duration;
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
-use crate::domain::history::{Batch, Compacted, EventHistory, HistoryLimits, KeyFilter};
+use crate::domain::history::{
+    Batch, Compacted, EventHistory, HistoryLimits, KeyFilter, OlderEvents,
+};
 use crate::domain::types::Revision;
 use crate::raft::state_machine::{AppliedBatch, ApplyObserver};
 
@@ -143,6 +145,8 @@ pub struct WatchHub {
     next_id: AtomicU64,
     /// Fires at node shutdown: every long poll returns.
     cancel: CancellationToken,
+    /// Where events older than the in-memory history are read (the MVCC store), once set.
+    older: std::sync::OnceLock<Arc<dyn OlderEvents>>,
 }
 
 /// Removes a watch's wake-up when the watch ends, however it ends.
@@ -167,7 +171,34 @@ impl WatchHub {
             advanced: tokio::sync::watch::Sender::new(revision),
             next_id: AtomicU64::new(1),
             cancel,
+            older: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Read events older than the in-memory history from `older` (set once, at start-up).
+    pub fn set_older(&self, older: Arc<dyn OlderEvents>) {
+        let _ = self.older.set(older);
+    }
+
+    /// Matching events from `from` on: from memory, or, for revisions it no longer holds,
+    /// from the store (a batch that ends where memory begins; the next call goes on there).
+    fn since(&self, from: Revision, filter: &KeyFilter, limit: usize) -> Result<Batch, Compacted> {
+        if let Some(older) = self.older.get() {
+            let floor = older.floor();
+            if from <= floor {
+                return Err(Compacted { compacted: floor });
+            }
+        }
+        let in_memory = self.history().since(from, filter, limit);
+        let (Err(Compacted { compacted }), Some(older)) = (&in_memory, self.older.get()) else {
+            return in_memory;
+        };
+        let batch = older.since(from, *compacted, filter, limit)?;
+        if !batch.events.is_empty() || batch.through < *compacted {
+            return Ok(batch);
+        }
+        // Nothing matched in the stored span: go on in memory from where it ends.
+        self.history().since(compacted.next(), filter, limit)
     }
 
     /// Replace the history with one rebuilt at start-up (`raft::history_replay`), before any
@@ -213,8 +244,7 @@ impl WatchHub {
 
     /// Every event from `from` on, up to `limit`, without waiting.
     pub fn since_all(&self, from: Revision, limit: usize) -> Result<Batch, Compacted> {
-        self.history()
-            .since(from, &KeyFilter::Prefix(String::new()), limit)
+        self.since(from, &KeyFilter::Prefix(String::new()), limit)
     }
 
     /// (retained events, retained bytes, compacted revision, waiting watches).
@@ -249,13 +279,13 @@ impl WatchHub {
                 filter,
                 id,
             };
-            let batch = self.history().since(from, filter, limit)?;
+            let batch = self.since(from, filter, limit)?;
             if !batch.events.is_empty() {
                 return Ok(batch);
             }
             tokio::select! {
                 _ = woken => {}
-                _ = &mut expired => return self.history().since(from, filter, limit),
+                _ = &mut expired => return self.since(from, filter, limit),
                 _ = self.cancel.cancelled() => return Ok(batch),
             }
         }
