@@ -1,5 +1,7 @@
 //! Generates etcd v3's messages, server traits and clients from the `.proto` files in
 //! `proto/`. `protox` parses them in Rust, so building needs no `protoc` on the machine.
+//! `pbjson-build` adds serde implementations in proto3's JSON mapping with the proto field
+//! names, which is what etcd's gRPC-JSON gateway speaks.
 
 fn main() {
     const PROTOS: [&str; 5] = [
@@ -11,6 +13,20 @@ fn main() {
     ];
     println!("cargo:rerun-if-changed=proto");
     let descriptors = protox::compile(PROTOS, ["proto"]).expect("etcd's .proto files parse");
+    let bytes = prost::Message::encode_to_vec(&descriptors);
+    pbjson_build::Builder::new()
+        .register_descriptors(&bytes)
+        .expect("descriptors register")
+        .preserve_proto_field_names()
+        .ignore_unknown_fields()
+        .build(&[
+            ".mvccpb",
+            ".authpb",
+            ".etcdserverpb",
+            ".v3lockpb",
+            ".v3electionpb",
+        ])
+        .expect("JSON code generation from etcd's .proto files");
     tonic_prost_build::configure()
         .build_server(true)
         .build_client(true)

@@ -8,7 +8,7 @@
 
 use std::pin::Pin;
 
-use futures::Stream;
+use futures::{Stream, StreamExt};
 use leasecore_etcd_api::etcdserverpb::lease_server::Lease;
 use leasecore_etcd_api::etcdserverpb::{
     LeaseGrantRequest, LeaseGrantResponse, LeaseKeepAliveRequest, LeaseKeepAliveResponse,
@@ -30,10 +30,32 @@ fn seconds_up(ms: u64) -> i64 {
     ms.div_ceil(1000) as i64
 }
 
-type KeepAliveStream =
+pub(super) type KeepAliveStream =
     Pin<Box<dyn Stream<Item = Result<LeaseKeepAliveResponse, Status>> + Send + 'static>>;
 
 impl Etcd {
+    /// One answer per request of `inbound`, in order; the stream ends with the client's, or
+    /// at the first failure (the client then reconnects, as it does when a node goes).
+    pub(super) fn keep_alive_stream(
+        &self,
+        caller: Caller,
+        inbound: impl Stream<Item = Result<LeaseKeepAliveRequest, Status>> + Unpin + Send + 'static,
+    ) -> KeepAliveStream {
+        let etcd = self.clone();
+        let out = futures::stream::unfold(Some((etcd, caller, inbound)), |s| async move {
+            let (etcd, caller, mut inbound) = s?;
+            match inbound.next().await {
+                Some(Ok(m)) => match etcd.keep_alive_once(&caller, m.id).await {
+                    Ok(resp) => Some((Ok(resp), Some((etcd, caller, inbound)))),
+                    Err(status) => Some((Err(status), None)),
+                },
+                None => None,
+                Some(Err(status)) => Some((Err(status), None)),
+            }
+        });
+        Box::pin(out)
+    }
+
     /// Register lease `id` with `ttl_ms`; `Ok(false)` if the id is taken.
     async fn grant(&self, caller: &Caller, id: i64, ttl_ms: u64) -> Result<bool, EtcdError> {
         let cmd = Command::RegisterLease {
@@ -144,22 +166,9 @@ impl Lease for Etcd {
         req: Request<Streaming<LeaseKeepAliveRequest>>,
     ) -> Result<Response<Self::LeaseKeepAliveStream>, Status> {
         let caller = self.caller(&req)?;
-        let inbound = req.into_inner();
-        let etcd = self.clone();
-        // One answer per request, in order; the stream ends with the client's, or at the first
-        // failure (the client then reconnects, as it does when a node goes).
-        let out = futures::stream::unfold(Some((etcd, caller, inbound)), |s| async move {
-            let (etcd, caller, mut inbound) = s?;
-            match inbound.message().await {
-                Ok(Some(m)) => match etcd.keep_alive_once(&caller, m.id).await {
-                    Ok(resp) => Some((Ok(resp), Some((etcd, caller, inbound)))),
-                    Err(status) => Some((Err(status), None)),
-                },
-                Ok(None) => None,
-                Err(status) => Some((Err(status), None)),
-            }
-        });
-        Ok(Response::new(Box::pin(out)))
+        Ok(Response::new(
+            self.keep_alive_stream(caller, req.into_inner()),
+        ))
     }
 
     async fn lease_time_to_live(

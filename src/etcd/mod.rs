@@ -19,6 +19,7 @@
 //! the `/v1` helpers it calls are the same ones the HTTP handlers use.
 
 mod cluster;
+mod gateway;
 mod kv;
 
 mod lease;
@@ -88,8 +89,8 @@ impl Etcd {
     }
 }
 
-/// The etcd API's router: the gRPC services (HTTP/2), to be served by a listener that speaks
-/// both HTTP/1 and HTTP/2.
+/// The etcd API's router: the gRPC services (HTTP/2) and etcd's JSON gateway (`/v3/...`,
+/// `GET /version`), to be served by a listener that speaks both HTTP/1 and HTTP/2.
 pub fn router(state: AppState, etcd_url: Option<String>) -> Router {
     let etcd = Etcd { state, etcd_url };
     tonic::service::Routes::new(
@@ -104,8 +105,9 @@ pub fn router(state: AppState, etcd_url: Option<String>) -> Router {
     )
     .add_service(LeaseServer::new(etcd.clone()))
     .add_service(ClusterServer::new(etcd.clone()))
-    .add_service(MaintenanceServer::new(etcd))
+    .add_service(MaintenanceServer::new(etcd.clone()))
     .into_axum_router()
+    .merge(gateway::routes(etcd))
 }
 
 /// The lease name of etcd lease `id`.

@@ -25,7 +25,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use futures::Stream;
+use futures::{Stream, StreamExt};
 use leasecore_etcd_api::etcdserverpb::watch_server::Watch;
 use leasecore_etcd_api::etcdserverpb::{
     WatchCreateRequest, WatchRequest, WatchResponse, watch_create_request, watch_request,
@@ -53,7 +53,7 @@ const QUEUE: usize = 64;
 /// default progress-notify interval).
 const PROGRESS_INTERVAL: Duration = Duration::from_secs(600);
 
-type WatchStream = Pin<Box<dyn Stream<Item = Result<WatchResponse, Status>> + Send>>;
+pub(super) type WatchStream = Pin<Box<dyn Stream<Item = Result<WatchResponse, Status>> + Send>>;
 type Outbox = mpsc::Sender<Result<WatchResponse, Status>>;
 
 /// What one watcher follows.
@@ -122,20 +122,20 @@ struct Session {
 }
 
 impl Session {
-    async fn run(mut self, mut inbound: Streaming<WatchRequest>) {
+    async fn run(mut self, mut inbound: impl Stream<Item = Result<WatchRequest, Status>> + Unpin) {
         let hub = self.etcd.state.watch.clone();
         loop {
             let msg = tokio::select! {
-                m = inbound.message() => m,
+                m = inbound.next() => m,
                 _ = self.out.closed() => break,
                 _ = hub.closed() => break,
             };
             let request = match msg {
-                Ok(Some(WatchRequest {
+                Some(Ok(WatchRequest {
                     request_union: Some(r),
                 })) => r,
-                Ok(Some(_)) => continue,
-                Ok(None) | Err(_) => break,
+                Some(Ok(_)) => continue,
+                None | Some(Err(_)) => break,
             };
             let sent = match request {
                 watch_request::RequestUnion::CreateRequest(c) => self.create(c).await,
@@ -353,6 +353,18 @@ impl Watch for Etcd {
         req: Request<Streaming<WatchRequest>>,
     ) -> Result<Response<Self::WatchStream>, Status> {
         let caller = self.caller(&req)?;
+        Ok(Response::new(self.watch_session(caller, req.into_inner())))
+    }
+}
+
+impl Etcd {
+    /// A watch stream fed by `inbound` (a gRPC stream, or the gateway's one request): the
+    /// session lives until `inbound` ends, the client stops reading, or the node stops.
+    pub(super) fn watch_session(
+        &self,
+        caller: Caller,
+        inbound: impl Stream<Item = Result<WatchRequest, Status>> + Unpin + Send + 'static,
+    ) -> WatchStream {
         let (out, rx) = mpsc::channel(QUEUE);
         let session = Session {
             etcd: self.clone(),
@@ -362,10 +374,10 @@ impl Watch for Etcd {
             next_id: 0,
             done: CancellationToken::new(),
         };
-        tokio::spawn(session.run(req.into_inner()));
+        tokio::spawn(session.run(inbound));
         let stream = futures::stream::unfold(rx, |mut rx| async move {
             rx.recv().await.map(|resp| (resp, rx))
         });
-        Ok(Response::new(Box::pin(stream)))
+        Box::pin(stream)
     }
 }

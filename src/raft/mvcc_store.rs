@@ -6,9 +6,9 @@
 //!   events are durable exactly when its state is, and a crash never leaves one without the
 //!   other.
 //! - The history is complete above the floor, `max(compact_revision, history_start)`; the
-//!   state machine persists `history_start` and checks on open that the history was written
-//!   through the persisted revision (a build without history may have run in between), and
-//!   otherwise starts it again at the current state.
+//!   state machine persists `history_start`, and a store without it (storage format 1, from
+//!   before history) starts its history at its current state when opened. Format 2 keeps
+//!   builds without history from writing to it since.
 //! - The sweep runs inside `apply`, a bounded number of events per call, so it never stalls a
 //!   write and never runs concurrently with a snapshot install (openraft serializes them).
 //!   It only removes versions below the compaction mark that a newer version at or below the
@@ -32,8 +32,6 @@ use crate::storage::StorageError;
 
 /// Where the history of this node begins (a snapshot, or a store from before history).
 pub const KEY_HISTORY_START: &[u8] = b"m/history_start";
-/// The store revision the history is written through (equal to `m/revision` when current).
-pub const KEY_HISTORY_THROUGH: &[u8] = b"m/history_through";
 /// The event key the sweep resumes from (every event before it is swept).
 pub const KEY_SWEPT: &[u8] = b"m/history_swept";
 /// Events the sweep looks at per applied batch.
@@ -86,7 +84,6 @@ pub fn restart<'a>(
     base.sort_by_key(|e| e.revision);
     record(batch, &base)?;
     batch.insert(KEY_HISTORY_START, &revision.0.to_be_bytes());
-    batch.insert(KEY_HISTORY_THROUGH, &revision.0.to_be_bytes());
     batch.insert(KEY_SWEPT, events_from(Revision(0)));
     Ok(())
 }
@@ -101,18 +98,9 @@ fn read_revision(tree: &sled::Tree, key: &[u8]) -> Result<Option<Revision>, Stor
         .transpose()
 }
 
-/// Where this node's history begins, and the revision it is written through (`None`: a store
-/// from before history was kept).
-pub fn marks(tree: &sled::Tree) -> Result<Option<(Revision, Revision)>, StorageError> {
-    Ok(
-        match (
-            read_revision(tree, KEY_HISTORY_START)?,
-            read_revision(tree, KEY_HISTORY_THROUGH)?,
-        ) {
-            (Some(s), Some(t)) => Some((s, t)),
-            _ => None,
-        },
-    )
+/// Where this node's history begins (`None`: a store from before history was kept).
+pub fn history_start(tree: &sled::Tree) -> Result<Option<Revision>, StorageError> {
+    read_revision(tree, KEY_HISTORY_START)
 }
 
 /// The event at `(revision, sub)`.
@@ -394,6 +382,6 @@ mod tests {
         restart(&t, &mut b, states[3].iter(), Revision(3)).unwrap();
         t.apply_batch(b).unwrap();
         assert_eq!(range_at(&t, &all(), Revision(3)).unwrap(), live(&states[3]));
-        assert_eq!(marks(&t).unwrap(), Some((Revision(3), Revision(3))));
+        assert_eq!(history_start(&t).unwrap(), Some(Revision(3)));
     }
 }

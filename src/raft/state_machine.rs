@@ -303,6 +303,13 @@ struct SnapshotPayload {
     kv: KvSnapshot,
 }
 
+/// Marks persisted with the state that most batches leave unchanged.
+#[derive(Clone, Copy, Debug, Default)]
+struct Written {
+    compact: Revision,
+    lease_clock_ms: u64,
+}
+
 /// The sled-backed state machine.
 pub struct StateMachine {
     db: sled::Db,
@@ -315,6 +322,8 @@ pub struct StateMachine {
     observer: Arc<dyn ApplyObserver>,
     /// Where this node's MVCC history begins (shared with the views).
     history_start: Arc<AtomicU64>,
+    /// The rarely changing marks as last written, to write them only when they change.
+    written: Written,
     /// Distinguishes snapshots built at the same log id.
     snapshot_seq: u64,
     /// Dropped with the state machine: tells [`StateMachine::dropped`]'s receiver that this
@@ -393,11 +402,10 @@ impl StateMachine {
             Some(b) => serde_json::from_slice(&b).map_err(|e| corrupt("compact revision", e))?,
             None => Revision::default(),
         };
-        // A history not written through the persisted revision (a store from before history,
-        // or one a build without history wrote to since) starts again at the current state.
-        let history_start = match mvcc_store::marks(&state)? {
-            Some((start, through)) if through == revision => start,
-            _ => {
+        // A store from before history (format 1, upgraded) starts its history here.
+        let history_start = match mvcc_store::history_start(&state)? {
+            Some(start) => start,
+            None => {
                 let mut batch = sled::Batch::default();
                 mvcc_store::restart(&state, &mut batch, keys.iter(), revision)?;
                 state.apply_batch(batch)?;
@@ -437,6 +445,10 @@ impl StateMachine {
             applied_tx: Arc::new(applied_tx),
             observer,
             history_start,
+            written: Written {
+                compact: compact_revision,
+                lease_clock_ms,
+            },
             snapshot_seq: 0,
             drop_signal: None,
         };
@@ -505,6 +517,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         let mut events = Vec::new();
         let mut lease_changes = Vec::new();
         let mut batch = sled::Batch::default();
+        let mut membership_changed = false;
         let (revision, lease_clock_ms) = {
             let mut kv = self.kv.write().unwrap_or_else(|p| p.into_inner());
             for entry in entries {
@@ -518,6 +531,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                         applied.response
                     }
                     EntryPayload::Membership(m) => {
+                        membership_changed = true;
                         self.membership = StoredMembership::new(Some(entry.log_id), m);
                         Response::Empty
                     }
@@ -550,18 +564,30 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                 )
                 .map_err(write_err)?;
             }
-            batch.insert(mvcc_store::KEY_HISTORY_THROUGH, &revision.0.to_be_bytes());
-            batch.insert(KEY_COMPACT, json(&kv.compact_revision())?);
+            // The marks that rarely change are written when they do.
+            let compact = kv.compact_revision();
+            if compact != self.written.compact {
+                batch.insert(KEY_COMPACT, json(&compact)?);
+            }
+            if membership_changed {
+                batch.insert(KEY_MEMBERSHIP, json(&self.membership)?);
+            }
+            let lease_clock = kv.lease_clock_ms();
+            if lease_clock != self.written.lease_clock_ms {
+                batch.insert(KEY_LEASE_CLOCK, json(&lease_clock)?);
+            }
             batch.insert(KEY_APPLIED, json(&self.last_applied)?);
-            batch.insert(KEY_MEMBERSHIP, json(&self.membership)?);
             batch.insert(KEY_REVISION, json(&revision)?);
-            batch.insert(KEY_LEASE_CLOCK, json(&kv.lease_clock_ms())?);
             // Written while the state is still locked: a reader that sees revision `r` finds
             // the history through `r` (sled's batch is in memory, not a disk write).
             // Not flushed here: the log holds every applied entry durably, and sled recovers a
             // prefix of writes, so a lost tail is re-applied from the log on restart.
             self.state.apply_batch(batch).map_err(write_err)?;
-            (revision, kv.lease_clock_ms())
+            self.written = Written {
+                compact,
+                lease_clock_ms: lease_clock,
+            };
+            (revision, lease_clock)
         };
         self.publish((revision, lease_clock_ms), events, lease_changes, false);
         Ok(responses)
@@ -631,6 +657,10 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         {
             let mut kv = self.kv.write().unwrap_or_else(|p| p.into_inner());
             self.state.apply_batch(batch).map_err(write_err)?;
+            self.written = Written {
+                compact: installed.compact_revision(),
+                lease_clock_ms: installed.lease_clock_ms(),
+            };
             *kv = installed;
             self.history_start.store(revision.0, Ordering::Release);
         }

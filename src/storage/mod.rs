@@ -28,7 +28,12 @@ pub mod snapshot_file;
 /// directory (sled's default tree, key [`FORMAT_KEY`]); a directory of another format is
 /// refused at start, never reinterpreted. Raise it with any change an older build would
 /// misread, and teach the new build to upgrade the old format.
-pub const STORAGE_FORMAT: u32 = 1;
+/// Format 2 added the MVCC history (`raft::mvcc_store`); a format-1 directory is upgraded in
+/// place when opened (its history starts at its current state), and a build of format 1 then
+/// refuses it rather than write state without history.
+pub const STORAGE_FORMAT: u32 = 2;
+/// The oldest format this build upgrades in place.
+const UPGRADABLE_FROM: u32 = 1;
 /// Where the format is recorded.
 pub const FORMAT_KEY: &[u8] = b"leasecore/storage_format";
 
@@ -112,6 +117,18 @@ fn check_format(db: &sled::Db) -> Result<(), Result<u32, StorageError>> {
                 .unwrap_or(0);
             if found == STORAGE_FORMAT {
                 Ok(())
+            } else if (UPGRADABLE_FROM..STORAGE_FORMAT).contains(&found) {
+                // What the upgrade needs is done by whoever finds its marks missing (the
+                // state machine starts the history); from here on older builds refuse it.
+                db.insert(FORMAT_KEY, &STORAGE_FORMAT.to_be_bytes())
+                    .map_err(|e| Err(e.into()))?;
+                db.flush().map_err(|e| Err(e.into()))?;
+                tracing::info!(
+                    from = found,
+                    to = STORAGE_FORMAT,
+                    "upgraded the data directory's format"
+                );
+                Ok(())
             } else {
                 Err(Ok(found))
             }
@@ -166,10 +183,25 @@ mod tests {
         drop(db);
         match open_db(&dir, 1 << 20) {
             Err(e @ StorageError::Format { found: 99, .. }) => {
-                assert!(e.to_string().contains("this build reads format 1"), "{e}")
+                assert!(e.to_string().contains("this build reads format 2"), "{e}")
             }
             other => panic!("expected a format refusal, got {:?}", other.map(|_| ())),
         }
+    }
+
+    #[test]
+    fn a_format_1_data_dir_is_upgraded_in_place() {
+        let tmp = tempfile::TempDir::new().unwrap();
+        let dir = tmp.path().join("d");
+        let db = open_db(&dir, 1 << 20).unwrap();
+        db.insert(FORMAT_KEY, &1u32.to_be_bytes()).unwrap();
+        db.flush().unwrap();
+        drop(db);
+        let db = open_db(&dir, 1 << 20).unwrap();
+        assert_eq!(
+            db.get(FORMAT_KEY).unwrap().unwrap().as_ref(),
+            2u32.to_be_bytes()
+        );
     }
 
     #[test]

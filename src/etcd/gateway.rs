@@ -1,0 +1,275 @@
+//! etcd's gRPC-JSON gateway on the etcd port: `POST /v3/...` with a JSON body, answered in
+//! proto3's JSON mapping with etcd's settings (proto field names, bytes in base64, 64-bit
+//! integers as strings, zero values left out, enums by name; unknown fields ignored), and
+//! `GET /version`. Server streams (`/v3/watch`, `/v3/lease/keepalive`) answer one
+//! `{"result": ...}` object per line. An error is the HTTP status of its gRPC code (as
+//! grpc-gateway maps them) with `{"error", "code", "message"}` (etcd 3.5's shape).
+//!
+//! # What it must not do
+//! Decide anything: every route calls the gRPC service method itself, with the caller's
+//! `Authorization` header as the token, so both doors behave identically.
+
+use std::future::Future;
+
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use futures::{Stream, StreamExt};
+use leasecore_etcd_api::etcdserverpb::cluster_server::Cluster;
+use leasecore_etcd_api::etcdserverpb::kv_server::Kv;
+use leasecore_etcd_api::etcdserverpb::lease_server::Lease;
+use leasecore_etcd_api::etcdserverpb::maintenance_server::Maintenance;
+use leasecore_etcd_api::etcdserverpb::{
+    AuthenticateRequest, AuthenticateResponse, LeaseKeepAliveRequest, WatchRequest,
+};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use tonic::{Code, Status};
+
+use super::{ETCD_VERSION, Etcd, EtcdError};
+
+/// The largest request body the gateway reads.
+const MAX_BODY_BYTES: usize = 4 << 20;
+
+/// grpc-gateway's mapping of gRPC codes to HTTP statuses.
+fn http_status(code: Code) -> StatusCode {
+    match code {
+        Code::Ok => StatusCode::OK,
+        Code::Cancelled => StatusCode::from_u16(499).unwrap_or(StatusCode::BAD_REQUEST),
+        Code::InvalidArgument | Code::FailedPrecondition | Code::OutOfRange => {
+            StatusCode::BAD_REQUEST
+        }
+        Code::DeadlineExceeded => StatusCode::GATEWAY_TIMEOUT,
+        Code::NotFound => StatusCode::NOT_FOUND,
+        Code::AlreadyExists | Code::Aborted => StatusCode::CONFLICT,
+        Code::PermissionDenied => StatusCode::FORBIDDEN,
+        Code::Unauthenticated => StatusCode::UNAUTHORIZED,
+        Code::ResourceExhausted => StatusCode::TOO_MANY_REQUESTS,
+        Code::Unimplemented => StatusCode::NOT_IMPLEMENTED,
+        Code::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+        Code::Unknown | Code::Internal | Code::DataLoss => StatusCode::INTERNAL_SERVER_ERROR,
+    }
+}
+
+#[derive(Serialize)]
+struct ErrorBody<'a> {
+    error: &'a str,
+    code: i32,
+    message: &'a str,
+}
+
+fn error_body(s: &Status) -> Vec<u8> {
+    serde_json::to_vec(&ErrorBody {
+        error: s.message(),
+        code: s.code() as i32,
+        message: s.message(),
+    })
+    .unwrap_or_default()
+}
+
+fn error(s: Status) -> Response {
+    (
+        http_status(s.code()),
+        [(header::CONTENT_TYPE, "application/json")],
+        error_body(&s),
+    )
+        .into_response()
+}
+
+fn json<T: Serialize>(v: &T) -> Response {
+    match serde_json::to_vec(v) {
+        Ok(body) => ([(header::CONTENT_TYPE, "application/json")], body).into_response(),
+        Err(e) => error(Status::internal(e.to_string())),
+    }
+}
+
+/// The request message of a body (an empty body is the default message).
+fn parse<T: DeserializeOwned + Default>(body: &[u8]) -> Result<T, Status> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(T::default());
+    }
+    serde_json::from_slice(body).map_err(|e| Status::invalid_argument(e.to_string()))
+}
+
+/// A gRPC request carrying the HTTP caller's token.
+fn request<T>(headers: &HeaderMap, msg: T) -> tonic::Request<T> {
+    let mut req = tonic::Request::new(msg);
+    if let Some(v) = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| tonic::metadata::MetadataValue::try_from(v.as_bytes()).ok())
+    {
+        req.metadata_mut().insert("authorization", v);
+    }
+    req
+}
+
+/// A unary route: parse, call, encode.
+async fn unary<Req, Resp, F, Fut>(headers: HeaderMap, body: Bytes, call: F) -> Response
+where
+    Req: DeserializeOwned + Default,
+    Resp: Serialize,
+    F: FnOnce(tonic::Request<Req>) -> Fut,
+    Fut: Future<Output = Result<tonic::Response<Resp>, Status>>,
+{
+    let msg = match parse::<Req>(&body) {
+        Ok(m) => m,
+        Err(s) => return error(s),
+    };
+    match call(request(&headers, msg)).await {
+        Ok(r) => json(r.get_ref()),
+        Err(s) => error(s),
+    }
+}
+
+/// A server stream as newline-delimited `{"result": ...}` (or a last `{"error": ...}`).
+fn ndjson<T: Serialize + Send + 'static>(
+    stream: impl Stream<Item = Result<T, Status>> + Send + 'static,
+) -> Response {
+    #[derive(Serialize)]
+    struct Wrapped<'a, T> {
+        result: &'a T,
+    }
+    let lines = stream.map(|item| {
+        let mut line = match item {
+            Ok(m) => serde_json::to_vec(&Wrapped { result: &m }).unwrap_or_default(),
+            Err(s) => {
+                let mut v = b"{\"error\":".to_vec();
+                v.extend(error_body(&s));
+                v.push(b'}');
+                v
+            }
+        };
+        line.push(b'\n');
+        Ok::<_, std::convert::Infallible>(Bytes::from(line))
+    });
+    (
+        [(header::CONTENT_TYPE, "application/json")],
+        Body::from_stream(lines),
+    )
+        .into_response()
+}
+
+/// etcd's `GET /version`.
+async fn version() -> Response {
+    json(&serde_json::json!({
+        "etcdserver": ETCD_VERSION,
+        "etcdcluster": format!("{}.0", &ETCD_VERSION[..ETCD_VERSION.rfind('.').unwrap_or(3)]),
+    }))
+}
+
+/// `POST /v3/auth/authenticate`: a token for the `Authorization` header.
+async fn authenticate(etcd: Etcd, body: Bytes) -> Response {
+    let req: AuthenticateRequest = match parse(&body) {
+        Ok(r) => r,
+        Err(s) => return error(s),
+    };
+    let state = &etcd.state;
+    let outcome = async {
+        state
+            .consensus
+            .read_barrier()
+            .await
+            .map_err(EtcdError::from)?;
+        let (token, _) = state
+            .auth
+            .authenticate(&req.name, &req.password)
+            .await
+            .map_err(EtcdError::from)?;
+        Ok::<_, EtcdError>(AuthenticateResponse {
+            header: etcd.header(),
+            token,
+        })
+    }
+    .await;
+    match outcome {
+        Ok(r) => json(&r),
+        Err(e) => error(e.into()),
+    }
+}
+
+/// The gateway's routes, on the etcd listener beside the gRPC services.
+pub fn routes(etcd: Etcd) -> Router {
+    macro_rules! unary_route {
+        ($router:expr, $path:expr, $svc:ident :: $method:ident) => {{
+            let e = etcd.clone();
+            $router.route(
+                $path,
+                post(move |headers: HeaderMap, body: Bytes| {
+                    let e = e.clone();
+                    async move {
+                        unary(headers, body, |r| async move { $svc::$method(&e, r).await }).await
+                    }
+                }),
+            )
+        }};
+    }
+    let mut r = Router::new().route("/version", get(version));
+    r = unary_route!(r, "/v3/kv/range", Kv::range);
+    r = unary_route!(r, "/v3/kv/put", Kv::put);
+    r = unary_route!(r, "/v3/kv/deleterange", Kv::delete_range);
+    r = unary_route!(r, "/v3/kv/txn", Kv::txn);
+    r = unary_route!(r, "/v3/kv/compaction", Kv::compact);
+    r = unary_route!(r, "/v3/lease/grant", Lease::lease_grant);
+    for path in ["/v3/lease/revoke", "/v3/kv/lease/revoke"] {
+        r = unary_route!(r, path, Lease::lease_revoke);
+    }
+    for path in ["/v3/lease/timetolive", "/v3/kv/lease/timetolive"] {
+        r = unary_route!(r, path, Lease::lease_time_to_live);
+    }
+    for path in ["/v3/lease/leases", "/v3/kv/lease/leases"] {
+        r = unary_route!(r, path, Lease::lease_leases);
+    }
+    r = unary_route!(r, "/v3/cluster/member/list", Cluster::member_list);
+    r = unary_route!(r, "/v3/maintenance/status", Maintenance::status);
+    r = unary_route!(r, "/v3/maintenance/alarm", Maintenance::alarm);
+    r = unary_route!(r, "/v3/maintenance/hash", Maintenance::hash_kv);
+    let e = etcd.clone();
+    r = r.route(
+        "/v3/auth/authenticate",
+        post(move |body: Bytes| authenticate(e.clone(), body)),
+    );
+    let e = etcd.clone();
+    r = r.route(
+        "/v3/watch",
+        post(move |headers: HeaderMap, body: Bytes| {
+            let e = e.clone();
+            async move {
+                let req: WatchRequest = match parse(&body) {
+                    Ok(m) => m,
+                    Err(s) => return error(s),
+                };
+                let caller = match e.caller(&request(&headers, ())) {
+                    Ok(c) => c,
+                    Err(err) => return error(err.into()),
+                };
+                // The body's one request, then the stream stays open (as etcd's gateway
+                // does) until the client goes.
+                let inbound =
+                    futures::stream::once(async move { Ok(req) }).chain(futures::stream::pending());
+                ndjson(e.watch_session(caller, Box::pin(inbound)))
+            }
+        }),
+    );
+    let e = etcd;
+    r = r.route(
+        "/v3/lease/keepalive",
+        post(move |headers: HeaderMap, body: Bytes| {
+            let e = e.clone();
+            async move {
+                let req: LeaseKeepAliveRequest = match parse(&body) {
+                    Ok(m) => m,
+                    Err(s) => return error(s),
+                };
+                let caller = match e.caller(&request(&headers, ())) {
+                    Ok(c) => c,
+                    Err(err) => return error(err.into()),
+                };
+                let inbound = futures::stream::once(async move { Ok(req) });
+                ndjson(e.keep_alive_stream(caller, Box::pin(inbound)))
+            }
+        }),
+    );
+    r.layer(axum::extract::DefaultBodyLimit::max(MAX_BODY_BYTES))
+}

@@ -1,0 +1,221 @@
+//! etcd's gRPC-JSON gateway on the etcd port, over plain HTTP/1.1 as curl and gateway clients
+//! speak it: the JSON conventions (proto field names, base64 bytes, int64 as strings, zero
+//! values left out, enums by name), streams as `{"result": ...}` lines, errors with etcd's
+//! codes and messages, and `GET /version`. The shapes are those of etcd's own documentation
+//! and gateway tests.
+#![allow(clippy::disallowed_methods)]
+
+mod common;
+
+use std::time::Duration;
+
+use base64::Engine;
+use common::TestCluster;
+use serde_json::{Value, json};
+
+fn b64(s: &str) -> String {
+    base64::engine::general_purpose::STANDARD.encode(s)
+}
+
+fn unb64(v: &Value) -> String {
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(v.as_str().expect("base64 text"))
+        .unwrap();
+    String::from_utf8(bytes).unwrap()
+}
+
+struct Gateway {
+    http: reqwest::Client,
+    base: String,
+}
+
+impl Gateway {
+    async fn post(&self, path: &str, body: Value) -> (u16, Value) {
+        let r = self
+            .http
+            .post(format!("{}{path}", self.base))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        let status = r.status().as_u16();
+        (status, r.json().await.unwrap())
+    }
+
+    async fn ok(&self, path: &str, body: Value) -> Value {
+        let (status, v) = self.post(path, body).await;
+        assert_eq!(status, 200, "{path}: {v}");
+        v
+    }
+}
+
+/// The next `{"result": ...}` line of a streamed answer.
+async fn next_result(resp: &mut reqwest::Response, buf: &mut String) -> Value {
+    loop {
+        if let Some(i) = buf.find('\n') {
+            let line: String = buf.drain(..=i).collect();
+            let v: Value = serde_json::from_str(line.trim()).unwrap();
+            return v.get("result").cloned().unwrap_or_else(|| panic!("{v}"));
+        }
+        let chunk = tokio::time::timeout(Duration::from_secs(10), resp.chunk())
+            .await
+            .expect("the stream stalled")
+            .unwrap()
+            .expect("the stream ended");
+        buf.push_str(std::str::from_utf8(&chunk).unwrap());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_json_gateway_speaks_etcds_conventions() {
+    let c = TestCluster::start_tweaked(3, |cfg| {
+        cfg.etcd_listen = Some("127.0.0.1:0".into());
+    })
+    .await;
+    let leader = c.leader().await;
+    let follower = leader % 3 + 1;
+    let g = Gateway {
+        http: reqwest::Client::new(),
+        base: format!("http://{}", c.nodes[&follower].etcd_addr().unwrap()),
+    };
+
+    let version: Value = g
+        .http
+        .get(format!("{}/version", g.base))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(version["etcdserver"], "3.5.17");
+    assert_eq!(version["etcdcluster"], "3.5.0");
+
+    let put = g
+        .ok(
+            "/v3/kv/put",
+            json!({"key": b64("foo"), "value": b64("bar")}),
+        )
+        .await;
+    let rev = put["header"]["revision"]
+        .as_str()
+        .expect("int64 as a string");
+    assert!(put["header"]["cluster_id"].is_string());
+    assert!(put["header"]["raft_term"].is_string());
+
+    let range = g.ok("/v3/kv/range", json!({"key": b64("foo")})).await;
+    assert_eq!(range["count"], "1");
+    let kv = &range["kvs"][0];
+    assert_eq!(
+        (unb64(&kv["key"]), unb64(&kv["value"])),
+        ("foo".into(), "bar".into())
+    );
+    assert_eq!(kv["create_revision"], rev);
+    assert_eq!(kv["version"], "1");
+    assert!(kv.get("lease").is_none(), "zero values are left out: {kv}");
+    // Unknown fields are ignored, as etcd's gateway does; an empty range has no kvs.
+    let none = g
+        .ok(
+            "/v3/kv/range",
+            json!({"key": b64("nothing"), "no_such_field": 1}),
+        )
+        .await;
+    assert!(
+        none.get("kvs").is_none() && none.get("count").is_none(),
+        "{none}"
+    );
+
+    // A txn: the key exists, so the failure branch runs (no `succeeded` at all).
+    let txn = g
+        .ok(
+            "/v3/kv/txn",
+            json!({
+                "compare": [{"target": "CREATE", "key": b64("foo"), "create_revision": "0"}],
+                "success": [{"request_put": {"key": b64("foo"), "value": b64("new")}}],
+                "failure": [{"request_range": {"key": b64("foo")}}],
+            }),
+        )
+        .await;
+    assert!(txn.get("succeeded").is_none(), "{txn}");
+    assert_eq!(
+        unb64(&txn["responses"][0]["response_range"]["kvs"][0]["value"]),
+        "bar"
+    );
+
+    // Errors: etcd's gRPC code and message, the HTTP status grpc-gateway gives it.
+    let (status, err) = g
+        .post(
+            "/v3/kv/range",
+            json!({"key": b64("foo"), "revision": "99999"}),
+        )
+        .await;
+    assert_eq!(status, 400);
+    assert_eq!(err["code"], 11, "OutOfRange: {err}");
+    assert_eq!(
+        err["message"],
+        "etcdserver: mvcc: required revision is a future revision"
+    );
+    let (status, err) = g.post("/v3/kv/range", json!({"key": 12})).await;
+    assert_eq!((status, err["code"].as_i64()), (400, Some(3)), "{err}");
+
+    // Leases: `ID` and `TTL` as etcd spells them.
+    let grant = g.ok("/v3/lease/grant", json!({"TTL": "20"})).await;
+    let id = grant["ID"].as_str().expect("the lease id").to_string();
+    assert_eq!(grant["TTL"], "20");
+    let mut ka = g
+        .http
+        .post(format!("{}/v3/lease/keepalive", g.base))
+        .json(&json!({"ID": id}))
+        .send()
+        .await
+        .unwrap();
+    let mut buf = String::new();
+    let kept = next_result(&mut ka, &mut buf).await;
+    assert_eq!(
+        (kept["ID"].as_str(), kept["TTL"].as_str()),
+        (Some(id.as_str()), Some("20"))
+    );
+    let ttl = g
+        .ok("/v3/lease/timetolive", json!({"ID": id, "keys": true}))
+        .await;
+    assert_eq!(ttl["grantedTTL"], "20");
+    let leases = g.ok("/v3/lease/leases", json!({})).await;
+    assert_eq!(leases["leases"][0]["ID"], id.as_str());
+    g.ok("/v3/lease/revoke", json!({"ID": id})).await;
+    let (status, err) = g.post("/v3/lease/revoke", json!({"ID": id})).await;
+    assert_eq!(status, 404);
+    assert_eq!(err["message"], "etcdserver: requested lease not found");
+
+    // A watch: `created`, then each change (a PUT has no `type`, a DELETE says so).
+    let mut watch = g
+        .http
+        .post(format!("{}/v3/watch", g.base))
+        .json(&json!({"create_request": {"key": b64("w"), "prev_kv": true}}))
+        .send()
+        .await
+        .unwrap();
+    let mut buf = String::new();
+    let created = next_result(&mut watch, &mut buf).await;
+    assert_eq!(created["created"], true);
+    g.ok("/v3/kv/put", json!({"key": b64("w"), "value": b64("1")}))
+        .await;
+    g.ok("/v3/kv/deleterange", json!({"key": b64("w")})).await;
+    let mut events = Vec::new();
+    while events.len() < 2 {
+        let r = next_result(&mut watch, &mut buf).await;
+        events.extend(r["events"].as_array().cloned().unwrap_or_default());
+    }
+    assert!(events[0].get("type").is_none(), "{}", events[0]);
+    assert_eq!(unb64(&events[0]["kv"]["value"]), "1");
+    assert_eq!(events[1]["type"], "DELETE");
+    assert_eq!(unb64(&events[1]["prev_kv"]["value"]), "1");
+    drop(watch);
+
+    let compacted = g.ok("/v3/kv/compaction", json!({"revision": rev})).await;
+    assert!(compacted["header"]["revision"].is_string());
+    let status = g.ok("/v3/maintenance/status", json!({})).await;
+    assert_eq!(status["version"], "3.5.17");
+    let members = g.ok("/v3/cluster/member/list", json!({})).await;
+    assert_eq!(members["members"].as_array().unwrap().len(), 3);
+    c.shutdown().await;
+}
