@@ -616,6 +616,22 @@ impl Client {
     }
 
     /// The cluster as the first answering node sees it.
+    /// `POST /v1/txn`: a transaction in `/v1`'s JSON (see the API document); the answer as
+    /// JSON. Sent once (a transaction is not idempotent).
+    pub async fn txn(&self, txn: &Value) -> Result<Value, ClientError> {
+        self.call(Method::POST, "/v1/txn", Some(txn)).await
+    }
+
+    /// `POST /v1/compact`: forget the key versions below `revision`, on every node.
+    pub async fn compact(&self, revision: u64) -> Result<Value, ClientError> {
+        self.call(
+            Method::POST,
+            "/v1/compact",
+            Some(&serde_json::json!({ "revision": revision })),
+        )
+        .await
+    }
+
     pub async fn cluster_status(&self) -> Result<ClusterView, ClientError> {
         self.call(Method::GET, "/v1/cluster", None::<&()>).await
     }

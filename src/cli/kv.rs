@@ -1,4 +1,4 @@
-//! `leasecore kv put|get|del|list`: keys, read and written through any node.
+//! `leasecore kv put|get|del|list|txn|compact`: keys, read and written through any node.
 
 use clap::Subcommand;
 use leasecore::client::ClientError;
@@ -49,6 +49,33 @@ pub enum KvCmd {
         #[arg(long)]
         local: bool,
     },
+    /// Run a transaction: compares, then the success or the failure operations, at one
+    /// revision. The transaction is JSON, as `POST /v1/txn` takes it, e.g.
+    /// {"compare":[{"key":"k","target":"mod_revision","value":0}],"success":[{"put":{"key":"k","value":"v"}}]}.
+    /// Prints SUCCESS or FAILURE and the results (or the whole answer with --json).
+    Txn {
+        /// The file holding the transaction (`-`: standard input).
+        #[arg(default_value = "-")]
+        file: std::path::PathBuf,
+    },
+    /// Forget the key versions below a revision, on every node (etcd's compaction): reads
+    /// and watches below it answer `compacted` afterwards.
+    Compact {
+        /// The revision to compact to.
+        revision: u64,
+    },
+}
+
+/// Read a transaction document from `path` (`-`: standard input).
+fn read_txn(path: &std::path::Path) -> Result<serde_json::Value, ClientError> {
+    let text = if path.as_os_str() == "-" {
+        std::io::read_to_string(std::io::stdin())
+    } else {
+        std::fs::read_to_string(path)
+    }
+    .map_err(|e| ClientError::Usage(format!("reading {}: {e}", path.display())))?;
+    serde_json::from_str(&text)
+        .map_err(|e| ClientError::Usage(format!("the transaction is not JSON: {e}")))
 }
 
 pub async fn run(cmd: KvCmd, conn: &ConnArgs) -> Result<(), ClientError> {
@@ -86,6 +113,26 @@ pub async fn run(cmd: KvCmd, conn: &ConnArgs) -> Result<(), ClientError> {
             } else {
                 println!("deleted (revision {})", r.revision);
             }
+        }
+        KvCmd::Txn { file } => {
+            let txn = read_txn(&file)?;
+            let r = client.txn(&txn).await?;
+            if conn.json {
+                print_json(&r);
+            } else {
+                let ok = r["succeeded"].as_bool() == Some(true);
+                println!("{}", if ok { "SUCCESS" } else { "FAILURE" });
+                for result in r["results"].as_array().into_iter().flatten() {
+                    println!("{result}");
+                }
+                eprintln!("revision {}", r["revision"]);
+            }
+        }
+        KvCmd::Compact { revision } => {
+            let r = client.compact(revision).await?;
+            show(conn.json, &r, |r| {
+                println!("compacted to revision {}", r["compact_revision"]);
+            });
         }
         KvCmd::List {
             prefix,

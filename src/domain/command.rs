@@ -282,7 +282,7 @@ pub enum KvError {
     #[error("member {id:?} is already registered")]
     MemberExists { id: String },
     /// A compaction or a read at a revision that compaction has removed.
-    #[error("revision {revision} is compacted (the history starts after {compacted})")]
+    #[error("revision {revision} is compacted: the oldest revision held is {compacted}")]
     Compacted {
         revision: Revision,
         compacted: Revision,

@@ -69,18 +69,24 @@ fn error_body(s: &Status) -> Vec<u8> {
     .unwrap_or_default()
 }
 
+/// A whole answer: the JSON and a newline (for terminals; JSON parsers skip it).
+fn line(mut body: Vec<u8>) -> Vec<u8> {
+    body.push(b'\n');
+    body
+}
+
 fn error(s: Status) -> Response {
     (
         http_status(s.code()),
         [(header::CONTENT_TYPE, "application/json")],
-        error_body(&s),
+        line(error_body(&s)),
     )
         .into_response()
 }
 
 fn json<T: Serialize>(v: &T) -> Response {
     match serde_json::to_vec(v) {
-        Ok(body) => ([(header::CONTENT_TYPE, "application/json")], body).into_response(),
+        Ok(body) => ([(header::CONTENT_TYPE, "application/json")], line(body)).into_response(),
         Err(e) => error(Status::internal(e.to_string())),
     }
 }

@@ -26,6 +26,7 @@ pub mod peer;
 pub mod peer_trust;
 pub mod recipes;
 pub mod snapshot;
+pub mod txn;
 pub mod ui;
 pub mod watch;
 
@@ -209,6 +210,7 @@ pub fn route_table() -> Vec<RouteSpec> {
             get(flease::paxos_get),
         ),
         spec("POST", "/v1/compact", Public, post(kv::compact)),
+        spec("POST", "/v1/txn", Public, post(txn::txn_handler)),
         spec("GET", "/v1/cluster", Public, get(cluster::status)),
         spec("GET", "/v1/snapshot", Public, get(snapshot::save)),
         spec("POST", "/v1/cluster/nodes", Public, post(cluster::add_node)),

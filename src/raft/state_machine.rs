@@ -114,7 +114,7 @@ pub struct StateView {
 /// Why the state at a revision cannot be read.
 #[derive(Debug, thiserror::Error)]
 pub enum HistoryError {
-    #[error("revision {revision} is compacted (history starts after {floor})")]
+    #[error("revision {revision} is compacted: the oldest revision held is {floor}")]
     Compacted { revision: Revision, floor: Revision },
     #[error("revision {revision} is in the future (the store is at {current})")]
     Future {
