@@ -529,3 +529,82 @@ async fn etcdctl_reads_the_past_and_compaction_forgets_it() {
     assert!(text.contains("compacted"), "{text}");
     c.shutdown().await;
 }
+
+/// etcdctl's `lock` and `elect` (etcd's client-side recipes, built on txn, sorted ranges and
+/// watches): two locked commands never overlap, and an elected candidate is who a listener
+/// sees. Then the Lock service itself through the gateway.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn etcdctl_lock_and_elect() {
+    if !have_etcdctl() {
+        return;
+    }
+    let c = cluster().await;
+    let (e1, e2) = (endpoint(&c, 1), endpoint(&c, 2));
+    let tmp = tempfile::TempDir::new().unwrap();
+    let marker = tmp.path().join("held");
+    // Each holder creates the marker and removes it: if both held at once, one mkdir fails.
+    let script = format!(
+        "mkdir {m} && sleep 0.3 && rmdir {m} && echo done",
+        m = marker.display()
+    );
+    let args = ["lock", "jobs", "--", "sh", "-c", script.as_str()];
+    let (a, b) = tokio::join!(etcdctl_in(&e1, &args, ""), etcdctl_in(&e2, &args, ""));
+    for out in [&a, &b] {
+        assert!(
+            out.status.success() && String::from_utf8_lossy(&out.stdout).contains("done"),
+            "{out:?}"
+        );
+    }
+
+    let mut leader = Command::new("etcdctl")
+        .env("ETCDCTL_API", "3")
+        .arg(format!("--endpoints={e1}"))
+        .args(["elect", "pick", "alpha"])
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(leader.stdout.take().unwrap()).lines();
+    let key = tokio::time::timeout(Duration::from_secs(10), lines.next_line())
+        .await
+        .expect("elected")
+        .unwrap()
+        .unwrap();
+    assert!(key.starts_with("pick/"), "{key}");
+    let seen = ok(&e2, &["get", "pick/", "--prefix"]).await;
+    assert!(seen.contains("alpha"), "{seen}");
+    drop(leader);
+
+    // The Lock service (v3lock) through the JSON gateway: lock, then unlock, by key.
+    let http = reqwest::Client::new();
+    let base = format!("http://{e2}");
+    let grant: Value = http
+        .post(format!("{base}/v3/lease/grant"))
+        .json(&serde_json::json!({"TTL": "30"}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let locked: Value = http
+        .post(format!("{base}/v3/lock/lock"))
+        .json(&serde_json::json!({"name": base64::engine::general_purpose::STANDARD.encode("svc"), "lease": grant["ID"]}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let key = b64(&locked["key"]);
+    assert!(key.starts_with("locks/svc/"), "{locked}");
+    let r = http
+        .post(format!("{base}/v3/lock/unlock"))
+        .json(&serde_json::json!({"key": locked["key"]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(ok(&e1, &["get", &key]).await, "");
+    c.shutdown().await;
+}

@@ -24,6 +24,8 @@ use leasecore_etcd_api::etcdserverpb::maintenance_server::Maintenance;
 use leasecore_etcd_api::etcdserverpb::{
     AuthenticateRequest, AuthenticateResponse, LeaseKeepAliveRequest, WatchRequest,
 };
+use leasecore_etcd_api::v3electionpb::election_server::Election;
+use leasecore_etcd_api::v3lockpb::lock_server::Lock;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tonic::{Code, Status};
@@ -228,6 +230,12 @@ pub fn routes(etcd: Etcd) -> Router {
         r = unary_route!(r, path, Lease::lease_leases);
     }
     r = unary_route!(r, "/v3/cluster/member/list", Cluster::member_list);
+    r = unary_route!(r, "/v3/lock/lock", Lock::lock);
+    r = unary_route!(r, "/v3/lock/unlock", Lock::unlock);
+    r = unary_route!(r, "/v3/election/campaign", Election::campaign);
+    r = unary_route!(r, "/v3/election/proclaim", Election::proclaim);
+    r = unary_route!(r, "/v3/election/leader", Election::leader);
+    r = unary_route!(r, "/v3/election/resign", Election::resign);
     r = unary_route!(r, "/v3/maintenance/status", Maintenance::status);
     r = unary_route!(r, "/v3/maintenance/alarm", Maintenance::alarm);
     r = unary_route!(r, "/v3/maintenance/hash", Maintenance::hash_kv);

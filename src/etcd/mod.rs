@@ -19,10 +19,12 @@
 //! the `/v1` helpers it calls are the same ones the HTTP handlers use.
 
 mod cluster;
+mod election;
 mod gateway;
 mod kv;
 
 mod lease;
+mod lock;
 pub mod status;
 mod watch;
 
@@ -106,6 +108,12 @@ pub fn router(state: AppState, etcd_url: Option<String>) -> Router {
     .add_service(LeaseServer::new(etcd.clone()))
     .add_service(ClusterServer::new(etcd.clone()))
     .add_service(MaintenanceServer::new(etcd.clone()))
+    .add_service(leasecore_etcd_api::v3lockpb::lock_server::LockServer::new(
+        etcd.clone(),
+    ))
+    .add_service(
+        leasecore_etcd_api::v3electionpb::election_server::ElectionServer::new(etcd.clone()),
+    )
     .into_axum_router()
     .merge(gateway::routes(etcd))
 }

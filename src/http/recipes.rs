@@ -54,7 +54,9 @@ pub async fn lock(
     ApiPath(name): ApiPath<String>,
     ApiJson(req): ApiJson<ContendRequest>,
 ) -> Result<HttpResponse, ApiError> {
-    contend(&state, &caller, Recipe::Lock, &name, req).await
+    contend(&state, &caller, Recipe::Lock, &name, req)
+        .await
+        .map(answer)
 }
 
 pub async fn unlock(
@@ -72,7 +74,9 @@ pub async fn campaign(
     ApiPath(name): ApiPath<String>,
     ApiJson(req): ApiJson<ContendRequest>,
 ) -> Result<HttpResponse, ApiError> {
-    contend(&state, &caller, Recipe::Election, &name, req).await
+    contend(&state, &caller, Recipe::Election, &name, req)
+        .await
+        .map(answer)
 }
 
 pub async fn resign(
@@ -170,14 +174,25 @@ fn checked_key(
     Ok(key)
 }
 
-/// Queue up (if not yet) and wait until holding, or until the call's wait is over.
-async fn contend(
+/// 200 with the standing once it holds, 202 while it is still queued.
+fn answer(s: Standing) -> HttpResponse {
+    let status = if s.held {
+        StatusCode::OK
+    } else {
+        StatusCode::ACCEPTED
+    };
+    (status, Json(s)).into_response()
+}
+
+/// Queue up (if not yet) and wait until holding, or until the call's wait is over (the etcd
+/// API's Lock and Campaign call it too).
+pub(crate) async fn contend(
     state: &AppState,
     caller: &Caller,
     recipe: Recipe,
     name: &str,
     req: ContendRequest,
-) -> Result<HttpResponse, ApiError> {
+) -> Result<Standing, ApiError> {
     let wait_ms = req.timeout_ms.unwrap_or(DEFAULT_WAIT_MS);
     if wait_ms > MAX_WAIT_MS {
         return Err(ApiError::invalid(format!(
@@ -289,7 +304,7 @@ async fn enqueue(
 }
 
 /// Leave a queue: delete the contender's key (unlock, resign). Idempotent.
-async fn leave(
+pub(crate) async fn leave(
     state: &AppState,
     caller: &Caller,
     recipe: Recipe,
@@ -376,21 +391,15 @@ fn standing(
     held: bool,
     revision: Revision,
     waiting_for: Option<String>,
-) -> HttpResponse {
-    let status = if held {
-        StatusCode::OK
-    } else {
-        StatusCode::ACCEPTED
-    };
-    let body = Standing {
+) -> Standing {
+    Standing {
         name: name.to_string(),
         key: key.to_string(),
         lease: lease.to_string(),
         held,
         revision,
         waiting_for,
-    };
-    (status, Json(body)).into_response()
+    }
 }
 
 fn gone(recipe: Recipe, name: &str, key: &str) -> ApiError {

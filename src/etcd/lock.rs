@@ -1,0 +1,114 @@
+//! The `Lock` service (etcd's v3lock), mapped onto leasecore's lock recipe: `Lock` queues the
+//! caller's key (`locks/<name>/etcd-<lease>`, attached to the lease) and waits, as long as the
+//! client does, until it holds; `Unlock` deletes the key.
+//!
+//! # Invariants
+//! - A `Lock` call that ends before it holds (the client cancelled, or went away) leaves the
+//!   queue: its key is deleted, as etcd's mutex does, so it blocks no one.
+//! - The returned key is the fencing token's key: its create revision orders the queue.
+//!
+//! # What it must not do
+//! Order anyone: the recipe (`http::recipes`, `domain::recipes`) does.
+
+use leasecore_etcd_api::v3lockpb::lock_server::Lock;
+use leasecore_etcd_api::v3lockpb::{LockRequest, LockResponse, UnlockRequest, UnlockResponse};
+use tonic::{Request, Response, Status};
+
+use super::{Etcd, EtcdError, lease_name, text};
+use crate::domain::command::{Command, Response as Applied};
+use crate::domain::recipes::Recipe;
+use crate::http::kv::{admit, propose, unexpected};
+use crate::http::recipes::{contend, leave};
+use crate::runtime::auth::Caller;
+use leasecore_client::api::ContendRequest;
+
+/// How long one round of waiting lasts before the wait is renewed (the recipe's longest).
+const ROUND_MS: u64 = 300_000;
+
+/// Leaves the queue if the `Lock` call ends before it holds.
+struct Abandon {
+    etcd: Etcd,
+    caller: Caller,
+    name: String,
+    lease: String,
+    armed: bool,
+}
+
+impl Drop for Abandon {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let (etcd, caller) = (self.etcd.clone(), self.caller.clone());
+        let (name, lease) = (
+            std::mem::take(&mut self.name),
+            std::mem::take(&mut self.lease),
+        );
+        tokio::spawn(async move {
+            let _ = leave(&etcd.state, &caller, Recipe::Lock, &name, &lease).await;
+        });
+    }
+}
+
+#[tonic::async_trait]
+impl Lock for Etcd {
+    async fn lock(&self, req: Request<LockRequest>) -> Result<Response<LockResponse>, Status> {
+        let caller = self.caller(&req)?;
+        let r = req.into_inner();
+        let name = text("lock name", r.name)?;
+        let lease = lease_name(r.lease);
+        let mut abandon = Abandon {
+            etcd: self.clone(),
+            caller: caller.clone(),
+            name: name.clone(),
+            lease: lease.clone(),
+            armed: true,
+        };
+        loop {
+            let standing = contend(
+                &self.state,
+                &caller,
+                Recipe::Lock,
+                &name,
+                ContendRequest {
+                    lease: lease.clone(),
+                    value: String::new(),
+                    timeout_ms: Some(ROUND_MS),
+                },
+            )
+            .await
+            .map_err(|e| {
+                // The contender's key is gone (its lease expired) or was never written.
+                abandon.armed = false;
+                EtcdError::from(e)
+            })?;
+            if standing.held {
+                abandon.armed = false;
+                return Ok(Response::new(LockResponse {
+                    header: self.header(),
+                    key: standing.key.into_bytes(),
+                }));
+            }
+        }
+    }
+
+    async fn unlock(
+        &self,
+        req: Request<UnlockRequest>,
+    ) -> Result<Response<UnlockResponse>, Status> {
+        let caller = self.caller(&req)?;
+        let key = text("key", req.into_inner().key)?;
+        let cmd = Command::Delete {
+            key,
+            prev_revision: None,
+        };
+        admit(&self.state, &cmd).map_err(EtcdError::from)?;
+        let cmd = crate::http::auth::guard(&self.state, &caller, cmd).map_err(EtcdError::from)?;
+        match propose(&self.state, cmd).await.map_err(EtcdError::from)? {
+            Applied::Delete { revision, .. } => Ok(Response::new(UnlockResponse {
+                header: self.header_at(revision),
+            })),
+            other => Err(EtcdError::from(unexpected(other)).into()),
+        }
+    }
+}
