@@ -5,9 +5,13 @@
 //! is the node's peer listener, and the client URL its etcd listener where this node knows it
 //! (its own). `MemberRemove` is the `/v1` node removal (root only, as there).
 //!
+//! `Snapshot` streams leasecore's backup (root only, after a quorum read, as `GET
+//! /v1/snapshot`): `etcdctl snapshot save` stores it, `leasecore snapshot restore` seeds a
+//! cluster from it. It is not a bbolt file: `etcdctl snapshot status|restore` cannot read it.
+//!
 //! # What is not here yet
-//! `MemberAdd`, `MemberPromote`, `MemberUpdate`, `Snapshot` and `MoveLeader` answer
-//! `Unimplemented` (use `leasecore cluster add`, `leasecore snapshot`): at once, never a hang.
+//! `MemberAdd`, `MemberPromote`, `MemberUpdate` and `MoveLeader` answer `Unimplemented` (use
+//! `leasecore cluster add`): at once, never a hang.
 
 use std::pin::Pin;
 
@@ -215,9 +219,43 @@ impl Maintenance for Etcd {
 
     async fn snapshot(
         &self,
-        _req: Request<SnapshotRequest>,
+        req: Request<SnapshotRequest>,
     ) -> Result<Response<Self::SnapshotStream>, Status> {
-        Err(unimplemented("Snapshot", "`leasecore snapshot save`"))
+        /// Bytes per message (etcd sends 32 KiB).
+        const CHUNK: usize = 32 << 10;
+        let caller = self.caller(&req)?;
+        require_root(&self.state, &caller).map_err(EtcdError::from)?;
+        self.state
+            .consensus
+            .read_barrier()
+            .await
+            .map_err(EtcdError::from)?;
+        let view = self.state.consensus.view().clone();
+        let node_id = self.state.consensus.cluster_view().node_id;
+        let (taken, file) =
+            tokio::task::spawn_blocking(move || crate::raft::backup::take(&view, node_id))
+                .await
+                .map_err(|_| Status::unavailable("etcdserver: server stopped"))?;
+        tracing::info!(
+            revision = taken.revision,
+            bytes = file.len(),
+            "snapshot sent over the etcd API"
+        );
+        let file = crate::storage::backup::with_etcd_hash(file);
+        let header = self.header_at(crate::domain::types::Revision(taken.revision));
+        let total = file.len();
+        let chunks: Vec<Result<SnapshotResponse, Status>> = file
+            .chunks(CHUNK)
+            .enumerate()
+            .map(|(i, blob)| {
+                Ok(SnapshotResponse {
+                    header,
+                    remaining_bytes: (total - (i * CHUNK + blob.len())) as u64,
+                    blob: blob.to_vec(),
+                })
+            })
+            .collect();
+        Ok(Response::new(Box::pin(futures::stream::iter(chunks))))
     }
 
     async fn move_leader(

@@ -9,9 +9,13 @@
 //! # Invariants
 //! - `decode` accepts only a file whose magic, version, length and checksum all match: a
 //!   truncated or altered backup is refused, never restored in part.
+//! - A file may end as etcd's snapshots do (what `etcdctl snapshot save` insists on): zero
+//!   padding to a multiple of 512 bytes, then the SHA-256 of everything before it. Both are
+//!   checked, then ignored.
 //! - Pure: bytes in, bytes out; the callers read and write files.
 
 use serde::{Deserialize, Serialize};
+use sha2::Digest;
 use thiserror::Error;
 
 /// The first bytes of every backup file.
@@ -70,6 +74,18 @@ pub fn encode(mut header: BackupHeader, payload: &[u8]) -> Vec<u8> {
     out
 }
 
+/// etcdctl expects a snapshot's body to be a whole number of these (bbolt's pages).
+const ETCD_PAGE: usize = 512;
+
+/// `file` as etcd's `Snapshot` stream sends a database: zero-padded to a multiple of 512
+/// bytes, then its SHA-256 (which `etcdctl snapshot save` checks).
+pub fn with_etcd_hash(mut file: Vec<u8>) -> Vec<u8> {
+    file.resize(file.len().div_ceil(ETCD_PAGE) * ETCD_PAGE, 0);
+    let hash = sha2::Sha256::digest(&file);
+    file.extend_from_slice(&hash);
+    file
+}
+
 /// The header and payload of a backup file, verified.
 pub fn decode(file: &[u8]) -> Result<(BackupHeader, &[u8]), BackupError> {
     if file.len() < MAGIC.len() || &file[..MAGIC.len()] != MAGIC {
@@ -92,7 +108,18 @@ pub fn decode(file: &[u8]) -> Result<(BackupHeader, &[u8]), BackupError> {
     if header.format_version != FORMAT_VERSION {
         return Err(BackupError::Version(header.format_version));
     }
-    let payload = &rest[4 + len..];
+    let mut payload = &rest[4 + len..];
+    let extra = (payload.len() as u64).saturating_sub(header.payload_bytes) as usize;
+    if (32..32 + ETCD_PAGE).contains(&extra) {
+        let (body, hash) = file.split_at(file.len() - 32);
+        let padding = &payload[payload.len() - extra..payload.len() - 32];
+        if sha2::Sha256::digest(body).as_slice() != hash || padding.iter().any(|b| *b != 0) {
+            return Err(BackupError::Corrupt(
+                "the trailing SHA-256 (etcd's snapshot hash) does not match".into(),
+            ));
+        }
+        payload = &payload[..payload.len() - extra];
+    }
     if payload.len() as u64 != header.payload_bytes {
         return Err(BackupError::Corrupt(format!(
             "payload of {} bytes, header says {}",
@@ -133,6 +160,16 @@ mod tests {
         let (h, payload) = decode(&file).unwrap();
         assert_eq!(payload, b"{\"kv\":{}}");
         assert_eq!((h.revision, h.format_version, h.payload_bytes), (42, 1, 9));
+    }
+
+    #[test]
+    fn etcds_trailing_hash_is_checked_then_ignored() {
+        let file = encode(header(), b"{\"kv\":{}}");
+        let hashed = with_etcd_hash(file.clone());
+        assert_eq!(decode(&hashed).unwrap().1, b"{\"kv\":{}}");
+        let mut bad = hashed.clone();
+        *bad.last_mut().unwrap() ^= 1;
+        assert!(matches!(decode(&bad), Err(BackupError::Corrupt(_))));
     }
 
     #[test]
