@@ -152,7 +152,8 @@ impl AutoCompaction {
         let target = match self.retention {
             Retention::Periodic { ms } => {
                 self.samples.push_back((now_ms, current));
-                let old_enough = now_ms.saturating_sub(ms);
+                // Before one retention has passed, no sample is old enough.
+                let old_enough = now_ms.checked_sub(ms)?;
                 // The newest sample at least `ms` old; older ones are no longer needed.
                 let mut target = None;
                 while let Some(&(t, r)) = self.samples.front() {

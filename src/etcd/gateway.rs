@@ -17,20 +17,19 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use futures::{Stream, StreamExt};
+use leasecore_etcd_api::etcdserverpb::auth_server::Auth;
 use leasecore_etcd_api::etcdserverpb::cluster_server::Cluster;
 use leasecore_etcd_api::etcdserverpb::kv_server::Kv;
 use leasecore_etcd_api::etcdserverpb::lease_server::Lease;
 use leasecore_etcd_api::etcdserverpb::maintenance_server::Maintenance;
-use leasecore_etcd_api::etcdserverpb::{
-    AuthenticateRequest, AuthenticateResponse, LeaseKeepAliveRequest, WatchRequest,
-};
+use leasecore_etcd_api::etcdserverpb::{LeaseKeepAliveRequest, WatchRequest};
 use leasecore_etcd_api::v3electionpb::election_server::Election;
 use leasecore_etcd_api::v3lockpb::lock_server::Lock;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tonic::{Code, Status};
 
-use super::{ETCD_VERSION, Etcd, EtcdError};
+use super::{ETCD_VERSION, Etcd};
 
 /// The largest request body the gateway reads.
 const MAX_BODY_BYTES: usize = 4 << 20;
@@ -167,36 +166,6 @@ async fn version() -> Response {
     }))
 }
 
-/// `POST /v3/auth/authenticate`: a token for the `Authorization` header.
-async fn authenticate(etcd: Etcd, body: Bytes) -> Response {
-    let req: AuthenticateRequest = match parse(&body) {
-        Ok(r) => r,
-        Err(s) => return error(s),
-    };
-    let state = &etcd.state;
-    let outcome = async {
-        state
-            .consensus
-            .read_barrier()
-            .await
-            .map_err(EtcdError::from)?;
-        let (token, _) = state
-            .auth
-            .authenticate(&req.name, &req.password)
-            .await
-            .map_err(EtcdError::from)?;
-        Ok::<_, EtcdError>(AuthenticateResponse {
-            header: etcd.header(),
-            token,
-        })
-    }
-    .await;
-    match outcome {
-        Ok(r) => json(&r),
-        Err(e) => error(e.into()),
-    }
-}
-
 /// The gateway's routes, on the etcd listener beside the gRPC services.
 pub fn routes(etcd: Etcd) -> Router {
     macro_rules! unary_route {
@@ -239,11 +208,7 @@ pub fn routes(etcd: Etcd) -> Router {
     r = unary_route!(r, "/v3/maintenance/status", Maintenance::status);
     r = unary_route!(r, "/v3/maintenance/alarm", Maintenance::alarm);
     r = unary_route!(r, "/v3/maintenance/hash", Maintenance::hash_kv);
-    let e = etcd.clone();
-    r = r.route(
-        "/v3/auth/authenticate",
-        post(move |body: Bytes| authenticate(e.clone(), body)),
-    );
+    r = unary_route!(r, "/v3/auth/authenticate", Auth::authenticate);
     let e = etcd.clone();
     r = r.route(
         "/v3/watch",

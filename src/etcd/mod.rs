@@ -18,6 +18,7 @@
 //! Decide anything: validation rules, authorization and apply semantics are the domain's, and
 //! the `/v1` helpers it calls are the same ones the HTTP handlers use.
 
+mod auth;
 mod cluster;
 mod election;
 mod gateway;
@@ -79,15 +80,22 @@ impl Etcd {
         self.header_at(self.state.consensus.view().applied().revision)
     }
 
-    /// Who sent `req`: etcd clients send their token in the `token` metadata (and some in
-    /// `authorization`).
+    /// Who sent `req`: etcd clients send their token, bare, in the `token` metadata (the
+    /// gateway's callers in `Authorization`, bare or as `Bearer <token>`).
     fn caller<T>(&self, req: &tonic::Request<T>) -> Result<Caller, EtcdError> {
         let md = req.metadata();
-        let token = md
+        let header = md
             .get("token")
             .or_else(|| md.get("authorization"))
-            .map(|v| v.as_bytes());
-        Ok(self.state.auth.caller(token)?)
+            .map(|v| {
+                let raw = v.as_bytes();
+                if raw.starts_with(b"Bearer ") {
+                    raw.to_vec()
+                } else {
+                    [b"Bearer ".as_slice(), raw].concat()
+                }
+            });
+        Ok(self.state.auth.caller(header.as_deref())?)
     }
 }
 
@@ -108,6 +116,7 @@ pub fn router(state: AppState, etcd_url: Option<String>) -> Router {
     .add_service(LeaseServer::new(etcd.clone()))
     .add_service(ClusterServer::new(etcd.clone()))
     .add_service(MaintenanceServer::new(etcd.clone()))
+    .add_service(leasecore_etcd_api::etcdserverpb::auth_server::AuthServer::new(etcd.clone()))
     .add_service(leasecore_etcd_api::v3lockpb::lock_server::LockServer::new(
         etcd.clone(),
     ))
