@@ -5,7 +5,7 @@
 //! # Mapping
 //! - Keys and values are bytes in etcd and UTF-8 text in leasecore: a key or value that is not
 //!   UTF-8 is refused (`InvalidArgument`). Range bounds may be any bytes.
-//! - A `Put`, a `DeleteRange` and a `Txn` are each one [`Command::Txn`]: one revision, one
+//! - A `Put`, a `DeleteRange` and a `Txn` are each one [`crate::domain::command::Command::Txn`]: one revision, one
 //!   event per changed key, `prev_kv` read at apply time.
 //! - etcd's int64 lease ids are leasecore leases named `etcd-<id as 16 hex digits>` (see
 //!   [`lease_name`]); TTLs are whole seconds here and milliseconds inside. Keys attached to a
