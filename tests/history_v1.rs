@@ -31,6 +31,14 @@ async fn transactions_past_reads_and_compaction_over_v1() {
     let leader = c.leader().await;
     let f = c.url(leader % 3 + 1);
     let http = reqwest::Client::new();
+    // Something first, so that the revision before the transaction is a real one (0 is "now").
+    call(
+        &http,
+        "PUT",
+        format!("{f}/v1/kv/other"),
+        Some(json!({"value": "x"})),
+    )
+    .await;
 
     // Create-if-absent, twice: the second runs the failure branch and reads the winner.
     let create = json!({

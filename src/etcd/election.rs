@@ -27,37 +27,7 @@ use tonic::{Request, Response, Status};
 use super::{Etcd, EtcdError, lease_id, lease_name, text};
 use crate::domain::recipes::Recipe;
 use crate::http::extract::{ApiJson, ApiPath};
-use crate::http::recipes::{self, contend, leave};
-use crate::runtime::auth::Caller;
-use leasecore_client::api::ContendRequest;
-
-/// How long one round of waiting lasts before the wait is renewed (the recipe's longest).
-const ROUND_MS: u64 = 300_000;
-
-/// Leaves the queue if `Campaign` ends before it leads.
-struct Abandon {
-    etcd: Etcd,
-    caller: Caller,
-    name: String,
-    lease: String,
-    armed: bool,
-}
-
-impl Drop for Abandon {
-    fn drop(&mut self) {
-        if !self.armed {
-            return;
-        }
-        let (etcd, caller) = (self.etcd.clone(), self.caller.clone());
-        let (name, lease) = (
-            std::mem::take(&mut self.name),
-            std::mem::take(&mut self.lease),
-        );
-        tokio::spawn(async move {
-            let _ = leave(&etcd.state, &caller, Recipe::Election, &name, &lease).await;
-        });
-    }
-}
+use crate::http::recipes::{self, leave};
 
 /// The election name and lease of a `LeaderKey`.
 fn leader_key(k: Option<LeaderKey>) -> Result<(String, String), EtcdError> {
@@ -75,44 +45,24 @@ impl Election for Etcd {
         let r = req.into_inner();
         let name = text("election name", r.name)?;
         let value = text("value", r.value)?;
-        let lease = lease_name(r.lease);
-        let mut abandon = Abandon {
-            etcd: self.clone(),
-            caller: caller.clone(),
-            name: name.clone(),
-            lease: lease.clone(),
-            armed: true,
-        };
-        loop {
-            let standing = contend(
-                &self.state,
+        let standing = self
+            .hold(
                 &caller,
                 Recipe::Election,
                 &name,
-                ContendRequest {
-                    lease: lease.clone(),
-                    value: value.clone(),
-                    timeout_ms: Some(ROUND_MS),
-                },
+                &lease_name(r.lease),
+                &value,
             )
-            .await
-            .map_err(|e| {
-                abandon.armed = false;
-                EtcdError::from(e)
-            })?;
-            if standing.held {
-                abandon.armed = false;
-                return Ok(Response::new(CampaignResponse {
-                    header: self.header(),
-                    leader: Some(LeaderKey {
-                        name: name.into_bytes(),
-                        key: standing.key.into_bytes(),
-                        rev: standing.revision.0 as i64,
-                        lease: r.lease,
-                    }),
-                }));
-            }
-        }
+            .await?;
+        Ok(Response::new(CampaignResponse {
+            header: self.header(),
+            leader: Some(LeaderKey {
+                name: name.into_bytes(),
+                key: standing.key.into_bytes(),
+                rev: standing.revision.0 as i64,
+                lease: r.lease,
+            }),
+        }))
     }
 
     async fn proclaim(

@@ -20,15 +20,16 @@ use crate::domain::recipes::Recipe;
 use crate::http::kv::{admit, propose, unexpected};
 use crate::http::recipes::{contend, leave};
 use crate::runtime::auth::Caller;
-use leasecore_client::api::ContendRequest;
+use leasecore_client::api::{ContendRequest, Standing};
 
 /// How long one round of waiting lasts before the wait is renewed (the recipe's longest).
 const ROUND_MS: u64 = 300_000;
 
-/// Leaves the queue if the `Lock` call ends before it holds.
+/// Leaves the queue if the call waiting in it ends before it holds.
 struct Abandon {
     etcd: Etcd,
     caller: Caller,
+    recipe: Recipe,
     name: String,
     lease: String,
     armed: bool,
@@ -39,14 +40,54 @@ impl Drop for Abandon {
         if !self.armed {
             return;
         }
-        let (etcd, caller) = (self.etcd.clone(), self.caller.clone());
+        let (etcd, caller, recipe) = (self.etcd.clone(), self.caller.clone(), self.recipe);
         let (name, lease) = (
             std::mem::take(&mut self.name),
             std::mem::take(&mut self.lease),
         );
         tokio::spawn(async move {
-            let _ = leave(&etcd.state, &caller, Recipe::Lock, &name, &lease).await;
+            let _ = leave(&etcd.state, &caller, recipe, &name, &lease).await;
         });
+    }
+}
+
+impl Etcd {
+    /// Queue `lease` in `recipe`'s queue `name` with `value`, and wait as long as the client
+    /// does until it holds (etcd's Lock and Campaign); a wait that ends first leaves.
+    pub(super) async fn hold(
+        &self,
+        caller: &Caller,
+        recipe: Recipe,
+        name: &str,
+        lease: &str,
+        value: &str,
+    ) -> Result<Standing, EtcdError> {
+        let mut abandon = Abandon {
+            etcd: self.clone(),
+            caller: caller.clone(),
+            recipe,
+            name: name.to_string(),
+            lease: lease.to_string(),
+            armed: true,
+        };
+        loop {
+            let req = ContendRequest {
+                lease: lease.to_string(),
+                value: value.to_string(),
+                timeout_ms: Some(ROUND_MS),
+            };
+            let standing = contend(&self.state, caller, recipe, name, req)
+                .await
+                .map_err(|e| {
+                    // The contender's key is gone (its lease expired) or was never written.
+                    abandon.armed = false;
+                    EtcdError::from(e)
+                })?;
+            if standing.held {
+                abandon.armed = false;
+                return Ok(standing);
+            }
+        }
     }
 }
 
@@ -56,40 +97,13 @@ impl Lock for Etcd {
         let caller = self.caller(&req)?;
         let r = req.into_inner();
         let name = text("lock name", r.name)?;
-        let lease = lease_name(r.lease);
-        let mut abandon = Abandon {
-            etcd: self.clone(),
-            caller: caller.clone(),
-            name: name.clone(),
-            lease: lease.clone(),
-            armed: true,
-        };
-        loop {
-            let standing = contend(
-                &self.state,
-                &caller,
-                Recipe::Lock,
-                &name,
-                ContendRequest {
-                    lease: lease.clone(),
-                    value: String::new(),
-                    timeout_ms: Some(ROUND_MS),
-                },
-            )
-            .await
-            .map_err(|e| {
-                // The contender's key is gone (its lease expired) or was never written.
-                abandon.armed = false;
-                EtcdError::from(e)
-            })?;
-            if standing.held {
-                abandon.armed = false;
-                return Ok(Response::new(LockResponse {
-                    header: self.header(),
-                    key: standing.key.into_bytes(),
-                }));
-            }
-        }
+        let standing = self
+            .hold(&caller, Recipe::Lock, &name, &lease_name(r.lease), "")
+            .await?;
+        Ok(Response::new(LockResponse {
+            header: self.header(),
+            key: standing.key.into_bytes(),
+        }))
     }
 
     async fn unlock(

@@ -192,13 +192,14 @@ impl StateView {
         Ok(())
     }
 
-    /// The live keys of `range` at `revision` (`None` or the current revision: now), with the
-    /// store revision, as an etcd range at a revision.
+    /// The live keys of `range` at `revision` (`None`, 0 or the current revision: now), with
+    /// the store revision, as an etcd range at a revision.
     pub fn range_at(
         &self,
         range: &crate::domain::auth::KeyRange,
         revision: Option<Revision>,
     ) -> Result<(Revision, Vec<(String, Versioned)>), HistoryError> {
+        let revision = revision.filter(|r| r.0 > 0);
         {
             let kv = self.kv.read().unwrap_or_else(|p| p.into_inner());
             let current = kv.revision();
