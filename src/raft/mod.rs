@@ -19,6 +19,7 @@ pub mod log_store;
 pub mod mvcc_store;
 pub mod network;
 pub mod state_machine;
+pub mod state_view;
 
 use openraft::BasicNode;
 

@@ -1,0 +1,210 @@
+//! The read view of the applied state ([`StateView`]): the current state behind a lock held
+//! for a few lines, and the MVCC history for reads at past revisions and older watch events.
+//!
+//! # Invariants
+//! - A reader that sees store revision `r` finds the history through `r` (the state machine
+//!   writes the history before it releases the state's write lock).
+//! - A history read checks the floor before and after reading: a compaction that applied
+//!   meanwhile makes it answer `compacted`, never a half-swept answer.
+//!
+//! # What it must not do
+//! Write anything, or hold its lock across an await.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use tokio::sync::watch;
+
+use super::mvcc_store;
+use super::state_machine::AppliedMark;
+use crate::domain::history::{Batch, Compacted, KeyFilter};
+use crate::domain::kv::{KvState, LeaseRecord, Versioned};
+use crate::domain::mvcc;
+use crate::domain::types::Revision;
+
+/// A cheap, cloneable read view of the applied state, for the HTTP layer.
+#[derive(Clone)]
+pub struct StateView {
+    pub(super) kv: Arc<RwLock<KvState>>,
+    pub(super) applied: watch::Receiver<AppliedMark>,
+    /// The state tree, for the MVCC history (`mvcc_store`).
+    pub(super) tree: sled::Tree,
+    /// Where this node's history begins (changed only with the state, under its write lock).
+    pub(super) history_start: Arc<AtomicU64>,
+}
+
+/// Why the state at a revision cannot be read.
+#[derive(Debug, thiserror::Error)]
+pub enum HistoryError {
+    #[error("revision {revision} is compacted: the oldest revision held is {floor}")]
+    Compacted { revision: Revision, floor: Revision },
+    #[error("revision {revision} is in the future (the store is at {current})")]
+    Future {
+        revision: Revision,
+        current: Revision,
+    },
+    #[error(transparent)]
+    Storage(#[from] crate::storage::StorageError),
+}
+
+impl StateView {
+    /// Bytes of every live key and value (the state's share of the storage quota).
+    pub fn data_bytes(&self) -> u64 {
+        self.kv
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .data_bytes()
+    }
+
+    /// One key, as of the latest applied entry.
+    pub fn get(&self, key: &str) -> (Revision, Option<Versioned>) {
+        let kv = self.kv.read().unwrap_or_else(|p| p.into_inner());
+        (kv.revision(), kv.get(key).cloned())
+    }
+
+    /// Keys under `prefix`, sorted, at most `limit`.
+    pub fn list(&self, prefix: &str, limit: usize) -> (Revision, Vec<(String, Versioned)>) {
+        let kv = self.kv.read().unwrap_or_else(|p| p.into_inner());
+        let items = kv
+            .list(prefix, limit)
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v.clone()))
+            .collect();
+        (kv.revision(), items)
+    }
+
+    /// One lease.
+    pub fn lease(&self, name: &str) -> (Revision, Option<LeaseRecord>) {
+        let kv = self.kv.read().unwrap_or_else(|p| p.into_inner());
+        (kv.revision(), kv.lease(name).cloned())
+    }
+
+    /// Every lease, by name.
+    pub fn leases(&self) -> (Revision, Vec<(String, LeaseRecord)>) {
+        let kv = self.kv.read().unwrap_or_else(|p| p.into_inner());
+        let all = kv
+            .leases()
+            .iter()
+            .map(|(n, l)| (n.clone(), l.clone()))
+            .collect();
+        (kv.revision(), all)
+    }
+
+    /// Run `f` on the applied state while no entry applies (keep `f` short).
+    pub fn with_state<T>(&self, f: impl FnOnce(&KvState) -> T) -> T {
+        let kv = self.kv.read().unwrap_or_else(|p| p.into_inner());
+        f(&kv)
+    }
+
+    /// `(floor, current)`: history is held above `floor` (ranges may read at it), the store
+    /// is at `current`.
+    fn bounds(&self) -> (Revision, Revision) {
+        let kv = self.kv.read().unwrap_or_else(|p| p.into_inner());
+        let start = Revision(self.history_start.load(Ordering::Acquire));
+        (mvcc::floor(kv.compact_revision(), start), kv.revision())
+    }
+
+    /// The floor, checked again after a read of the history: a compaction that applied
+    /// meanwhile may have swept what the read saw, and then it must not answer.
+    fn still_held(&self, revision: Revision, inclusive: bool) -> Result<(), HistoryError> {
+        let (floor, _) = self.bounds();
+        if revision < floor || (!inclusive && revision == floor) {
+            return Err(HistoryError::Compacted { revision, floor });
+        }
+        Ok(())
+    }
+
+    /// The live keys of `range` at `revision` (`None`, 0 or the current revision: now), with
+    /// the store revision, as an etcd range at a revision.
+    pub fn range_at(
+        &self,
+        range: &crate::domain::auth::KeyRange,
+        revision: Option<Revision>,
+    ) -> Result<(Revision, Vec<(String, Versioned)>), HistoryError> {
+        let revision = revision.filter(|r| r.0 > 0);
+        {
+            let kv = self.kv.read().unwrap_or_else(|p| p.into_inner());
+            let current = kv.revision();
+            match revision {
+                None => {
+                    let now = kv.range(range).map(|(k, v)| (k.to_string(), v.clone()));
+                    return Ok((current, now.collect()));
+                }
+                Some(r) if r == current => {
+                    let now = kv.range(range).map(|(k, v)| (k.to_string(), v.clone()));
+                    return Ok((current, now.collect()));
+                }
+                Some(r) if r > current => {
+                    return Err(HistoryError::Future {
+                        revision: r,
+                        current,
+                    });
+                }
+                Some(_) => {}
+            }
+        }
+        let revision = revision.unwrap_or_default();
+        let (floor, current) = self.bounds();
+        if revision < floor {
+            return Err(HistoryError::Compacted { revision, floor });
+        }
+        let kvs = mvcc_store::range_at(&self.tree, range, revision)?;
+        self.still_held(revision, true)?;
+        Ok((current, kvs))
+    }
+
+    /// The version of `key` before its change at `revision` (a watch's `prev_kv`), if it was
+    /// live and is still held.
+    pub fn version_before(&self, key: &str, revision: Revision) -> Option<Versioned> {
+        let prev = mvcc_store::version_before(&self.tree, key, revision).ok()?;
+        self.still_held(Revision(revision.0.saturating_sub(1)), true)
+            .ok()?;
+        prev
+    }
+
+    /// The latest applied mark.
+    pub fn applied(&self) -> AppliedMark {
+        *self.applied.borrow()
+    }
+
+    /// Wait until the applied index reaches `index`; false on timeout or shutdown.
+    pub async fn wait_applied(&self, index: u64, timeout: Duration) -> bool {
+        let mut rx = self.applied.clone();
+        let reached = rx.wait_for(|m| m.log_index >= index);
+        matches!(tokio::time::timeout(timeout, reached).await, Ok(Ok(_)))
+    }
+
+    /// A receiver of applied marks (for drivers that follow progress).
+    pub fn subscribe(&self) -> watch::Receiver<AppliedMark> {
+        self.applied.clone()
+    }
+}
+
+impl crate::domain::history::OlderEvents for StateView {
+    fn floor(&self) -> Revision {
+        self.bounds().0
+    }
+
+    fn since(
+        &self,
+        from: Revision,
+        through: Revision,
+        filter: &KeyFilter,
+        limit: usize,
+    ) -> Result<Batch, Compacted> {
+        let compacted = |floor| Compacted { compacted: floor };
+        let (floor, _) = self.bounds();
+        if from <= floor {
+            return Err(compacted(floor));
+        }
+        let batch =
+            mvcc_store::events_since(&self.tree, from, through, filter, limit).map_err(|e| {
+                tracing::error!(error = %e, "reading the history");
+                compacted(through)
+            })?;
+        self.still_held(from, false)
+            .map_err(|_| compacted(self.bounds().0))?;
+        Ok(batch)
+    }
+}
