@@ -3,7 +3,7 @@
 //!
 //! # What is not here yet
 //! Managing users, roles and the auth switch through etcd's API: those RPCs answer
-//! `Unimplemented` at once, pointing at `leasecore auth` and `/v1/auth/...` (etcd's key-range
+//! `Unimplemented` at once, pointing at `leasecore user|role|auth` and `/v1/auth/...` (etcd's key-range
 //! permissions map onto leasecore's, but the mapping is not written yet).
 //!
 //! # What it must not do
@@ -28,7 +28,7 @@ use super::{Etcd, EtcdError};
 
 fn later(rpc: &str) -> Status {
     Status::unimplemented(format!(
-        "leasecore: Auth.{rpc} is not implemented on the etcd API yet; use `leasecore auth` or /v1/auth"
+        "leasecore: Auth.{rpc} is not implemented on the etcd API yet; use `leasecore user`, `role` or `auth`, or /v1/auth"
     ))
 }
 
