@@ -3,8 +3,8 @@
 //!
 //! # What is not here yet
 //! Managing users, roles and the auth switch through etcd's API: those RPCs answer
-//! `Unimplemented` at once, pointing at `leasecore user|role|auth` and `/v1/auth/...` (etcd's key-range
-//! permissions map onto leasecore's, but the mapping is not written yet).
+//! `Unimplemented` at once, pointing at `leasecore user|role|auth` and `/v1/auth/...`
+//! (etcd's key-range permissions map onto leasecore's, but the mapping is not written yet).
 //!
 //! # What it must not do
 //! Check a password itself: the auth runtime does, as for `/v1/auth/authenticate`.
