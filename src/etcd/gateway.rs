@@ -130,6 +130,17 @@ where
     }
 }
 
+/// The caller and the first request of a streamed route (or the error answer).
+fn opening<Req: DeserializeOwned + Default>(
+    etcd: &Etcd,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<(crate::runtime::auth::Caller, Req), Status> {
+    let req = parse::<Req>(body)?;
+    let caller = etcd.caller(&request(headers, ()))?;
+    Ok((caller, req))
+}
+
 /// A server stream as newline-delimited `{"result": ...}` (or a last `{"error": ...}`).
 fn ndjson<T: Serialize + Send + 'static>(
     stream: impl Stream<Item = Result<T, Status>> + Send + 'static,
@@ -215,13 +226,9 @@ pub fn routes(etcd: Etcd) -> Router {
         post(move |headers: HeaderMap, body: Bytes| {
             let e = e.clone();
             async move {
-                let req: WatchRequest = match parse(&body) {
-                    Ok(m) => m,
+                let (caller, req) = match opening::<WatchRequest>(&e, &headers, &body) {
+                    Ok(v) => v,
                     Err(s) => return error(s),
-                };
-                let caller = match e.caller(&request(&headers, ())) {
-                    Ok(c) => c,
-                    Err(err) => return error(err.into()),
                 };
                 // The body's one request, then the stream stays open (as etcd's gateway
                 // does) until the client goes.
@@ -237,13 +244,9 @@ pub fn routes(etcd: Etcd) -> Router {
         post(move |headers: HeaderMap, body: Bytes| {
             let e = e.clone();
             async move {
-                let req: LeaseKeepAliveRequest = match parse(&body) {
-                    Ok(m) => m,
+                let (caller, req) = match opening::<LeaseKeepAliveRequest>(&e, &headers, &body) {
+                    Ok(v) => v,
                     Err(s) => return error(s),
-                };
-                let caller = match e.caller(&request(&headers, ())) {
-                    Ok(c) => c,
-                    Err(err) => return error(err.into()),
                 };
                 let inbound = futures::stream::once(async move { Ok(req) });
                 ndjson(e.keep_alive_stream(caller, Box::pin(inbound)))

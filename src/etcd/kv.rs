@@ -41,6 +41,20 @@ impl Etcd {
         }
     }
 
+    /// One operation as a transaction of its own (etcd's Put and DeleteRange), and its result.
+    async fn write_one<T>(
+        &self,
+        req: &Request<T>,
+        op: TxnOp,
+    ) -> Result<(Revision, Option<OpResult>), EtcdError> {
+        let txn = Txn {
+            success: vec![op],
+            ..Txn::default()
+        };
+        let (revision, mut out) = self.write(req, txn).await?;
+        Ok((revision, out.results.pop()))
+    }
+
     fn range_response(&self, revision: Revision, r: RangeResult) -> RangeResponse {
         RangeResponse {
             header: self.header_at(revision),
@@ -247,16 +261,8 @@ impl Kv for Etcd {
 
     async fn put(&self, req: Request<PutRequest>) -> Result<Response<PutResponse>, Status> {
         let op = put_op(req.get_ref().clone())?;
-        let (revision, mut out) = self
-            .write(
-                &req,
-                Txn {
-                    success: vec![op],
-                    ..Txn::default()
-                },
-            )
-            .await?;
-        let prev_kv = match out.results.pop() {
+        let (revision, result) = self.write_one(&req, op).await?;
+        let prev_kv = match result {
             Some(OpResult::Put { prev }) => prev.map(|(k, v)| key_value(&k, &v)),
             _ => None,
         };
@@ -271,16 +277,8 @@ impl Kv for Etcd {
         req: Request<DeleteRangeRequest>,
     ) -> Result<Response<DeleteRangeResponse>, Status> {
         let op = delete_op(req.get_ref().clone())?;
-        let (revision, mut out) = self
-            .write(
-                &req,
-                Txn {
-                    success: vec![op],
-                    ..Txn::default()
-                },
-            )
-            .await?;
-        let (deleted, prev_kvs) = match out.results.pop() {
+        let (revision, result) = self.write_one(&req, op).await?;
+        let (deleted, prev_kvs) = match result {
             Some(OpResult::DeleteRange { deleted, prev }) => (
                 deleted as i64,
                 prev.iter().map(|(k, v)| key_value(k, v)).collect(),
