@@ -19,9 +19,10 @@
 //!   Checkpoints change no revision: they are bookkeeping of the leader's timer, not data.
 //!
 //! # What it must not do
-//! It never persists anything. The storage adapter asks for the keys touched since its last
-//! write ([`KvState::take_dirty`]) and persists them in the same atomic batch as the applied
-//! log index, so a restart never sees a half-applied entry.
+//! It never persists anything. The storage adapter persists every change's event as the key's
+//! new version (and the leases touched since its last write, [`KvState::take_dirty_leases`])
+//! in the same atomic batch as the applied log index, so a restart never sees a half-applied
+//! entry. Every change to a key therefore yields an event.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -91,8 +92,6 @@ pub struct KvState {
     keys: BTreeMap<String, Versioned>,
     /// Every lease, by name.
     leases: BTreeMap<String, LeaseRecord>,
-    /// Keys changed since the last [`KvState::take_dirty`] (for the storage adapter).
-    dirty: BTreeSet<String>,
     /// Leases changed since the last [`KvState::take_dirty_leases`].
     dirty_leases: BTreeSet<String>,
     /// Users, roles and the auth switch.
@@ -138,7 +137,6 @@ impl KvState {
             revision: snapshot.revision,
             keys: snapshot.keys,
             leases: snapshot.leases,
-            dirty: BTreeSet::new(),
             dirty_leases: BTreeSet::new(),
             auth: snapshot.auth,
             dirty_auth: false,
@@ -591,7 +589,6 @@ impl KvState {
         if let Some(old) = self.keys.insert(key.to_string(), entry) {
             self.data_bytes = self.data_bytes.saturating_sub(entry_bytes(key, &old));
         }
-        self.dirty.insert(key.to_string());
         Applied {
             response: Response::Put { revision },
             events: vec![Event {
@@ -655,7 +652,6 @@ impl KvState {
         let old = self.keys.remove(key)?;
         self.data_bytes = self.data_bytes.saturating_sub(entry_bytes(key, &old));
         let revision = self.claim_revision();
-        self.dirty.insert(key.to_string());
         Some(Event {
             kind: EventKind::Delete,
             create_revision: None,
@@ -695,19 +691,6 @@ impl KvState {
             expected,
             actual,
         })
-    }
-
-    /// The keys changed since the last call, in key order, with their current state (`None`:
-    /// deleted). The storage adapter persists exactly these.
-    pub fn take_dirty(&mut self) -> Vec<(String, Option<&Versioned>)> {
-        let dirty = std::mem::take(&mut self.dirty);
-        dirty
-            .into_iter()
-            .map(|k| {
-                let v = self.keys.get(&k);
-                (k, v)
-            })
-            .collect()
     }
 
     /// The leases changed since the last call, with their current record (`None`: removed).
@@ -998,28 +981,6 @@ mod tests {
         assert_eq!(keys, ["b/1", "b/2"]);
         assert_eq!(kv.list("", 100).len(), 7);
         assert!(kv.list("zz", 100).is_empty());
-    }
-
-    #[test]
-    fn dirty_keys_are_reported_once_with_their_final_state() {
-        let mut kv = KvState::new();
-        kv.apply(&put("a", "1"));
-        kv.apply(&put("b", "1"));
-        kv.apply(&put("a", "2"));
-        kv.apply(&del("b"));
-        let dirty: Vec<(String, Option<String>)> = kv
-            .take_dirty()
-            .into_iter()
-            .map(|(k, v)| (k, v.map(|v| v.value.clone())))
-            .collect();
-        assert_eq!(
-            dirty,
-            vec![
-                ("a".to_string(), Some("2".to_string())),
-                ("b".to_string(), None)
-            ]
-        );
-        assert!(kv.take_dirty().is_empty());
     }
 
     #[test]

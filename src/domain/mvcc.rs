@@ -1,64 +1,68 @@
-//! MVCC history: the layout and the rules of the key versions kept until compaction. Pure.
+//! MVCC history: the layout, the encoding and the rules of the key versions kept until
+//! compaction. Pure.
 //!
-//! Every applied change is kept as its [`Event`] under two orderings, both in the state tree
-//! and in the same atomic batch as the state itself (the storage adapter writes them):
-//! - **by revision**: `h/ + revision (u64 BE) + sub (u32 BE)` → the event (JSON). A watch
-//!   replays any span still held by scanning it in order; `sub` numbers the changes of one
-//!   request.
-//! - **by key**: `i/ + escaped key + revision (u64 BE)` → `sub` (u32 BE), pointing at the
-//!   event. A range at an older revision takes, for each key, the newest version at or below
-//!   it; the previous version of a change (`prev_kv`) is the one before it. Escaping keeps
+//! The store keeps two orderings in the state tree, in the same atomic batch as the rest of
+//! the applied state (the storage adapter, `raft::mvcc_store`, writes them):
+//! - **versions by key**: `v/ + escaped key + revision (u64 BE)` → the key's version at that
+//!   revision, or a tombstone. These records ARE the key-value state: the current value of a
+//!   key is its newest version (a tombstone: deleted), so an applied put costs one record, as
+//!   it did before history was kept. A range at an older revision takes, for each key, the
+//!   newest version at or below it; `prev_kv` is the version before a change. Escaping keeps
 //!   the key order (`0x00` → `0x00 0xFF`, terminator `0x00 0x01`), so a key range is a scan.
+//! - **events by batch**: `h/ + last revision of an applied batch (u64 BE)` → every event of
+//!   that batch, in order. A watch replays any span still held by scanning from the first
+//!   record whose last revision is at or above where it starts. One record per applied batch
+//!   (not per change) keeps the write path's record count down under load.
 //!
 //! # Invariants
 //! - A request changes a key at most once (etcd's rule for transactions; a revoke deletes each
-//!   key once), so `(key, revision)` names one version. Were one written twice, the later one
-//!   wins, which is the state after the request.
+//!   key once), so `(key, revision)` names one version.
 //! - **The floor.** History is complete for every revision above `max(compact_revision,
 //!   history_start)`: a watch may start only above it, a range may read at it or above.
 //!   `history_start` is where this node's history began: a snapshot installed, or a store
 //!   written before history was kept. There each live key is recorded once at its
-//!   `mod_revision` (a *base* version), so ranges at the start are answered.
+//!   `mod_revision` (a *base* version, with no event), so ranges at the start are answered.
 //! - **Compaction to C** keeps, for every key, the newest version at or below C unless it is
-//!   a deletion, and drops every other version below C, along with its event. Nothing at or
-//!   above C is touched, so reads at C or later and watches from C + 1 see no difference.
+//!   a tombstone, and drops every other version below C, and every event record wholly at or
+//!   below C. Nothing above C is touched, so reads at C or later and watches from C + 1 see
+//!   no difference.
+//! - Decoding never panics: a record that does not parse is an error for the caller to report
+//!   as corruption.
 //!
 //! # What it must not do
-//! Touch storage: the adapter (`raft::mvcc_store`) scans and writes; this module encodes keys,
-//! decodes records and decides what a compaction keeps.
+//! Touch storage: the adapter scans and writes; this module encodes keys and records and
+//! decides what a compaction keeps.
 
-use super::command::{Event, EventKind};
+use super::command::{Cause, Event, EventKind};
 use super::kv::Versioned;
 use super::types::Revision;
 
-/// Prefix of the events by revision.
+/// Prefix of the event records (one per applied batch).
 pub const EVENT_PREFIX: &[u8] = b"h/";
-/// Prefix of the versions by key.
-pub const INDEX_PREFIX: &[u8] = b"i/";
+/// Prefix of the versions by key (the state itself).
+pub const INDEX_PREFIX: &[u8] = b"v/";
+/// Prefixes of storage format 2 (values under `k/`, a version index under `i/`, one JSON
+/// event per change under `h/` + revision + sub), converted when such a store is opened.
+pub const LEGACY_PREFIXES: [&[u8]; 2] = [b"k/", b"i/"];
 
-/// The key of the event at `(revision, sub)`.
-pub fn event_key(revision: Revision, sub: u32) -> Vec<u8> {
-    let mut k = Vec::with_capacity(EVENT_PREFIX.len() + 12);
+/// The key of the event record of a batch whose last revision is `last`.
+pub fn event_key(last: Revision) -> Vec<u8> {
+    let mut k = Vec::with_capacity(EVENT_PREFIX.len() + 8);
     k.extend_from_slice(EVENT_PREFIX);
-    k.extend_from_slice(&revision.0.to_be_bytes());
-    k.extend_from_slice(&sub.to_be_bytes());
+    k.extend_from_slice(&last.0.to_be_bytes());
     k
 }
 
-/// `(revision, sub)` of an event key, if it is one.
-pub fn parse_event_key(k: &[u8]) -> Option<(Revision, u32)> {
+/// The last revision of an event record's key, if it is one (of this format).
+pub fn parse_event_key(k: &[u8]) -> Option<Revision> {
     let rest = k.strip_prefix(EVENT_PREFIX)?;
-    if rest.len() != 12 {
-        return None;
-    }
-    let rev = u64::from_be_bytes(rest[..8].try_into().ok()?);
-    let sub = u32::from_be_bytes(rest[8..].try_into().ok()?);
-    Some((Revision(rev), sub))
+    Some(Revision(u64::from_be_bytes(rest.try_into().ok()?)))
 }
 
-/// The first event key of `revision` (the start of a scan from it).
+/// Where a scan for the events from `revision` on starts: the first record whose last
+/// revision is at or above it holds it, if it is held.
 pub fn events_from(revision: Revision) -> Vec<u8> {
-    event_key(revision, 0)
+    event_key(revision)
 }
 
 /// `key`, escaped so that byte order is kept and no escaped key is a prefix of another.
@@ -123,12 +127,205 @@ pub fn parse_index_key(k: &[u8]) -> Option<(String, Revision)> {
     Some((key, Revision(u64::from_be_bytes(rev.try_into().ok()?))))
 }
 
-/// The sub of an index value.
-pub fn parse_sub(v: &[u8]) -> Option<u32> {
-    Some(u32::from_be_bytes(v.try_into().ok()?))
+/// A record that does not decode (the adapter reports it as corruption).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("malformed history record: {0}")]
+pub struct Malformed(&'static str);
+
+/// The record of a version: `0` (a tombstone), or `1`, create revision, version, the lease
+/// (flag, length, bytes) and the value (length, bytes). Lengths and numbers are big-endian.
+pub fn encode_version(version: Option<&Versioned>) -> Vec<u8> {
+    let Some(v) = version else {
+        return vec![0];
+    };
+    let lease = v.lease.as_deref().map_or(0, str::len);
+    let mut out = Vec::with_capacity(1 + 16 + 5 + lease + 4 + v.value.len());
+    out.push(1);
+    out.extend_from_slice(&v.create_revision.0.to_be_bytes());
+    out.extend_from_slice(&v.version.to_be_bytes());
+    put_opt_str(&mut out, v.lease.as_deref());
+    put_str(&mut out, &v.value);
+    out
 }
 
-/// The key's version that an event leaves (`None` for a deletion).
+/// The version a record holds at `revision` (`None`: a tombstone).
+pub fn decode_version(revision: Revision, bytes: &[u8]) -> Result<Option<Versioned>, Malformed> {
+    let mut r = Reader(bytes);
+    let version = match r.u8()? {
+        0 => None,
+        1 => Some(Versioned {
+            create_revision: Revision(r.u64()?),
+            version: r.u64()?,
+            lease: r.opt_str()?,
+            value: r.str()?,
+            mod_revision: revision,
+        }),
+        _ => return Err(Malformed("unknown version tag")),
+    };
+    r.end()?;
+    Ok(version)
+}
+
+/// Whether a version record is a tombstone (without decoding the rest).
+pub fn is_tombstone(bytes: &[u8]) -> bool {
+    bytes.first() == Some(&0)
+}
+
+/// The record of an applied batch's events: a count, then each event (revision, kind, cause,
+/// key, then the optional fields behind a flag byte).
+pub fn encode_events(events: &[Event]) -> Vec<u8> {
+    let size: usize = events
+        .iter()
+        .map(|e| 40 + e.key.len() + e.value.as_ref().map_or(0, String::len))
+        .sum();
+    let mut out = Vec::with_capacity(4 + size);
+    out.extend_from_slice(&(events.len() as u32).to_be_bytes());
+    for e in events {
+        out.extend_from_slice(&e.revision.0.to_be_bytes());
+        out.push(match e.kind {
+            EventKind::Put => 0,
+            EventKind::Delete => 1,
+        });
+        out.push(match e.cause {
+            Cause::Client => 0,
+            Cause::LeaseExpired => 1,
+            Cause::LeaseRevoked => 2,
+        });
+        put_str(&mut out, &e.key);
+        put_opt_str(&mut out, e.value.as_deref());
+        put_opt_str(&mut out, e.lease.as_deref());
+        put_opt_u64(&mut out, e.create_revision.map(|r| r.0));
+        put_opt_u64(&mut out, e.version);
+    }
+    out
+}
+
+/// The events of a batch record, in order.
+pub fn decode_events(bytes: &[u8]) -> Result<Vec<Event>, Malformed> {
+    let mut r = Reader(bytes);
+    let count = r.u32()? as usize;
+    // Never trust a count for an allocation: each event takes at least 19 bytes.
+    let mut events = Vec::with_capacity(count.min(bytes.len() / 19));
+    for _ in 0..count {
+        let revision = Revision(r.u64()?);
+        let kind = match r.u8()? {
+            0 => EventKind::Put,
+            1 => EventKind::Delete,
+            _ => return Err(Malformed("unknown event kind")),
+        };
+        let cause = match r.u8()? {
+            0 => Cause::Client,
+            1 => Cause::LeaseExpired,
+            2 => Cause::LeaseRevoked,
+            _ => return Err(Malformed("unknown event cause")),
+        };
+        events.push(Event {
+            revision,
+            kind,
+            cause,
+            key: r.str()?,
+            value: r.opt_str()?,
+            lease: r.opt_str()?,
+            create_revision: r.opt_u64()?.map(Revision),
+            version: r.opt_u64()?,
+        });
+    }
+    r.end()?;
+    Ok(events)
+}
+
+fn put_str(out: &mut Vec<u8>, s: &str) {
+    out.extend_from_slice(&(s.len() as u32).to_be_bytes());
+    out.extend_from_slice(s.as_bytes());
+}
+
+fn put_opt_str(out: &mut Vec<u8>, s: Option<&str>) {
+    match s {
+        None => out.push(0),
+        Some(s) => {
+            out.push(1);
+            put_str(out, s);
+        }
+    }
+}
+
+fn put_opt_u64(out: &mut Vec<u8>, n: Option<u64>) {
+    match n {
+        None => out.push(0),
+        Some(n) => {
+            out.push(1);
+            out.extend_from_slice(&n.to_be_bytes());
+        }
+    }
+}
+
+/// A cursor over a record; every read checks the length left.
+struct Reader<'a>(&'a [u8]);
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], Malformed> {
+        if self.0.len() < n {
+            return Err(Malformed("truncated"));
+        }
+        let (head, rest) = self.0.split_at(n);
+        self.0 = rest;
+        Ok(head)
+    }
+
+    fn u8(&mut self) -> Result<u8, Malformed> {
+        Ok(self.take(1)?[0])
+    }
+
+    fn u32(&mut self) -> Result<u32, Malformed> {
+        let b = self.take(4)?;
+        Ok(u32::from_be_bytes([b[0], b[1], b[2], b[3]]))
+    }
+
+    fn u64(&mut self) -> Result<u64, Malformed> {
+        let mut a = [0u8; 8];
+        a.copy_from_slice(self.take(8)?);
+        Ok(u64::from_be_bytes(a))
+    }
+
+    fn str(&mut self) -> Result<String, Malformed> {
+        let n = self.u32()? as usize;
+        String::from_utf8(self.take(n)?.to_vec()).map_err(|_| Malformed("not UTF-8"))
+    }
+
+    fn flag(&mut self) -> Result<bool, Malformed> {
+        match self.u8()? {
+            0 => Ok(false),
+            1 => Ok(true),
+            _ => Err(Malformed("bad flag")),
+        }
+    }
+
+    fn opt_str(&mut self) -> Result<Option<String>, Malformed> {
+        if self.flag()? {
+            self.str().map(Some)
+        } else {
+            Ok(None)
+        }
+    }
+
+    fn opt_u64(&mut self) -> Result<Option<u64>, Malformed> {
+        if self.flag()? {
+            self.u64().map(Some)
+        } else {
+            Ok(None)
+        }
+    }
+
+    fn end(&self) -> Result<(), Malformed> {
+        if self.0.is_empty() {
+            Ok(())
+        } else {
+            Err(Malformed("trailing bytes"))
+        }
+    }
+}
+
+/// The version of a key that an event leaves (`None` for a deletion).
 pub fn version_of(event: &Event) -> Option<Versioned> {
     match event.kind {
         EventKind::Delete => None,
@@ -142,29 +339,21 @@ pub fn version_of(event: &Event) -> Option<Versioned> {
     }
 }
 
-/// The base event of a live key: its version as it stands, at its `mod_revision`.
-pub fn base_event(key: &str, v: &Versioned) -> Event {
-    Event {
-        kind: EventKind::Put,
-        key: key.to_string(),
-        value: Some(v.value.clone()),
-        revision: v.mod_revision,
-        lease: v.lease.clone(),
-        cause: super::command::Cause::Client,
-        create_revision: Some(v.create_revision),
-        version: Some(v.version),
-    }
-}
-
 /// The lowest revision a range may read at, and the highest a watch may not start from.
 pub fn floor(compact_revision: Revision, history_start: Revision) -> Revision {
     compact_revision.max(history_start)
 }
 
-/// Whether compaction to `compact` keeps a version of a key at `revision` (below `compact`),
-/// given the revision of that key's newest version at or below `compact`.
-pub fn keeps(event: &Event, newest_at_or_below: Revision) -> bool {
-    event.revision == newest_at_or_below && event.kind == EventKind::Put
+/// What compaction to C does with the versions of one key at or below C (oldest first, each
+/// a tombstone or not): the indexes of the versions it drops. Every version but the newest
+/// is superseded; the newest goes too if it is a tombstone (the key did not exist at C).
+pub fn dropped_by_compaction(tombstones: &[bool]) -> impl Iterator<Item = usize> + '_ {
+    let last = tombstones.len().checked_sub(1);
+    tombstones
+        .iter()
+        .enumerate()
+        .filter(move |&(i, &tomb)| Some(i) != last || tomb)
+        .map(|(i, _)| i)
 }
 
 #[cfg(test)]
@@ -172,14 +361,63 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
+    fn versioned() -> impl Strategy<Value = Option<Versioned>> {
+        proptest::option::of((
+            ".{0,8}",
+            0u64..u64::MAX,
+            0u64..u64::MAX,
+            0u64..u64::MAX,
+            proptest::option::of(".{0,6}"),
+        ))
+        .prop_map(|o| {
+            o.map(|(value, c, m, version, lease)| Versioned {
+                value,
+                create_revision: Revision(c),
+                mod_revision: Revision(m),
+                version,
+                lease,
+            })
+        })
+    }
+
+    fn event() -> impl Strategy<Value = Event> {
+        (
+            any::<bool>(),
+            0u8..3,
+            ".{0,8}",
+            proptest::option::of(".{0,8}"),
+            any::<u64>(),
+            proptest::option::of(".{0,4}"),
+            proptest::option::of(any::<u64>()),
+            proptest::option::of(any::<u64>()),
+        )
+            .prop_map(
+                |(put, cause, key, value, rev, lease, create, version)| Event {
+                    kind: if put {
+                        EventKind::Put
+                    } else {
+                        EventKind::Delete
+                    },
+                    cause: [Cause::Client, Cause::LeaseExpired, Cause::LeaseRevoked]
+                        [cause as usize],
+                    key,
+                    value,
+                    revision: Revision(rev),
+                    lease,
+                    create_revision: create.map(Revision),
+                    version,
+                },
+            )
+    }
+
     #[test]
     fn event_keys_round_trip_in_revision_order() {
-        let a = event_key(Revision(5), 2);
-        let b = event_key(Revision(5), 3);
-        let c = event_key(Revision(6), 0);
-        assert!(a < b && b < c);
-        assert_eq!(parse_event_key(&b), Some((Revision(5), 3)));
+        let a = event_key(Revision(5));
+        let b = event_key(Revision(6));
+        assert!(a < b);
+        assert_eq!(parse_event_key(&b), Some(Revision(6)));
         assert_eq!(parse_event_key(b"k/x"), None);
+        assert_eq!(parse_event_key(b"h/\0\0\0\0\0\0\0\x05\0\0\0\0"), None);
     }
 
     #[test]
@@ -192,21 +430,13 @@ mod tests {
     }
 
     #[test]
-    fn keeps_only_the_newest_put() {
-        let mut e = base_event(
-            "k",
-            &Versioned {
-                value: "v".into(),
-                create_revision: Revision(1),
-                mod_revision: Revision(3),
-                version: 2,
-                lease: None,
-            },
-        );
-        assert!(keeps(&e, Revision(3)));
-        assert!(!keeps(&e, Revision(4)));
-        e.kind = EventKind::Delete;
-        assert!(!keeps(&e, Revision(3)));
+    fn compaction_keeps_only_the_newest_live_version() {
+        let dropped = |t: &[bool]| dropped_by_compaction(t).collect::<Vec<_>>();
+        assert_eq!(dropped(&[false, false, false]), [0, 1]);
+        assert_eq!(dropped(&[false, true]), [0, 1]);
+        assert_eq!(dropped(&[true, false]), [0]);
+        assert!(dropped(&[]).is_empty());
+        assert!(dropped(&[false]).is_empty());
     }
 
     proptest! {
@@ -224,6 +454,35 @@ mod tests {
                 k1.as_bytes() >= k2.as_bytes()
             );
             prop_assert!(x < index_end());
+        }
+
+        #[test]
+        fn versions_round_trip(v in versioned(), at in any::<u64>()) {
+            let at = Revision(at);
+            let bytes = encode_version(v.as_ref());
+            prop_assert_eq!(is_tombstone(&bytes), v.is_none());
+            let expected = v.map(|v| Versioned { mod_revision: at, ..v });
+            prop_assert_eq!(decode_version(at, &bytes), Ok(expected));
+        }
+
+        #[test]
+        fn events_round_trip(events in proptest::collection::vec(event(), 0..8)) {
+            prop_assert_eq!(decode_events(&encode_events(&events)), Ok(events));
+        }
+
+        /// Any bytes at all decode to a value or an error, never a panic (nor a huge
+        /// allocation from a forged count).
+        #[test]
+        fn garbage_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..64)) {
+            let _ = decode_events(&bytes);
+            let _ = decode_version(Revision(1), &bytes);
+        }
+
+        #[test]
+        fn a_truncated_record_is_an_error(events in proptest::collection::vec(event(), 1..4), cut in 1usize..16) {
+            let bytes = encode_events(&events);
+            let cut = cut.min(bytes.len());
+            prop_assert!(decode_events(&bytes[..bytes.len() - cut]).is_err());
         }
     }
 }

@@ -127,7 +127,6 @@ impl Replay {
         if let Some(cmd) = entry.command {
             let applied = self.state.apply(&cmd);
             // The dirty sets only matter to the storage adapter: drop them as we go.
-            self.state.take_dirty();
             self.state.take_dirty_leases();
             self.history.push(applied.events, self.state.revision());
         }

@@ -1,39 +1,42 @@
-//! The MVCC history in sled: writes it with the state, reads it at past revisions, replays it
-//! to watches, and sweeps what compaction dropped. Layout and rules: [`crate::domain::mvcc`].
+//! The MVCC history in sled: writes it with the state (the versions by key ARE the key-value
+//! state), loads the current state from it, reads it at past revisions, replays it to watches,
+//! and sweeps what compaction dropped. Layout, encoding and rules: [`crate::domain::mvcc`].
 //!
 //! # Invariants
 //! - Everything is in the state tree, in the state machine's own batches: an applied entry's
-//!   events are durable exactly when its state is, and a crash never leaves one without the
-//!   other.
+//!   versions and events are durable exactly when the rest of its state is, and a crash never
+//!   leaves one without the other.
 //! - The history is complete above the floor, `max(compact_revision, history_start)`; the
-//!   state machine persists `history_start`, and a store without it (storage format 1, from
-//!   before history) starts its history at its current state when opened. Format 2 keeps
-//!   builds without history from writing to it since.
+//!   state machine persists `history_start`. A store of format 2 (values under `k/` beside
+//!   the history) is converted when opened; its history starts again at its current state.
 //! - The sweep runs inside `apply`, a bounded number of events per call, so it never stalls a
 //!   write and never runs concurrently with a snapshot install (openraft serializes them).
-//!   It only removes versions below the compaction mark that a newer version at or below the
-//!   mark supersedes (or deletions): reads at the mark or later never see a difference.
+//!   It only removes versions at or below the compaction mark that a newer version at or
+//!   below the mark supersedes (or tombstones), and event records wholly at or below it:
+//!   reads at the mark or later, and watches from after it, never see a difference.
 //!
 //! # What it must not do
 //! Decide what is kept (the domain does) or answer a read below the floor (callers check it).
 
-use std::ops::Bound;
+use std::collections::{BTreeMap, HashSet};
 
 use crate::domain::auth::KeyRange;
 use crate::domain::command::Event;
 use crate::domain::history::{Batch, KeyFilter};
 use crate::domain::kv::Versioned;
 use crate::domain::mvcc::{
-    EVENT_PREFIX, base_event, event_key, events_from, index_end, index_from, index_key, keeps,
-    key_versions, parse_event_key, parse_index_key, parse_sub, version_of,
+    EVENT_PREFIX, INDEX_PREFIX, LEGACY_PREFIXES, Malformed, decode_events, decode_version,
+    dropped_by_compaction, encode_events, encode_version, event_key, events_from, index_end,
+    index_from, index_key, is_tombstone, key_versions, parse_event_key, parse_index_key,
+    version_of,
 };
 use crate::domain::types::Revision;
 use crate::storage::StorageError;
 
 /// Where the history of this node begins (a snapshot, or a store from before history).
 pub const KEY_HISTORY_START: &[u8] = b"m/history_start";
-/// The event key the sweep resumes from (every event before it is swept).
-pub const KEY_SWEPT: &[u8] = b"m/history_swept";
+/// Format 2's sweep position: removed when such a store is converted.
+const LEGACY_KEY_SWEPT: &[u8] = b"m/history_swept";
 /// Events the sweep looks at per applied batch: a few sled reads each, so at most a couple
 /// of milliseconds added to one apply, while still outpacing any write rate (a batch adds at
 /// most as many events as it has entries' changes; the sweep removes up to this many).
@@ -46,48 +49,82 @@ fn corrupt(what: &str, detail: impl ToString) -> StorageError {
     }
 }
 
-fn decode_event(bytes: &[u8]) -> Result<Event, StorageError> {
-    serde_json::from_slice(bytes).map_err(|e| corrupt("history event", e))
+fn malformed(what: &'static str) -> impl Fn(Malformed) -> StorageError {
+    move |e| corrupt(what, e)
 }
 
-/// Add the events of one applied batch (in log order) to `batch`. `sub` numbers the changes
-/// of one revision; a revision never spans two applied batches (one request is one entry).
-pub fn record(batch: &mut sled::Batch, events: &[Event]) -> Result<(), StorageError> {
-    let mut sub = 0u32;
-    let mut last = None;
+/// Add the events of one applied batch (in log order) to `batch`: a version per change,
+/// and one event record for the batch.
+pub fn record(batch: &mut sled::Batch, events: &[Event]) {
+    let Some(last) = events.last() else {
+        return;
+    };
     for e in events {
-        if last != Some(e.revision) {
-            sub = 0;
-            last = Some(e.revision);
-        }
-        let bytes = serde_json::to_vec(e).map_err(|e| corrupt("history event", e))?;
-        batch.insert(event_key(e.revision, sub), bytes);
-        batch.insert(index_key(&e.key, e.revision), &sub.to_be_bytes());
-        sub += 1;
+        batch.insert(
+            index_key(&e.key, e.revision),
+            encode_version(version_of(e).as_ref()),
+        );
     }
-    Ok(())
+    batch.insert(event_key(last.revision), encode_events(events));
 }
 
 /// Remove the whole history (in `batch`) and record every live key of `keys` as its base
-/// version: the history of a state that arrived whole (a snapshot, or an older store).
+/// version: the state of a store that arrived whole (a snapshot, a restore, a store of an
+/// older format).
 pub fn restart<'a>(
     tree: &sled::Tree,
     batch: &mut sled::Batch,
     keys: impl Iterator<Item = (&'a String, &'a Versioned)>,
     revision: Revision,
 ) -> Result<(), StorageError> {
-    for prefix in [EVENT_PREFIX, crate::domain::mvcc::INDEX_PREFIX] {
+    for prefix in [EVENT_PREFIX, INDEX_PREFIX]
+        .into_iter()
+        .chain(LEGACY_PREFIXES)
+    {
         for item in tree.scan_prefix(prefix) {
             batch.remove(item?.0);
         }
     }
-    // Base versions in revision order, so that `record` numbers each revision's keys apart.
-    let mut base: Vec<Event> = keys.map(|(k, v)| base_event(k, v)).collect();
-    base.sort_by_key(|e| e.revision);
-    record(batch, &base)?;
+    for (key, v) in keys {
+        batch.insert(index_key(key, v.mod_revision), encode_version(Some(v)));
+    }
     batch.insert(KEY_HISTORY_START, &revision.0.to_be_bytes());
-    batch.insert(KEY_SWEPT, events_from(Revision(0)));
+    batch.remove(LEGACY_KEY_SWEPT);
     Ok(())
+}
+
+/// The live keys as the versions say (the newest version of each key, unless a tombstone).
+pub fn load(tree: &sled::Tree) -> Result<BTreeMap<String, Versioned>, StorageError> {
+    let mut keys = BTreeMap::new();
+    let mut newest: Option<(String, Revision, sled::IVec)> = None;
+    let mut keep = |newest: Option<(String, Revision, sled::IVec)>| -> Result<(), StorageError> {
+        if let Some((key, rev, v)) = newest
+            && let Some(version) = decode_version(rev, &v).map_err(malformed("version"))?
+        {
+            keys.insert(key, version);
+        }
+        Ok(())
+    };
+    for item in tree.scan_prefix(INDEX_PREFIX) {
+        let (k, v) = item?;
+        let (key, rev) = parse_index_key(&k).ok_or_else(|| corrupt("version", "bad key"))?;
+        if newest.as_ref().is_some_and(|(n, _, _)| *n != key) {
+            keep(newest.take())?;
+        }
+        newest = Some((key, rev, v));
+    }
+    keep(newest)?;
+    Ok(keys)
+}
+
+/// Whether the tree holds a store of format 2 (values under `k/`, an index under `i/`).
+pub fn is_legacy(tree: &sled::Tree) -> Result<bool, StorageError> {
+    for prefix in LEGACY_PREFIXES {
+        if tree.scan_prefix(prefix).next().transpose()?.is_some() {
+            return Ok(true);
+        }
+    }
+    Ok(false)
 }
 
 fn read_revision(tree: &sled::Tree, key: &[u8]) -> Result<Option<Revision>, StorageError> {
@@ -105,21 +142,6 @@ pub fn history_start(tree: &sled::Tree) -> Result<Option<Revision>, StorageError
     read_revision(tree, KEY_HISTORY_START)
 }
 
-/// The event at `(revision, sub)`.
-fn event_at(tree: &sled::Tree, revision: Revision, sub: u32) -> Result<Event, StorageError> {
-    let bytes = tree
-        .get(event_key(revision, sub))?
-        .ok_or_else(|| corrupt("history", format!("no event at {revision}/{sub}")))?;
-    decode_event(&bytes)
-}
-
-/// The event an index entry points at.
-fn indexed(tree: &sled::Tree, k: &[u8], v: &[u8]) -> Result<Event, StorageError> {
-    let (_, revision) = parse_index_key(k).ok_or_else(|| corrupt("history index", "bad key"))?;
-    let sub = parse_sub(v).ok_or_else(|| corrupt("history index", "bad value"))?;
-    event_at(tree, revision, sub)
-}
-
 /// The live keys of `range` as they were at `revision` (at or above the floor), in key order.
 pub fn range_at(
     tree: &sled::Tree,
@@ -130,10 +152,10 @@ pub fn range_at(
     let start = index_from(&range.start);
     let mut out = Vec::new();
     // The newest version at or below `revision` of the key being scanned.
-    let mut best: Option<(String, sled::IVec, sled::IVec)> = None;
-    let mut flush = |best: Option<(String, sled::IVec, sled::IVec)>| -> Result<(), StorageError> {
-        if let Some((key, k, v)) = best
-            && let Some(version) = version_of(&indexed(tree, &k, &v)?)
+    let mut best: Option<(String, Revision, sled::IVec)> = None;
+    let mut flush = |best: Option<(String, Revision, sled::IVec)>| -> Result<(), StorageError> {
+        if let Some((key, rev, v)) = best
+            && let Some(version) = decode_version(rev, &v).map_err(malformed("version"))?
         {
             out.push((key, version));
         }
@@ -142,13 +164,13 @@ pub fn range_at(
     let mut current: Option<String> = None;
     for item in tree.range(start..end) {
         let (k, v) = item?;
-        let (key, rev) = parse_index_key(&k).ok_or_else(|| corrupt("history index", "bad key"))?;
+        let (key, rev) = parse_index_key(&k).ok_or_else(|| corrupt("version", "bad key"))?;
         if current.as_deref() != Some(key.as_str()) {
             flush(best.take())?;
             current = Some(key.clone());
         }
         if rev <= revision {
-            best = Some((key, k, v));
+            best = Some((key, rev, v));
         }
     }
     flush(best.take())?;
@@ -166,7 +188,8 @@ pub fn version_before(
     match tree.range(from..to).next_back() {
         Some(item) => {
             let (k, v) = item?;
-            Ok(version_of(&indexed(tree, &k, &v)?))
+            let (_, rev) = parse_index_key(&k).ok_or_else(|| corrupt("version", "bad key"))?;
+            decode_version(rev, &v).map_err(malformed("version"))
         }
         None => Ok(None),
     }
@@ -182,80 +205,70 @@ pub fn events_since(
     limit: usize,
 ) -> Result<Batch, StorageError> {
     let mut events: Vec<Event> = Vec::new();
-    let end = events_from(through.next());
-    for item in tree.range(events_from(from)..end) {
+    for item in tree.range(events_from(from)..) {
         let (k, v) = item?;
-        let (rev, _) = parse_event_key(&k).ok_or_else(|| corrupt("history", "bad key"))?;
-        if events.len() >= limit && events.last().is_none_or(|l| l.revision != rev) {
-            return Ok(Batch {
-                events,
-                through: Revision(rev.0 - 1),
-            });
+        if parse_event_key(&k).is_none() {
+            break; // past the event records
         }
-        let e = decode_event(&v)?;
-        if filter.matches(&e.key) {
-            events.push(e);
+        for e in decode_events(&v).map_err(malformed("history event"))? {
+            if e.revision < from {
+                continue;
+            }
+            if e.revision > through {
+                return Ok(Batch { events, through });
+            }
+            if events.len() >= limit && events.last().is_none_or(|l| l.revision != e.revision) {
+                return Ok(Batch {
+                    events,
+                    through: Revision(e.revision.0 - 1),
+                });
+            }
+            if filter.matches(&e.key) {
+                events.push(e);
+            }
         }
     }
     Ok(Batch { events, through })
 }
 
-/// One bounded step of the sweep towards `compact` (in `batch`): looks at up to `budget`
-/// events below it from where the last step stopped. Returns whether anything is left.
+/// One bounded step of the sweep towards `compact` (in `batch`): takes the event records
+/// wholly at or below it, oldest first, until `budget` events are looked at; for each key
+/// they name, drops the versions at or below the mark that compaction does not keep; then
+/// drops the records. Returns whether anything is left.
 pub fn sweep(
     tree: &sled::Tree,
     batch: &mut sled::Batch,
     compact: Revision,
     budget: usize,
 ) -> Result<bool, StorageError> {
-    let resume = tree
-        .get(KEY_SWEPT)?
-        .map_or_else(|| events_from(Revision(0)), |v| v.to_vec());
-    let end = events_from(compact);
-    if resume >= end {
-        return Ok(false);
-    }
-    let mut next = end.clone();
-    for (seen, item) in tree.range(resume..end.clone()).enumerate() {
+    let mut seen = 0;
+    // Keys already swept in this step (the batch's removals are not visible to reads yet).
+    let mut swept: HashSet<String> = HashSet::new();
+    for item in tree.range(EVENT_PREFIX.to_vec()..=event_key(compact)) {
         let (k, v) = item?;
-        if seen == budget {
-            next = k.to_vec();
-            break;
+        if seen >= budget {
+            return Ok(true);
         }
-        let (rev, sub) = parse_event_key(&k).ok_or_else(|| corrupt("history", "bad key"))?;
-        let event = decode_event(&v)?;
-        let this = index_key(&event.key, rev);
-        if tree.get(&this)?.as_deref().and_then(parse_sub) != Some(sub) {
-            // Not the version its index names (written twice in one request): unreachable.
-            batch.remove(k);
-            continue;
-        }
-        // Every older version of the key is superseded by this one, which is below the mark.
-        for older in tree.range(key_versions(&event.key)..this.clone()) {
-            let (ok, ov) = older?;
-            let (_, orev) =
-                parse_index_key(&ok).ok_or_else(|| corrupt("history index", "bad key"))?;
-            if let Some(osub) = parse_sub(&ov) {
-                batch.remove(event_key(orev, osub));
+        let events = decode_events(&v).map_err(malformed("history event"))?;
+        seen += events.len().max(1);
+        for e in events {
+            if !swept.insert(e.key.clone()) {
+                continue;
             }
-            batch.remove(ok);
+            let mut versions = Vec::new();
+            let mut tombstones = Vec::new();
+            for version in tree.range(key_versions(&e.key)..=index_key(&e.key, compact)) {
+                let (vk, vv) = version?;
+                tombstones.push(is_tombstone(&vv));
+                versions.push(vk);
+            }
+            for i in dropped_by_compaction(&tombstones) {
+                batch.remove(versions[i].clone());
+            }
         }
-        let newest = tree
-            .range((
-                Bound::Included(key_versions(&event.key)),
-                Bound::Included(index_key(&event.key, compact)),
-            ))
-            .next_back()
-            .transpose()?
-            .and_then(|(k, _)| parse_index_key(&k))
-            .map_or(rev, |(_, r)| r);
-        if !keeps(&event, newest) {
-            batch.remove(k);
-            batch.remove(this);
-        }
+        batch.remove(k);
     }
-    batch.insert(KEY_SWEPT, next.clone());
-    Ok(next < end)
+    Ok(false)
 }
 
 #[cfg(test)]
@@ -312,7 +325,16 @@ mod tests {
                         lease: None,
                     },
                 };
-                events.push(base_event(&key, &v));
+                events.push(Event {
+                    kind: EventKind::Put,
+                    key: key.clone(),
+                    value: Some(v.value.clone()),
+                    revision: rev,
+                    lease: None,
+                    cause: Cause::Client,
+                    create_revision: Some(v.create_revision),
+                    version: Some(v.version),
+                });
                 state.insert(key, v);
             }
             states.push(state.clone());
@@ -341,16 +363,21 @@ mod tests {
             ops in proptest::collection::vec((0u8..4, proptest::bool::weighted(0.3)), 1..40),
             marks in proptest::collection::vec(0usize..40, 1..4),
             budget in 1usize..6,
+            chunk in 1usize..5,
         ) {
             let t = tree();
             let (events, states) = history(&ops);
-            let mut b = sled::Batch::default();
-            record(&mut b, &events).unwrap();
-            t.apply_batch(b).unwrap();
+            // Applied batches of `chunk` requests each: one event record per batch.
+            for part in events.chunks(chunk) {
+                let mut b = sled::Batch::default();
+                record(&mut b, part);
+                t.apply_batch(b).unwrap();
+            }
+            prop_assert_eq!(load(&t).unwrap(), states[ops.len()].clone());
             let top = Revision(ops.len() as u64);
             let mut marks: Vec<u64> = marks.iter().map(|m| (*m as u64).min(top.0)).collect();
             marks.sort();
-            for c in marks {
+            for &c in &marks {
                 let c = Revision(c);
                 loop {
                     let mut b = sled::Batch::default();
@@ -364,8 +391,19 @@ mod tests {
                 let replay = events_since(&t, c.next(), top, &KeyFilter::Prefix(String::new()), usize::MAX).unwrap();
                 prop_assert_eq!(&replay.events[..], &events[c.0 as usize..]);
             }
-            // Only what reads need is left: at most one version per key below the last mark.
-            prop_assert!(t.scan_prefix(EVENT_PREFIX).count() <= events.len());
+            // The state is untouched, and what reads need is all that is left below the last
+            // mark: no event record wholly at or below it.
+            prop_assert_eq!(load(&t).unwrap(), states[ops.len()].clone());
+            let last = *marks.last().unwrap();
+            prop_assert!(t.scan_prefix(EVENT_PREFIX).all(|r| parse_event_key(&r.unwrap().0).unwrap().0 > last));
+            // Below the last batch wholly at or below it (one revision per request here), at
+            // most one version per key: the ones live at the mark.
+            let swept = last / chunk as u64 * chunk as u64;
+            let old = t
+                .scan_prefix(INDEX_PREFIX)
+                .filter(|r| parse_index_key(&r.as_ref().unwrap().0).unwrap().1.0 <= swept)
+                .count();
+            prop_assert!(old <= states[last as usize].len(), "{old} versions at or below {swept}");
         }
     }
 
@@ -374,7 +412,7 @@ mod tests {
         let t = tree();
         let (events, states) = history(&[(1, false), (1, false), (2, false), (1, true)]);
         let mut b = sled::Batch::default();
-        record(&mut b, &events).unwrap();
+        record(&mut b, &events);
         t.apply_batch(b).unwrap();
         let prev = version_before(&t, "k1", Revision(2)).unwrap().unwrap();
         assert_eq!(prev.value, "v0");

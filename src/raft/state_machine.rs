@@ -38,7 +38,8 @@ pub use super::state_view::{HistoryError, StateView};
 use crate::storage::TREE_STATE;
 use crate::storage::snapshot_file::SnapshotFile;
 
-const KEY_PREFIX: &[u8] = b"k/";
+/// Where formats 1 and 2 kept the values (format 3 keeps them as MVCC versions).
+const LEGACY_KEY_PREFIX: &[u8] = b"k/";
 const LEASE_PREFIX: &[u8] = b"l/";
 const KEY_APPLIED: &[u8] = b"m/applied";
 const KEY_MEMBERSHIP: &[u8] = b"m/membership";
@@ -167,18 +168,6 @@ impl StateMachine {
             what: what.to_string(),
             detail: e.to_string(),
         };
-        let mut keys = BTreeMap::new();
-        for item in state.scan_prefix(KEY_PREFIX) {
-            let (k, v) = item?;
-            let key = String::from_utf8(k[KEY_PREFIX.len()..].to_vec()).map_err(|e| {
-                crate::storage::StorageError::Corrupt {
-                    what: "key".into(),
-                    detail: e.to_string(),
-                }
-            })?;
-            let value: Versioned = serde_json::from_slice(&v).map_err(|e| corrupt("value", e))?;
-            keys.insert(key, value);
-        }
         let mut leases = BTreeMap::new();
         for item in state.scan_prefix(LEASE_PREFIX) {
             let (k, v) = item?;
@@ -216,15 +205,19 @@ impl StateMachine {
             Some(b) => serde_json::from_slice(&b).map_err(|e| corrupt("compact revision", e))?,
             None => Revision::default(),
         };
-        // A store from before history (format 1, upgraded) starts its history here.
-        let history_start = match mvcc_store::history_start(&state)? {
-            Some(start) => start,
-            None => {
+        // A store of an older format (values under `k/`; format 1 without history, format 2
+        // with it) is converted: its values become the base versions, its history starts here.
+        let stored_start = mvcc_store::history_start(&state)?;
+        let (keys, history_start) = match stored_start {
+            Some(start) if !mvcc_store::is_legacy(&state)? => (mvcc_store::load(&state)?, start),
+            _ => {
+                let keys = legacy_keys(&state)?;
                 let mut batch = sled::Batch::default();
                 mvcc_store::restart(&state, &mut batch, keys.iter(), revision)?;
                 state.apply_batch(batch)?;
+                state.flush()?;
                 tracing::info!(%revision, "MVCC history starts at the current revision");
-                revision
+                (keys, revision)
             }
         };
         let kv = KvState::from_snapshot(KvSnapshot {
@@ -307,8 +300,24 @@ fn prefixed(prefix: &[u8], name: &str) -> Vec<u8> {
     k
 }
 
-fn state_key(key: &str) -> Vec<u8> {
-    prefixed(KEY_PREFIX, key)
+/// The values of a store of format 1 or 2 (JSON under `k/`), for its conversion.
+fn legacy_keys(
+    state: &sled::Tree,
+) -> Result<BTreeMap<String, Versioned>, crate::storage::StorageError> {
+    let corrupt = |what: &str, detail: String| crate::storage::StorageError::Corrupt {
+        what: what.to_string(),
+        detail,
+    };
+    let mut keys = BTreeMap::new();
+    for item in state.scan_prefix(LEGACY_KEY_PREFIX) {
+        let (k, v) = item?;
+        let key = String::from_utf8(k[LEGACY_KEY_PREFIX.len()..].to_vec())
+            .map_err(|e| corrupt("key", e.to_string()))?;
+        let value: Versioned =
+            serde_json::from_slice(&v).map_err(|e| corrupt("value", e.to_string()))?;
+        keys.insert(key, value);
+    }
+    Ok(keys)
 }
 
 fn lease_key(name: &str) -> Vec<u8> {
@@ -352,12 +361,6 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                 };
                 responses.push(response);
             }
-            for (key, value) in kv.take_dirty() {
-                match value {
-                    Some(v) => batch.insert(state_key(&key), json(v)?),
-                    None => batch.remove(state_key(&key)),
-                }
-            }
             for (name, lease) in kv.take_dirty_leases() {
                 match lease {
                     Some(l) => batch.insert(lease_key(&name), json(l)?),
@@ -368,7 +371,8 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                 batch.insert(KEY_AUTH, json(auth)?);
             }
             let revision = kv.revision();
-            mvcc_store::record(&mut batch, &events).map_err(write_err)?;
+            // The events are the key changes: each becomes the key's new version.
+            mvcc_store::record(&mut batch, &events);
             if kv.compact_revision() > Revision(0) {
                 mvcc_store::sweep(
                     &self.state,
@@ -441,14 +445,9 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         save_snapshot(&self.snapshots, meta, &snapshot).await?;
 
         let mut batch = sled::Batch::default();
-        for prefix in [KEY_PREFIX, LEASE_PREFIX] {
-            for item in self.state.scan_prefix(prefix) {
-                let (k, _) = item.map_err(write_err)?;
-                batch.remove(k);
-            }
-        }
-        for (key, value) in &payload.kv.keys {
-            batch.insert(state_key(key), json(value)?);
+        for item in self.state.scan_prefix(LEASE_PREFIX) {
+            let (k, _) = item.map_err(write_err)?;
+            batch.remove(k);
         }
         for (name, lease) in &payload.kv.leases {
             batch.insert(lease_key(name), json(lease)?);
@@ -595,9 +594,6 @@ pub(crate) fn seed(
     }
     let state = db.open_tree(TREE_STATE)?;
     let mut batch = sled::Batch::default();
-    for (key, value) in &kv.keys {
-        batch.insert(state_key(key), enc(value)?);
-    }
     for (name, lease) in &kv.leases {
         batch.insert(lease_key(name), enc(lease)?);
     }

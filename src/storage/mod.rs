@@ -30,8 +30,11 @@ pub mod snapshot_file;
 /// misread, and teach the new build to upgrade the old format.
 /// Format 2 added the MVCC history (`raft::mvcc_store`); a format-1 directory is upgraded in
 /// place when opened (its history starts at its current state), and a build of format 1 then
-/// refuses it rather than write state without history.
-pub const STORAGE_FORMAT: u32 = 2;
+/// refuses it rather than write state without history. Format 3 keeps the values as the
+/// newest MVCC versions (no separate copy) and one event record per applied batch; a
+/// format-1 or -2 directory is converted when opened (its history starts at its current
+/// state).
+pub const STORAGE_FORMAT: u32 = 3;
 /// The oldest format this build upgrades in place.
 const UPGRADABLE_FROM: u32 = 1;
 /// Where the format is recorded.
@@ -183,7 +186,7 @@ mod tests {
         drop(db);
         match open_db(&dir, 1 << 20) {
             Err(e @ StorageError::Format { found: 99, .. }) => {
-                assert!(e.to_string().contains("this build reads format 2"), "{e}")
+                assert!(e.to_string().contains("this build reads format 3"), "{e}")
             }
             other => panic!("expected a format refusal, got {:?}", other.map(|_| ())),
         }
@@ -200,7 +203,7 @@ mod tests {
         let db = open_db(&dir, 1 << 20).unwrap();
         assert_eq!(
             db.get(FORMAT_KEY).unwrap().unwrap().as_ref(),
-            2u32.to_be_bytes()
+            STORAGE_FORMAT.to_be_bytes()
         );
     }
 
