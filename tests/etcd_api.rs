@@ -1,10 +1,7 @@
-//! leasecore's etcd v3 API driven by etcd's own command-line client, `etcdctl` 3.4 (Debian's
-//! `etcd-client` package, which `scripts/test.sh` installs), against a three-node cluster:
-//! every command goes through a real gRPC client nobody here wrote, and `-w json` outputs are
-//! parsed and checked.
-//!
-//! Without `etcdctl` on the PATH the tests say so and pass, unless `LEASECORE_REQUIRE_ETCDCTL`
-//! is set (the suite's script sets it, so CI cannot skip them silently).
+//! leasecore's etcd v3 API driven by etcd's own command-line client, `etcdctl` 3.4 (see
+//! `common::etcdctl`), against a three-node cluster: every command goes through a real gRPC
+//! client nobody here wrote, and `-w json` outputs are parsed and checked. (Auth, membership
+//! and Observe: `tests/etcd_admin.rs`.)
 #![allow(clippy::disallowed_methods)]
 
 mod common;
@@ -13,86 +10,14 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use base64::Engine;
+use common::etcdctl::{b64, endpoint, endpoints, etcd_cluster, etcdctl_in, have_etcdctl, json, ok};
 use common::{TestCluster, eventually};
 use serde_json::Value;
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::Command;
 
-fn have_etcdctl() -> bool {
-    let found = std::process::Command::new("etcdctl")
-        .arg("version")
-        .env("ETCDCTL_API", "3")
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !found {
-        assert!(
-            std::env::var_os("LEASECORE_REQUIRE_ETCDCTL").is_none(),
-            "etcdctl is required (LEASECORE_REQUIRE_ETCDCTL is set): apt-get install etcd-client"
-        );
-        eprintln!("SKIPPED: etcdctl is not installed (apt-get install etcd-client)");
-    }
-    found
-}
-
 async fn cluster() -> TestCluster {
-    let c = TestCluster::start_tweaked(3, |cfg| {
-        cfg.etcd_listen = Some("127.0.0.1:0".into());
-    })
-    .await;
-    c.leader().await;
-    c
-}
-
-fn endpoint(c: &TestCluster, id: u64) -> String {
-    c.nodes[&id].etcd_addr().expect("etcd listener").to_string()
-}
-
-fn endpoints(c: &TestCluster) -> String {
-    c.nodes
-        .keys()
-        .map(|id| endpoint(c, *id))
-        .collect::<Vec<_>>()
-        .join(",")
-}
-
-/// Run etcdctl against `endpoints` with `args` (and `stdin`), bounded by a deadline.
-async fn etcdctl_in(endpoints: &str, args: &[&str], stdin: &str) -> std::process::Output {
-    let mut child = Command::new("etcdctl")
-        .env("ETCDCTL_API", "3")
-        .arg(format!("--endpoints={endpoints}"))
-        .arg("--command-timeout=10s")
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("run etcdctl");
-    let mut input = child.stdin.take().unwrap();
-    input.write_all(stdin.as_bytes()).await.unwrap();
-    drop(input);
-    tokio::time::timeout(Duration::from_secs(30), child.wait_with_output())
-        .await
-        .unwrap_or_else(|_| panic!("etcdctl {args:?} did not finish within 30 s"))
-        .unwrap()
-}
-
-/// etcdctl's stdout, which must have succeeded.
-async fn ok(endpoints: &str, args: &[&str]) -> String {
-    let out = etcdctl_in(endpoints, args, "").await;
-    assert!(
-        out.status.success(),
-        "etcdctl {args:?} failed: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
-}
-
-async fn json(endpoints: &str, args: &[&str]) -> Value {
-    let mut all = args.to_vec();
-    all.extend(["-w", "json"]);
-    serde_json::from_str(&ok(endpoints, &all).await).unwrap()
+    etcd_cluster().await
 }
 
 /// Whether `etcdctl txn -i` reported the success branch (its prompts come first on stdout).
@@ -100,13 +25,6 @@ fn txn_succeeded(stdout: &[u8]) -> bool {
     String::from_utf8_lossy(stdout)
         .lines()
         .any(|l| l == "SUCCESS")
-}
-
-fn b64(v: &Value) -> String {
-    let bytes = base64::engine::general_purpose::STANDARD
-        .decode(v.as_str().expect("base64 text"))
-        .unwrap();
-    String::from_utf8(bytes).unwrap()
 }
 
 fn kvs(v: &Value) -> Vec<(String, String)> {

@@ -1,35 +1,78 @@
-//! The `Auth` service: `Authenticate` gives a token (leasecore's users and passwords, the
-//! same token `/v1` issues), which etcd clients then send with every call (`etcdctl --user`).
+//! The `Auth` service on leasecore's users and roles: every RPC calls the `/v1/auth/...`
+//! handler that does the same thing (`http::auth`), so checks (root only, names, password
+//! bounds), hashing and proposals are theirs, and both APIs change the same replicated state.
+//! `etcdctl user|role|auth` work as against etcd.
 //!
-//! # What is not here yet
-//! Managing users, roles and the auth switch through etcd's API: those RPCs answer
-//! `Unimplemented` at once, pointing at `leasecore user|role|auth` and `/v1/auth/...`
-//! (etcd's key-range permissions map onto leasecore's, but the mapping is not written yet).
+//! # Mapping
+//! - Permissions: etcd's key ranges map onto leasecore's key and prefix grants as
+//!   [`super::permission`] says; a range leasecore cannot hold is refused (`InvalidArgument`).
+//! - Errors are etcd's (`etcdserver: user name already exists`, `... role name not found`,
+//!   `... root user does not exist`, `... root user does not have root role` (on which
+//!   `etcdctl auth enable` adds the role itself), `... invalid auth management` for the root
+//!   user or role while auth is on, `... permission denied` for a non-root caller).
+//! - `root` is built in (as etcd's): it exists without `RoleAdd`, and `RoleGet` shows it
+//!   allowing everything. `RoleList` always lists it.
+//!
+//! # Differences from etcd
+//! - Users have passwords: `UserAdd` with `no_password` (etcd's users that authenticate by TLS
+//!   certificate only) is refused, and so is an empty password.
+//! - `UserGet` and `RoleGet` are root-only, as `/v1`'s (etcd also lets a user read itself and
+//!   its own roles).
+//! - Changing a password or deleting a user does not revoke tokens already issued before their
+//!   expiry (`--auth-token-ttl`), except that a deleted user's tokens stop working at once.
 //!
 //! # What it must not do
-//! Check a password itself: the auth runtime does, as for `/v1/auth/authenticate`.
+//! Check a password or a permission itself: the auth runtime and the domain do.
 
+use axum::Json;
+use axum::extract::State;
 use leasecore_etcd_api::etcdserverpb::auth_server::Auth;
 use leasecore_etcd_api::etcdserverpb::{
     AuthDisableRequest, AuthDisableResponse, AuthEnableRequest, AuthEnableResponse,
     AuthRoleAddRequest, AuthRoleAddResponse, AuthRoleDeleteRequest, AuthRoleDeleteResponse,
     AuthRoleGetRequest, AuthRoleGetResponse, AuthRoleGrantPermissionRequest,
     AuthRoleGrantPermissionResponse, AuthRoleListRequest, AuthRoleListResponse,
-    AuthRoleRevokePermissionRequest, AuthRoleRevokePermissionResponse, AuthUserAddRequest,
-    AuthUserAddResponse, AuthUserChangePasswordRequest, AuthUserChangePasswordResponse,
-    AuthUserDeleteRequest, AuthUserDeleteResponse, AuthUserGetRequest, AuthUserGetResponse,
-    AuthUserGrantRoleRequest, AuthUserGrantRoleResponse, AuthUserListRequest, AuthUserListResponse,
-    AuthUserRevokeRoleRequest, AuthUserRevokeRoleResponse, AuthenticateRequest,
-    AuthenticateResponse,
+    AuthRoleRevokePermissionRequest, AuthRoleRevokePermissionResponse, AuthStatusRequest,
+    AuthStatusResponse, AuthUserAddRequest, AuthUserAddResponse, AuthUserChangePasswordRequest,
+    AuthUserChangePasswordResponse, AuthUserDeleteRequest, AuthUserDeleteResponse,
+    AuthUserGetRequest, AuthUserGetResponse, AuthUserGrantRoleRequest, AuthUserGrantRoleResponse,
+    AuthUserListRequest, AuthUserListResponse, AuthUserRevokeRoleRequest,
+    AuthUserRevokeRoleResponse, AuthenticateRequest, AuthenticateResponse,
 };
 use tonic::{Request, Response, Status};
 
+use super::permission::{self, INVALID_AUTH_MGMT};
 use super::{Etcd, EtcdError};
+use crate::domain::auth::ROOT;
+use crate::http::auth as v1;
+use crate::http::error::ApiError;
+use crate::http::extract::{ApiJson, ApiPath, ApiQuery};
+use crate::wire::{Credentials, PasswordRequest, RoleRequest};
 
-fn later(rpc: &str) -> Status {
-    Status::unimplemented(format!(
-        "leasecore: Auth.{rpc} is not implemented on the etcd API yet; use `leasecore user`, `role` or `auth`, or /v1/auth"
-    ))
+/// An answer of a `/v1` handler, in etcd's words.
+fn etcd<T>(r: Result<T, ApiError>) -> Result<T, Status> {
+    r.map_err(|e| EtcdError::from(e).into())
+}
+
+/// Whether a `/v1` change was applied (its answer's document is not needed), in etcd's words.
+fn applied<T>(r: Result<T, ApiError>) -> Result<(), Status> {
+    etcd(r).map(drop)
+}
+
+/// A change the domain refuses for the root user or role while auth is on (leasecore's
+/// message; etcd's is `ErrGRPCInvalidAuthMgmt`, which clients match).
+fn root_protected<T>(about_root: bool, r: Result<T, ApiError>) -> Result<(), Status> {
+    r.map(drop).map_err(|e| {
+        if about_root && e.code == "invalid_argument" {
+            Status::invalid_argument(INVALID_AUTH_MGMT)
+        } else {
+            EtcdError::from(e).into()
+        }
+    })
+}
+
+fn empty(what: &str) -> Status {
+    Status::invalid_argument(format!("etcdserver: {what} name is empty"))
 }
 
 #[tonic::async_trait]
@@ -67,106 +110,272 @@ impl Auth for Etcd {
 
     async fn auth_enable(
         &self,
-        _req: Request<AuthEnableRequest>,
+        req: Request<AuthEnableRequest>,
     ) -> Result<Response<AuthEnableResponse>, Status> {
-        Err(later("AuthEnable"))
+        let caller = self.caller(&req)?;
+        v1::enable(State(self.state.clone()), caller)
+            .await
+            .map(drop)
+            .map_err(|e| {
+                if e.code != "root_user_required" {
+                    return EtcdError::from(e).into();
+                }
+                // etcd tells the two apart: etcdctl answers the second by adding the role.
+                let has_root = self.state.auth.with_auth(|a| a.users.contains_key(ROOT));
+                Status::failed_precondition(if has_root {
+                    "etcdserver: root user does not have root role"
+                } else {
+                    "etcdserver: root user does not exist"
+                })
+            })?;
+        Ok(Response::new(AuthEnableResponse {
+            header: self.header(),
+        }))
     }
 
     async fn auth_disable(
         &self,
-        _req: Request<AuthDisableRequest>,
+        req: Request<AuthDisableRequest>,
     ) -> Result<Response<AuthDisableResponse>, Status> {
-        Err(later("AuthDisable"))
+        let caller = self.caller(&req)?;
+        applied(v1::disable(State(self.state.clone()), caller).await)?;
+        Ok(Response::new(AuthDisableResponse {
+            header: self.header(),
+        }))
+    }
+
+    async fn auth_status(
+        &self,
+        req: Request<AuthStatusRequest>,
+    ) -> Result<Response<AuthStatusResponse>, Status> {
+        self.caller(&req)?;
+        let Json(status) = v1::status(State(self.state.clone())).await;
+        Ok(Response::new(AuthStatusResponse {
+            header: self.header(),
+            enabled: status.enabled,
+            auth_revision: status.auth_revision,
+        }))
     }
 
     async fn user_add(
         &self,
-        _req: Request<AuthUserAddRequest>,
+        req: Request<AuthUserAddRequest>,
     ) -> Result<Response<AuthUserAddResponse>, Status> {
-        Err(later("UserAdd"))
+        let caller = self.caller(&req)?;
+        let r = req.into_inner();
+        if r.name.is_empty() {
+            return Err(empty("user"));
+        }
+        if r.options.is_some_and(|o| o.no_password) {
+            return Err(EtcdError::invalid(
+                "leasecore users authenticate by password: a user without one (--no-password) \
+                 is not supported",
+            )
+            .into());
+        }
+        let creds = Credentials {
+            name: r.name,
+            password: r.password,
+        };
+        applied(v1::user_add(State(self.state.clone()), caller, ApiJson(creds)).await)?;
+        Ok(Response::new(AuthUserAddResponse {
+            header: self.header(),
+        }))
     }
 
     async fn user_get(
         &self,
-        _req: Request<AuthUserGetRequest>,
+        req: Request<AuthUserGetRequest>,
     ) -> Result<Response<AuthUserGetResponse>, Status> {
-        Err(later("UserGet"))
+        let caller = self.caller(&req)?;
+        let name = req.into_inner().name;
+        let Json(user) =
+            etcd(v1::user_get(State(self.state.clone()), caller, ApiPath(name)).await)?;
+        Ok(Response::new(AuthUserGetResponse {
+            header: self.header(),
+            roles: user.roles,
+        }))
     }
 
     async fn user_list(
         &self,
-        _req: Request<AuthUserListRequest>,
+        req: Request<AuthUserListRequest>,
     ) -> Result<Response<AuthUserListResponse>, Status> {
-        Err(later("UserList"))
+        let caller = self.caller(&req)?;
+        let Json(list) = etcd(v1::user_list(State(self.state.clone()), caller).await)?;
+        Ok(Response::new(AuthUserListResponse {
+            header: self.header(),
+            users: list.users,
+        }))
     }
 
     async fn user_delete(
         &self,
-        _req: Request<AuthUserDeleteRequest>,
+        req: Request<AuthUserDeleteRequest>,
     ) -> Result<Response<AuthUserDeleteResponse>, Status> {
-        Err(later("UserDelete"))
+        let caller = self.caller(&req)?;
+        let name = req.into_inner().name;
+        let about_root = name == ROOT;
+        let done = v1::user_delete(State(self.state.clone()), caller, ApiPath(name)).await;
+        root_protected(about_root, done)?;
+        Ok(Response::new(AuthUserDeleteResponse {
+            header: self.header(),
+        }))
     }
 
     async fn user_change_password(
         &self,
-        _req: Request<AuthUserChangePasswordRequest>,
+        req: Request<AuthUserChangePasswordRequest>,
     ) -> Result<Response<AuthUserChangePasswordResponse>, Status> {
-        Err(later("UserChangePassword"))
+        let caller = self.caller(&req)?;
+        let r = req.into_inner();
+        let body = ApiJson(PasswordRequest {
+            password: r.password,
+        });
+        applied(v1::user_passwd(State(self.state.clone()), caller, ApiPath(r.name), body).await)?;
+        Ok(Response::new(AuthUserChangePasswordResponse {
+            header: self.header(),
+        }))
     }
 
     async fn user_grant_role(
         &self,
-        _req: Request<AuthUserGrantRoleRequest>,
+        req: Request<AuthUserGrantRoleRequest>,
     ) -> Result<Response<AuthUserGrantRoleResponse>, Status> {
-        Err(later("UserGrantRole"))
+        let caller = self.caller(&req)?;
+        let r = req.into_inner();
+        let path = ApiPath((r.user, r.role));
+        applied(v1::user_grant_role(State(self.state.clone()), caller, path).await)?;
+        Ok(Response::new(AuthUserGrantRoleResponse {
+            header: self.header(),
+        }))
     }
 
     async fn user_revoke_role(
         &self,
-        _req: Request<AuthUserRevokeRoleRequest>,
+        req: Request<AuthUserRevokeRoleRequest>,
     ) -> Result<Response<AuthUserRevokeRoleResponse>, Status> {
-        Err(later("UserRevokeRole"))
+        let caller = self.caller(&req)?;
+        let r = req.into_inner();
+        let about_root = r.name == ROOT && r.role == ROOT;
+        let path = ApiPath((r.name, r.role));
+        let done = v1::user_revoke_role(State(self.state.clone()), caller, path).await;
+        root_protected(about_root, done)?;
+        Ok(Response::new(AuthUserRevokeRoleResponse {
+            header: self.header(),
+        }))
     }
 
     async fn role_add(
         &self,
-        _req: Request<AuthRoleAddRequest>,
+        req: Request<AuthRoleAddRequest>,
     ) -> Result<Response<AuthRoleAddResponse>, Status> {
-        Err(later("RoleAdd"))
+        let caller = self.caller(&req)?;
+        let name = req.into_inner().name;
+        if name.is_empty() {
+            return Err(empty("role"));
+        }
+        let body = ApiJson(RoleRequest { name });
+        applied(v1::role_add(State(self.state.clone()), caller, body).await)?;
+        Ok(Response::new(AuthRoleAddResponse {
+            header: self.header(),
+        }))
     }
 
     async fn role_get(
         &self,
-        _req: Request<AuthRoleGetRequest>,
+        req: Request<AuthRoleGetRequest>,
     ) -> Result<Response<AuthRoleGetResponse>, Status> {
-        Err(later("RoleGet"))
+        let caller = self.caller(&req)?;
+        let name = req.into_inner().role;
+        let is_root = name == ROOT;
+        let Json(role) =
+            etcd(v1::role_get(State(self.state.clone()), caller, ApiPath(name)).await)?;
+        let perm = if is_root {
+            vec![permission::root()]
+        } else {
+            role.permissions.iter().map(permission::to_etcd).collect()
+        };
+        Ok(Response::new(AuthRoleGetResponse {
+            header: self.header(),
+            perm,
+        }))
     }
 
     async fn role_list(
         &self,
-        _req: Request<AuthRoleListRequest>,
+        req: Request<AuthRoleListRequest>,
     ) -> Result<Response<AuthRoleListResponse>, Status> {
-        Err(later("RoleList"))
+        let caller = self.caller(&req)?;
+        let Json(list) = etcd(v1::role_list(State(self.state.clone()), caller).await)?;
+        Ok(Response::new(AuthRoleListResponse {
+            header: self.header(),
+            roles: list.roles,
+        }))
     }
 
     async fn role_delete(
         &self,
-        _req: Request<AuthRoleDeleteRequest>,
+        req: Request<AuthRoleDeleteRequest>,
     ) -> Result<Response<AuthRoleDeleteResponse>, Status> {
-        Err(later("RoleDelete"))
+        let caller = self.caller(&req)?;
+        let name = req.into_inner().role;
+        let about_root = name == ROOT;
+        let done = v1::role_delete(State(self.state.clone()), caller, ApiPath(name)).await;
+        root_protected(about_root, done)?;
+        Ok(Response::new(AuthRoleDeleteResponse {
+            header: self.header(),
+        }))
     }
 
     async fn role_grant_permission(
         &self,
-        _req: Request<AuthRoleGrantPermissionRequest>,
+        req: Request<AuthRoleGrantPermissionRequest>,
     ) -> Result<Response<AuthRoleGrantPermissionResponse>, Status> {
-        Err(later("RoleGrantPermission"))
+        let caller = self.caller(&req)?;
+        let r = req.into_inner();
+        let perm = r
+            .perm
+            .ok_or_else(|| Status::invalid_argument("etcdserver: permission not given"))?;
+        let perm = permission::to_leasecore(&perm)?;
+        let done = v1::role_grant(
+            State(self.state.clone()),
+            caller,
+            ApiPath(r.name),
+            ApiJson(perm),
+        )
+        .await;
+        applied(done)?;
+        Ok(Response::new(AuthRoleGrantPermissionResponse {
+            header: self.header(),
+        }))
     }
 
     async fn role_revoke_permission(
         &self,
-        _req: Request<AuthRoleRevokePermissionRequest>,
+        req: Request<AuthRoleRevokePermissionRequest>,
     ) -> Result<Response<AuthRoleRevokePermissionResponse>, Status> {
-        Err(later("RoleRevokePermission"))
+        let caller = self.caller(&req)?;
+        let r = req.into_inner();
+        let (key, prefix) = match permission::range(&r.key, &r.range_end) {
+            Ok(range) => range,
+            // A range no grant can have: nothing to revoke (after the checks etcd makes
+            // first: the caller, then the role).
+            Err(_) => {
+                let role = v1::role_get(State(self.state.clone()), caller, ApiPath(r.role));
+                applied(role.await)?;
+                return Err(not_granted());
+            }
+        };
+        let query = ApiQuery(v1::RevokeQuery { key, prefix });
+        let done = v1::role_revoke(State(self.state.clone()), caller, ApiPath(r.role), query).await;
+        applied(done)?;
+        Ok(Response::new(AuthRoleRevokePermissionResponse {
+            header: self.header(),
+        }))
     }
+}
+
+fn not_granted() -> Status {
+    Status::failed_precondition("etcdserver: permission is not granted to the role")
 }

@@ -1,19 +1,35 @@
-//! The `Cluster` and `Maintenance` services: membership as etcd shows it, and the node's
-//! status.
+//! The `Cluster` and `Maintenance` services: membership as etcd shows it and changes it, and
+//! the node's status.
 //!
-//! Members are the Raft membership: `id` is the node id, `name` is `node-<id>`, the peer URL
-//! is the node's peer listener, and the client URL its etcd listener where this node knows it
-//! (its own). `MemberRemove` is the `/v1` node removal (root only, as there).
+//! Members are the Raft membership: `id` is the node id (etcdctl prints it in hex), `name` is
+//! `node-<id>`, the peer URL is the node's peer listener (its client address's port + 1000),
+//! and the client URL its etcd listener where this node knows it (its own). Changes are root
+//! only, as `/v1/cluster/nodes`.
+//!
+//! - `MemberAdd` takes one peer URL, `http(s)://host:port`, and names the node by its client
+//!   address, `host:(port - 1000)`. The new node's id is the next after the highest in the
+//!   membership; start it with that `--id`, `--listen host:(port - 1000)` and `--join`. The
+//!   node joins as a learner at once (the answer shows it so). With `is_learner` it stays one
+//!   until `MemberPromote`; without, leasecore's add path promotes it as soon as it has caught
+//!   up, waiting for it in the background for up to [`PROMOTE_FOR`] (etcd makes it a voter at
+//!   once, counted in the quorum before it even started; leasecore never counts a node that
+//!   has not caught up). Past that it stays a learner: `MemberPromote` it.
+//! - `MemberPromote` is leasecore's add path again for a learner: it promotes the node once it
+//!   has caught up, waiting up to `--catch-up-ms` for that, and answers etcd's "can only
+//!   promote a learner member which is in sync with leader" if it did not.
+//! - `MemberUpdate` succeeds only when the peer URL is the member's own: leasecore cannot move
+//!   a member to another address (remove it and add it again).
+//! - `MemberRemove` is the `/v1` node removal.
 //!
 //! `Snapshot` streams leasecore's backup (root only, after a quorum read, as `GET
 //! /v1/snapshot`): `etcdctl snapshot save` stores it, `leasecore snapshot restore` seeds a
 //! cluster from it. It is not a bbolt file: `etcdctl snapshot status|restore` cannot read it.
 //!
-//! # What is not here yet
-//! `MemberAdd`, `MemberPromote`, `MemberUpdate` and `MoveLeader` answer `Unimplemented` (use
-//! `leasecore cluster add`): at once, never a hang.
+//! # What is not here
+//! `MoveLeader` answers `Unimplemented`: at once, never a hang.
 
 use std::pin::Pin;
+use std::time::Duration;
 
 use futures::Stream;
 use leasecore_etcd_api::etcdserverpb::cluster_server::Cluster;
@@ -28,10 +44,17 @@ use leasecore_etcd_api::etcdserverpb::{
 };
 use tonic::{Request, Response, Status};
 
-use super::{ETCD_VERSION, Etcd, EtcdError};
-use crate::domain::resources::peer_address;
+use super::{ETCD_VERSION, Etcd, EtcdError, learner};
+use crate::clock::{Clock, SystemClock};
+use crate::domain::resources::{PEER_PORT_OFFSET, peer_address};
+use crate::http::AppState;
 use crate::http::auth::require_root;
-use crate::raft::consensus::{AdminRequest, ClusterView};
+use crate::raft::NodeId;
+use crate::raft::consensus::{AdminOutcome, AdminRequest, ClusterView, ConsensusError};
+
+/// How long a voter added by `MemberAdd` is waited for (to start and catch up) before it is
+/// left a learner.
+pub const PROMOTE_FOR: Duration = Duration::from_secs(600);
 
 type SnapshotStream = Pin<Box<dyn Stream<Item = Result<SnapshotResponse, Status>> + Send>>;
 
@@ -62,21 +85,172 @@ fn unimplemented(what: &str, instead: &str) -> Status {
     ))
 }
 
+/// etcd's answers about members.
+fn member_not_found() -> Status {
+    Status::not_found("etcdserver: member not found")
+}
+
+fn bad_urls(why: impl std::fmt::Display) -> Status {
+    Status::invalid_argument(format!("etcdserver: given member URLs are invalid: {why}"))
+}
+
+/// The client address (`host:port`, what leasecore's membership holds) of the node whose peer
+/// URLs are `urls`: exactly one `http(s)://host:port`, the port being the client port + 1000.
+pub fn client_address(urls: &[String]) -> Result<String, Status> {
+    let [url] = urls else {
+        return Err(bad_urls(format!(
+            "a leasecore node has exactly one peer URL, not {}",
+            urls.len()
+        )));
+    };
+    let parsed = reqwest::Url::parse(url).map_err(|e| bad_urls(format!("{url:?}: {e}")))?;
+    let plain = matches!(parsed.scheme(), "http" | "https")
+        && parsed.username().is_empty()
+        && parsed.password().is_none()
+        && matches!(parsed.path(), "" | "/")
+        && parsed.query().is_none()
+        && parsed.fragment().is_none();
+    let (Some(host), Some(port), true) = (parsed.host_str(), parsed.port(), plain) else {
+        return Err(bad_urls(format!(
+            "{url:?} must be http(s)://host:port, with the port"
+        )));
+    };
+    let client_port = port
+        .checked_sub(PEER_PORT_OFFSET)
+        .filter(|p| *p > 0)
+        .ok_or_else(|| {
+            EtcdError::invalid(format!(
+                "{url:?}: a leasecore node serves its peers on its client port + \
+                 {PEER_PORT_OFFSET}, so a peer port must be above {PEER_PORT_OFFSET}"
+            ))
+        })?;
+    let address = format!("{host}:{client_port}");
+    crate::http::cluster::check_address(&address).map_err(EtcdError::from)?;
+    Ok(address)
+}
+
+impl Etcd {
+    /// Root only: membership changes are (as `/v1/cluster/nodes`).
+    fn admin_caller<T>(&self, req: &Request<T>) -> Result<(), Status> {
+        let caller = self.caller(req)?;
+        require_root(&self.state, &caller).map_err(EtcdError::from)?;
+        Ok(())
+    }
+
+    /// The view once it shows node `id` as `settled` says (bounded), and etcd's list of it.
+    async fn members_once(
+        &self,
+        id: NodeId,
+        settled: impl Fn(Option<&crate::raft::consensus::MemberNode>) -> bool,
+    ) -> Vec<Member> {
+        let view = self
+            .state
+            .consensus
+            .view_once(|v| settled(v.nodes.iter().find(|n| n.id == id)))
+            .await;
+        self.members(&view)
+    }
+}
+
+/// Keep promoting node `id` (leasecore's add path: a learner becomes a voter once it has
+/// caught up), for up to [`PROMOTE_FOR`]: it may not have been started yet. Stops once it is a
+/// voter, is removed or moved, or this node stops.
+fn promote_in_background(state: AppState, id: NodeId, address: String) {
+    tokio::spawn(async move {
+        let clock = SystemClock::new();
+        let deadline = clock.mono().plus(PROMOTE_FOR.as_millis() as u64);
+        let mut first = true;
+        while clock.mono() < deadline {
+            if !first {
+                // Between catch-up rounds (each one already waited `--catch-up-ms`).
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+            first = false;
+            let stopped = state
+                .consensus
+                .raft()
+                .metrics()
+                .borrow()
+                .running_state
+                .is_err();
+            let view = state.consensus.cluster_view();
+            let learner_here = view
+                .nodes
+                .iter()
+                .any(|n| n.id == id && n.address == address && !n.voter);
+            if stopped || !learner_here {
+                return;
+            }
+            let add = AdminRequest::AddNode {
+                id,
+                address: address.clone(),
+            };
+            match state.consensus.admin(add).await {
+                Ok(AdminOutcome::Done | AdminOutcome::Removed { .. }) => return,
+                Ok(AdminOutcome::Learner { .. }) => {}
+                Err(
+                    ConsensusError::NodeNotFound { .. }
+                    | ConsensusError::InvalidMembership { .. }
+                    | ConsensusError::ShuttingDown,
+                ) => return,
+                Err(e) => tracing::debug!(node = id, "promoting an added member: {e}"),
+            }
+        }
+        tracing::warn!(
+            node = id,
+            "member added through the etcd API did not catch up within {} s: it stays a \
+             learner (promote it with `etcdctl member promote`, or remove it)",
+            PROMOTE_FOR.as_secs()
+        );
+    });
+}
+
 #[tonic::async_trait]
 impl Cluster for Etcd {
     async fn member_add(
         &self,
-        _req: Request<MemberAddRequest>,
+        req: Request<MemberAddRequest>,
     ) -> Result<Response<MemberAddResponse>, Status> {
-        Err(unimplemented("MemberAdd", "`leasecore cluster add`"))
+        self.admin_caller(&req)?;
+        let r = req.into_inner();
+        let address = client_address(&r.peer_ur_ls)?;
+        let view = self.state.consensus.cluster_view();
+        let peer = peer_address(&address).map_err(EtcdError::invalid)?;
+        if view
+            .nodes
+            .iter()
+            .any(|n| peer_address(&n.address).is_ok_and(|p| p == peer))
+        {
+            return Err(Status::failed_precondition(
+                "etcdserver: Peer URLs already exists",
+            ));
+        }
+        let id = view.nodes.iter().map(|n| n.id).max().unwrap_or(0) + 1;
+        let add = learner::AddLearner {
+            id,
+            address: address.clone(),
+        };
+        learner::add(&self.state, add)
+            .await
+            .map_err(EtcdError::from)?;
+        let members = self.members_once(id, |n| n.is_some()).await;
+        if !r.is_learner {
+            // Once this node's view shows the learner (the promoter stops when it does not).
+            promote_in_background(self.state.clone(), id, address);
+        }
+        let member = members.iter().find(|m| m.id == id).cloned();
+        Ok(Response::new(MemberAddResponse {
+            header: self.header(),
+            member,
+            members,
+        }))
     }
 
     async fn member_remove(
         &self,
         req: Request<MemberRemoveRequest>,
     ) -> Result<Response<MemberRemoveResponse>, Status> {
-        let caller = self.caller(&req)?;
-        require_root(&self.state, &caller).map_err(EtcdError::from)?;
+        self.admin_caller(&req)?;
         let id = req.get_ref().id;
         if !self
             .state
@@ -86,32 +260,50 @@ impl Cluster for Etcd {
             .iter()
             .any(|n| n.id == id)
         {
-            return Err(Status::not_found("etcdserver: member not found"));
+            return Err(member_not_found());
         }
         self.state
             .consensus
             .admin(AdminRequest::RemoveNode { id })
             .await
-            .map_err(EtcdError::from)?;
-        let view = self
-            .state
-            .consensus
-            .view_once(|v| v.nodes.iter().all(|n| n.id != id))
-            .await;
+            .map_err(|e| match e {
+                ConsensusError::NodeNotFound { .. } => member_not_found(),
+                other => EtcdError::from(other).into(),
+            })?;
+        let members = self.members_once(id, |n| n.is_none()).await;
         Ok(Response::new(MemberRemoveResponse {
             header: self.header(),
-            members: self.members(&view),
+            members,
         }))
     }
 
     async fn member_update(
         &self,
-        _req: Request<MemberUpdateRequest>,
+        req: Request<MemberUpdateRequest>,
     ) -> Result<Response<MemberUpdateResponse>, Status> {
-        Err(unimplemented(
-            "MemberUpdate",
-            "`leasecore cluster remove` and `add`",
-        ))
+        self.admin_caller(&req)?;
+        let r = req.into_inner();
+        let view = self.state.consensus.cluster_view();
+        let node = view
+            .nodes
+            .iter()
+            .find(|n| n.id == r.id)
+            .ok_or_else(member_not_found)?;
+        let address = client_address(&r.peer_ur_ls)?;
+        if address != node.address {
+            return Err(Status::failed_precondition(format!(
+                "etcdserver: leasecore cannot move a member to another address: member {:x} \
+                 is at {} (peer URL http://{}); remove it and add it again at the new \
+                 address, then start it there with an empty data directory",
+                r.id,
+                node.address,
+                peer_address(&node.address).unwrap_or_default(),
+            )));
+        }
+        Ok(Response::new(MemberUpdateResponse {
+            header: self.header(),
+            members: self.members(&view),
+        }))
     }
 
     async fn member_list(
@@ -128,12 +320,44 @@ impl Cluster for Etcd {
 
     async fn member_promote(
         &self,
-        _req: Request<MemberPromoteRequest>,
+        req: Request<MemberPromoteRequest>,
     ) -> Result<Response<MemberPromoteResponse>, Status> {
-        Err(unimplemented(
-            "MemberPromote",
-            "`leasecore cluster add` (it promotes)",
-        ))
+        self.admin_caller(&req)?;
+        let id = req.get_ref().id;
+        let view = self.state.consensus.cluster_view();
+        let node = view
+            .nodes
+            .iter()
+            .find(|n| n.id == id)
+            .ok_or_else(member_not_found)?;
+        if node.voter {
+            return Err(Status::failed_precondition(
+                "etcdserver: can only promote a learner member",
+            ));
+        }
+        let add = AdminRequest::AddNode {
+            id,
+            address: node.address.clone(),
+        };
+        let outcome = self.state.consensus.admin(add).await.map_err(|e| match e {
+            ConsensusError::NodeNotFound { .. } => member_not_found(),
+            other => EtcdError::from(other).into(),
+        })?;
+        match outcome {
+            AdminOutcome::Done => {}
+            AdminOutcome::Learner { message } => {
+                tracing::info!(node = id, "etcd MemberPromote: {message}");
+                return Err(Status::failed_precondition(
+                    "etcdserver: can only promote a learner member which is in sync with leader",
+                ));
+            }
+            AdminOutcome::Removed { .. } => return Err(member_not_found()),
+        }
+        let members = self.members_once(id, |n| n.is_some_and(|n| n.voter)).await;
+        Ok(Response::new(MemberPromoteResponse {
+            header: self.header(),
+            members,
+        }))
     }
 }
 
@@ -277,5 +501,49 @@ impl Etcd {
             .consensus
             .view()
             .with_state(|kv| (kv.revision(), crc32fast::hash(&kv.encode())))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tonic::Code;
+
+    fn address(urls: &[&str]) -> Result<String, (Code, String)> {
+        let urls: Vec<String> = urls.iter().map(|u| u.to_string()).collect();
+        client_address(&urls).map_err(|s| (s.code(), s.message().to_string()))
+    }
+
+    #[test]
+    fn a_peer_url_names_the_node_by_its_client_address() {
+        assert_eq!(
+            address(&["http://127.0.0.1:8001"]).unwrap(),
+            "127.0.0.1:7001"
+        );
+        assert_eq!(address(&["https://node-4:9379/"]).unwrap(), "node-4:8379");
+        assert_eq!(address(&["http://[::1]:8001"]).unwrap(), "[::1]:7001");
+    }
+
+    #[test]
+    fn peer_urls_leasecore_cannot_use_are_refused_clearly() {
+        for (urls, why) in [
+            (&[][..], "exactly one peer URL"),
+            (
+                &["http://a:8001", "http://b:8001"][..],
+                "exactly one peer URL",
+            ),
+            (&["not a url"][..], "given member URLs are invalid"),
+            (&["http://a"][..], "with the port"),
+            (&["ftp://a:8001"][..], "with the port"),
+            (&["http://a:8001/path"][..], "with the port"),
+            (&["http://user@a:8001"][..], "with the port"),
+            (&["http://a:999"][..], "above 1000"),
+            (&["http://a:1000"][..], "above 1000"),
+        ] {
+            let (code, message) = address(urls).unwrap_err();
+            assert_eq!(code, Code::InvalidArgument, "{urls:?}");
+            assert!(message.contains(why), "{urls:?}: {message}");
+            assert!(message.starts_with("etcdserver: "), "{message}");
+        }
     }
 }

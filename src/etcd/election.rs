@@ -3,16 +3,29 @@
 //! and waits until it leads; `Proclaim` changes the leader's value (only the leader's);
 //! `Leader` reads the leader; `Resign` leaves.
 //!
+//! `Observe` streams the leader as etcd's does: the current one at once (if there is one),
+//! then one answer per change, a new leader or the leader's new value (`Proclaim`). Nothing is
+//! sent while there is no leader. It is built on the watch hub: it waits for any event under
+//! the election's prefix, then reads the leader again (a linearizable read, with the caller's
+//! read permission checked again), and sends it if it differs from the last one sent (by key
+//! and mod revision). So it never misses a change (the wait starts right after the read's
+//! revision), and it may skip a leader that came and went between two reads (as etcd's may).
+//!
+//! (`etcdctl elect` and `elect -l` do not use this service: they are etcd's client-side
+//! recipe over KV and Watch, on the prefix `<name>/`; this service's keys are leasecore's
+//! `elections/<name>/...`.)
+//!
 //! # Invariants
 //! - A `Campaign` that ends before it leads (the client cancelled) leaves the queue.
 //! - `LeaderKey.rev` is the leader key's create revision: the term, a fencing token.
-//!
-//! # What is not here yet
-//! `Observe` (a stream of leader changes) answers `Unimplemented`: watch the election's
-//! prefix (`elections/<name>/`) instead.
+//! - An `Observe` stream holds one task, a queue of [`OBSERVE_QUEUE`] answers and one parked
+//!   watch; it ends when the client goes, when the node shuts down, or on an error that is not
+//!   transient (a revoked read permission), which it sends first.
 //!
 //! # What it must not do
 //! Order anyone or judge leadership: the recipe (`http::recipes`) does.
+
+use std::time::Duration;
 
 use axum::Json;
 use axum::extract::State;
@@ -25,9 +38,23 @@ use leasecore_etcd_api::v3electionpb::{
 use tonic::{Request, Response, Status};
 
 use super::{Etcd, EtcdError, lease_id, lease_name, text};
+use crate::domain::history::KeyFilter;
 use crate::domain::recipes::Recipe;
+use crate::domain::types::Revision;
 use crate::http::extract::{ApiJson, ApiPath};
 use crate::http::recipes::{self, leave};
+use crate::runtime::auth::Caller;
+use crate::wire::Leadership;
+
+/// Answers an `Observe` stream holds for a client that is slow to read them.
+const OBSERVE_QUEUE: usize = 4;
+/// How long one wait for a change lasts before it is renewed.
+const OBSERVE_ROUND: Duration = Duration::from_secs(60);
+/// The pause before reading again after a transient failure (no leader, no quorum).
+const OBSERVE_RETRY: Duration = Duration::from_millis(250);
+
+type ObserveStream =
+    std::pin::Pin<Box<dyn futures::Stream<Item = Result<LeaderResponse, Status>> + Send + 'static>>;
 
 /// The election name and lease of a `LeaderKey`.
 fn leader_key(k: Option<LeaderKey>) -> Result<(String, String), EtcdError> {
@@ -92,39 +119,35 @@ impl Election for Etcd {
     ) -> Result<Response<LeaderResponse>, Status> {
         let caller = self.caller(&req)?;
         let name = text("election name", req.into_inner().name)?;
-        let Json(l) = recipes::leader(State(self.state.clone()), caller, ApiPath(name))
-            .await
-            .map_err(|e| {
-                if e.code == "no_leader_elected" {
-                    EtcdError::Status(Status::unknown("election: no leader"))
-                } else {
-                    EtcdError::from(e)
-                }
-            })?;
-        Ok(Response::new(LeaderResponse {
-            header: self.header_at(l.store_revision),
-            kv: Some(mvccpb::KeyValue {
-                key: l.key.into_bytes(),
-                create_revision: l.revision.0 as i64,
-                mod_revision: l.mod_revision.0 as i64,
-                version: 0,
-                value: l.value.into_bytes(),
-                lease: lease_id(&l.lease),
-            }),
-        }))
+        match self.current_leader(&caller, &name).await? {
+            (Some(l), _) => Ok(Response::new(self.leader_response(l))),
+            (None, _) => Err(Status::unknown("election: no leader")),
+        }
     }
 
-    type ObserveStream = std::pin::Pin<
-        Box<dyn futures::Stream<Item = Result<LeaderResponse, Status>> + Send + 'static>,
-    >;
+    type ObserveStream = ObserveStream;
 
     async fn observe(
         &self,
-        _req: Request<LeaderRequest>,
+        req: Request<LeaderRequest>,
     ) -> Result<Response<Self::ObserveStream>, Status> {
-        Err(Status::unimplemented(
-            "leasecore: Observe is not implemented yet; watch the prefix elections/<name>/",
-        ))
+        let caller = self.caller(&req)?;
+        let name = text("election name", req.into_inner().name)?;
+        // The first read answers the call itself: a bad name or a missing permission is the
+        // call's error, not a stream's.
+        let (leader, revision) = self.current_leader(&caller, &name).await?;
+        let (out, rx) = tokio::sync::mpsc::channel(OBSERVE_QUEUE);
+        let observer = Observer {
+            etcd: self.clone(),
+            caller,
+            name,
+            out,
+        };
+        tokio::spawn(observer.run(leader, revision));
+        let stream = futures::stream::unfold(rx, |mut rx| async move {
+            rx.recv().await.map(|resp| (resp, rx))
+        });
+        Ok(Response::new(Box::pin(stream)))
     }
 
     async fn resign(
@@ -139,5 +162,125 @@ impl Election for Etcd {
         Ok(Response::new(ResignResponse {
             header: self.header_at(released.revision),
         }))
+    }
+}
+
+impl Etcd {
+    /// The leader of election `name` (if any), read linearizably with `caller`'s permission,
+    /// and the store revision it was read at.
+    async fn current_leader(
+        &self,
+        caller: &Caller,
+        name: &str,
+    ) -> Result<(Option<Leadership>, Revision), Status> {
+        let read = recipes::leader(
+            State(self.state.clone()),
+            caller.clone(),
+            ApiPath(name.to_string()),
+        )
+        .await;
+        match read {
+            Ok(Json(l)) => {
+                let revision = l.store_revision;
+                Ok((Some(l), revision))
+            }
+            Err(e) if e.code == "no_leader_elected" => {
+                let revision = e
+                    .details
+                    .get("revision")
+                    .and_then(serde_json::Value::as_u64)
+                    .unwrap_or(0);
+                Ok((None, Revision(revision)))
+            }
+            Err(e) => Err(EtcdError::from(e).into()),
+        }
+    }
+
+    fn leader_response(&self, l: Leadership) -> LeaderResponse {
+        LeaderResponse {
+            header: self.header_at(l.store_revision),
+            kv: Some(mvccpb::KeyValue {
+                key: l.key.into_bytes(),
+                create_revision: l.revision.0 as i64,
+                mod_revision: l.mod_revision.0 as i64,
+                version: 0,
+                value: l.value.into_bytes(),
+                lease: lease_id(&l.lease),
+            }),
+        }
+    }
+}
+
+/// One `Observe` stream's task.
+struct Observer {
+    etcd: Etcd,
+    caller: Caller,
+    name: String,
+    out: tokio::sync::mpsc::Sender<Result<LeaderResponse, Status>>,
+}
+
+impl Observer {
+    async fn run(self, first: Option<Leadership>, read_at: Revision) {
+        let hub = self.etcd.state.watch.clone();
+        let filter = KeyFilter::Prefix(Recipe::Election.queue(&self.name));
+        // The leader last sent, by key and mod revision.
+        let mut sent: Option<(String, Revision)> = None;
+        let mut leader = first;
+        let mut from = read_at.next();
+        loop {
+            if let Some(l) = leader.take() {
+                let this = (l.key.clone(), l.mod_revision);
+                if sent.as_ref() != Some(&this) {
+                    if self
+                        .out
+                        .send(Ok(self.etcd.leader_response(l)))
+                        .await
+                        .is_err()
+                    {
+                        return;
+                    }
+                    sent = Some(this);
+                }
+            }
+            // Wait for anything under the prefix after the read (or the client to go).
+            loop {
+                let batch = tokio::select! {
+                    _ = self.out.closed() => return,
+                    b = hub.watch(&filter, Some(from), OBSERVE_ROUND, 64) => b,
+                };
+                if hub.is_closed() {
+                    return;
+                }
+                match batch {
+                    Ok(b) if b.events.is_empty() => from = b.through.next(),
+                    // A change, or the history moved past `from`: read again.
+                    Ok(_) | Err(_) => break,
+                }
+            }
+            // Read again; a transient failure (no leader, no quorum) is retried.
+            loop {
+                match self.etcd.current_leader(&self.caller, &self.name).await {
+                    Ok((l, at)) => {
+                        if l.is_none() {
+                            sent = None;
+                        }
+                        leader = l;
+                        from = at.next();
+                        break;
+                    }
+                    Err(s) if s.code() == tonic::Code::Unavailable => {
+                        tokio::select! {
+                            _ = self.out.closed() => return,
+                            _ = hub.closed() => return,
+                            _ = tokio::time::sleep(OBSERVE_RETRY) => {}
+                        }
+                    }
+                    Err(s) => {
+                        let _ = self.out.send(Err(s)).await;
+                        return;
+                    }
+                }
+            }
+        }
     }
 }

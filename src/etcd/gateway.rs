@@ -1,9 +1,10 @@
 //! etcd's gRPC-JSON gateway on the etcd port: `POST /v3/...` with a JSON body, answered in
 //! proto3's JSON mapping with etcd's settings (proto field names, bytes in base64, 64-bit
 //! integers as strings, zero values left out, enums by name; unknown fields ignored), and
-//! `GET /version`. Server streams (`/v3/watch`, `/v3/lease/keepalive`) answer one
-//! `{"result": ...}` object per line. An error is the HTTP status of its gRPC code (as
-//! grpc-gateway maps them) with `{"error", "code", "message"}` (etcd 3.5's shape).
+//! `GET /version`. Server streams (`/v3/watch`, `/v3/lease/keepalive`,
+//! `/v3/election/observe`) answer one `{"result": ...}` object per line. An error is the HTTP
+//! status of its gRPC code (as grpc-gateway maps them) with `{"error", "code", "message"}`
+//! (etcd 3.5's shape).
 //!
 //! # What it must not do
 //! Decide anything: every route calls the gRPC service method itself, with the caller's
@@ -23,6 +24,7 @@ use leasecore_etcd_api::etcdserverpb::kv_server::Kv;
 use leasecore_etcd_api::etcdserverpb::lease_server::Lease;
 use leasecore_etcd_api::etcdserverpb::maintenance_server::Maintenance;
 use leasecore_etcd_api::etcdserverpb::{LeaseKeepAliveRequest, WatchRequest};
+use leasecore_etcd_api::v3electionpb::LeaderRequest;
 use leasecore_etcd_api::v3electionpb::election_server::Election;
 use leasecore_etcd_api::v3lockpb::lock_server::Lock;
 use serde::Serialize;
@@ -209,7 +211,11 @@ pub fn routes(etcd: Etcd) -> Router {
     for path in ["/v3/lease/leases", "/v3/kv/lease/leases"] {
         r = unary_route!(r, path, Lease::lease_leases);
     }
+    r = unary_route!(r, "/v3/cluster/member/add", Cluster::member_add);
+    r = unary_route!(r, "/v3/cluster/member/remove", Cluster::member_remove);
+    r = unary_route!(r, "/v3/cluster/member/update", Cluster::member_update);
     r = unary_route!(r, "/v3/cluster/member/list", Cluster::member_list);
+    r = unary_route!(r, "/v3/cluster/member/promote", Cluster::member_promote);
     r = unary_route!(r, "/v3/lock/lock", Lock::lock);
     r = unary_route!(r, "/v3/lock/unlock", Lock::unlock);
     r = unary_route!(r, "/v3/election/campaign", Election::campaign);
@@ -220,6 +226,22 @@ pub fn routes(etcd: Etcd) -> Router {
     r = unary_route!(r, "/v3/maintenance/alarm", Maintenance::alarm);
     r = unary_route!(r, "/v3/maintenance/hash", Maintenance::hash_kv);
     r = unary_route!(r, "/v3/auth/authenticate", Auth::authenticate);
+    r = unary_route!(r, "/v3/auth/enable", Auth::auth_enable);
+    r = unary_route!(r, "/v3/auth/disable", Auth::auth_disable);
+    r = unary_route!(r, "/v3/auth/status", Auth::auth_status);
+    r = unary_route!(r, "/v3/auth/user/add", Auth::user_add);
+    r = unary_route!(r, "/v3/auth/user/get", Auth::user_get);
+    r = unary_route!(r, "/v3/auth/user/list", Auth::user_list);
+    r = unary_route!(r, "/v3/auth/user/delete", Auth::user_delete);
+    r = unary_route!(r, "/v3/auth/user/changepw", Auth::user_change_password);
+    r = unary_route!(r, "/v3/auth/user/grant", Auth::user_grant_role);
+    r = unary_route!(r, "/v3/auth/user/revoke", Auth::user_revoke_role);
+    r = unary_route!(r, "/v3/auth/role/add", Auth::role_add);
+    r = unary_route!(r, "/v3/auth/role/get", Auth::role_get);
+    r = unary_route!(r, "/v3/auth/role/list", Auth::role_list);
+    r = unary_route!(r, "/v3/auth/role/delete", Auth::role_delete);
+    r = unary_route!(r, "/v3/auth/role/grant", Auth::role_grant_permission);
+    r = unary_route!(r, "/v3/auth/role/revoke", Auth::role_revoke_permission);
     let e = etcd.clone();
     r = r.route(
         "/v3/watch",
@@ -235,6 +257,23 @@ pub fn routes(etcd: Etcd) -> Router {
                 let inbound =
                     futures::stream::once(async move { Ok(req) }).chain(futures::stream::pending());
                 ndjson(e.watch_session(caller, Box::pin(inbound)))
+            }
+        }),
+    );
+    let e = etcd.clone();
+    r = r.route(
+        "/v3/election/observe",
+        post(move |headers: HeaderMap, body: Bytes| {
+            let e = e.clone();
+            async move {
+                let msg = match parse::<LeaderRequest>(&body) {
+                    Ok(m) => m,
+                    Err(s) => return error(s),
+                };
+                match Election::observe(&e, request(&headers, msg)).await {
+                    Ok(stream) => ndjson(stream.into_inner()),
+                    Err(s) => error(s),
+                }
             }
         }),
     );

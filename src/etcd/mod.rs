@@ -23,9 +23,10 @@ mod cluster;
 mod election;
 mod gateway;
 mod kv;
-
+pub(crate) mod learner;
 mod lease;
 mod lock;
+mod permission;
 pub mod status;
 mod watch;
 

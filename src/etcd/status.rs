@@ -106,6 +106,14 @@ fn from_api(e: ApiError) -> Status {
         "role_not_found" => (Code::FailedPrecondition, "role name not found".into()),
         "role_exists" => (Code::FailedPrecondition, "role name already exists".into()),
         "root_user_required" => (Code::FailedPrecondition, "root user does not exist".into()),
+        "role_not_granted" => (
+            Code::FailedPrecondition,
+            "role is not granted to the user".into(),
+        ),
+        "permission_not_granted" => (
+            Code::FailedPrecondition,
+            "permission is not granted to the role".into(),
+        ),
         _ if e.status.is_client_error() => (Code::FailedPrecondition, e.message),
         _ if e.status == axum::http::StatusCode::SERVICE_UNAVAILABLE => {
             (Code::Unavailable, e.message)

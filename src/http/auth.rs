@@ -352,9 +352,9 @@ pub async fn role_grant(
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RevokeQuery {
-    key: String,
+    pub key: String,
     #[serde(default)]
-    prefix: bool,
+    pub prefix: bool,
 }
 
 pub async fn role_revoke(

@@ -89,7 +89,7 @@ pub async fn remove_node(
 
 /// A node address is `host:port`, the form peers dial.
 /// A node address a membership change may name (client and forwarded requests alike).
-pub(super) fn check_address(addr: &str) -> Result<(), ApiError> {
+pub(crate) fn check_address(addr: &str) -> Result<(), ApiError> {
     let ok = addr
         .rsplit_once(':')
         .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok_and(|p| p > 0))

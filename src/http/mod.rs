@@ -283,6 +283,12 @@ pub fn route_table() -> Vec<RouteSpec> {
         spec("POST", routes::PROPOSE, Peer, post(peer::propose)),
         spec("POST", routes::READ_INDEX, Peer, post(peer::read_index)),
         spec("POST", routes::ADMIN, Peer, post(peer::admin)),
+        spec(
+            "POST",
+            crate::etcd::learner::ROUTE,
+            Peer,
+            post(crate::etcd::learner::peer_add),
+        ),
         spec("POST", MSG_ROUTE, Peer, post(flease::peer_messages)),
         spec(
             "POST",

@@ -5,6 +5,8 @@
 // Tests wait for conditions against real deadlines.
 #![allow(clippy::disallowed_methods)]
 
+pub mod etcdctl;
+
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::path::PathBuf;
