@@ -15,8 +15,9 @@
 //!   once, counted in the quorum before it even started; leasecore never counts a node that
 //!   has not caught up). Past that it stays a learner: `MemberPromote` it.
 //! - `MemberPromote` is leasecore's add path again for a learner: it promotes the node once it
-//!   has caught up, waiting up to `--catch-up-ms` for that, and answers etcd's "can only
-//!   promote a learner member which is in sync with leader" if it did not.
+//!   has caught up, waiting up to the catch-up wait (`NodeConfig::catch_up_ms`, 10 s) for
+//!   that, and answers etcd's "can only promote a learner member which is in sync with
+//!   leader" if it did not.
 //! - `MemberUpdate` succeeds only when the peer URL is the member's own: leasecore cannot move
 //!   a member to another address (remove it and add it again).
 //! - `MemberRemove` is the `/v1` node removal.
@@ -162,7 +163,7 @@ fn promote_in_background(state: AppState, id: NodeId, address: String) {
         let mut first = true;
         while clock.mono() < deadline {
             if !first {
-                // Between catch-up rounds (each one already waited `--catch-up-ms`).
+                // Between catch-up rounds (each one already waited the catch-up wait).
                 tokio::time::sleep(Duration::from_secs(1)).await;
             }
             first = false;
