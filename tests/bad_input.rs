@@ -305,6 +305,11 @@ async fn malformed_peer_messages_are_refused_without_harming_the_node() {
             ("/raft/snapshot", [&2u64.to_be_bytes()[..], b"{}"].concat()),
             ("/raft/propose", b"{\"op\": \"explode\"}".to_vec()),
             ("/raft/admin", b"{\"op\": \"add_node\"}".to_vec()),
+            ("/raft/add_learner", b"{\"id\": 7}".to_vec()),
+            (
+                "/raft/add_learner",
+                b"{\"id\": 7, \"address\": \"a b\"}".to_vec(),
+            ),
             ("/flease/msg", b"\xc1\x00garbage".to_vec()),
             ("/flease/msg", b"[{\"msg\": \"read\"}]".to_vec()),
             ("/flease/msg", Vec::new()),

@@ -356,6 +356,27 @@ async fn forwarded_commands_are_checked_like_a_clients() {
     )
     .await;
     assert_eq!(status, 403);
+    // The same for the etcd API's learner-only add.
+    let (status, _) = peer_post(
+        &c,
+        leader,
+        "/raft/add_learner",
+        Some(&member),
+        "application/json",
+        br#"{"id":7,"address":"not an address"}"#.to_vec(),
+    )
+    .await;
+    assert_eq!(status, 400);
+    let (status, _) = peer_post(
+        &c,
+        leader,
+        "/raft/add_learner",
+        Some("99"),
+        "application/json",
+        br#"{"id":7,"address":"127.0.0.1:7999"}"#.to_vec(),
+    )
+    .await;
+    assert_eq!(status, 403);
     assert_eq!(c.nodes[&leader].consensus().cluster_view().nodes.len(), 3);
     // Lease calls with names over the limit.
     let (status, _) = peer_post(
