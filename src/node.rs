@@ -396,16 +396,7 @@ impl Node {
             StateMachine::open(&db, &cfg.data_dir, Arc::new(observers))?;
         // Watches that resume before the in-memory history read the MVCC store.
         watch_hub.set_older(Arc::new(view.clone()));
-        let mut log_store = log_store.with_receipts(lease_hub.clone());
-        seed_watch_history(
-            &mut log_store,
-            &mut state_machine,
-            &view,
-            &watch_hub,
-            &cfg,
-            &*clock,
-        )
-        .await;
+        let log_store = log_store.with_receipts(lease_hub.clone());
         let state_machine_dropped = state_machine.dropped();
 
         let faults = peers.faults();
@@ -761,35 +752,6 @@ fn local_addr(l: &tokio::net::TcpListener, what: &str) -> Result<SocketAddr, Nod
 /// The store revision persisted in `db` (where the watch history starts).
 fn storage_revision(db: &sled::Db) -> Result<Revision, storage::StorageError> {
     crate::raft::state_machine::persisted_revision(db)
-}
-
-/// Rebuild the watch history from the snapshot and the log (`raft::history_replay`); on any
-/// failure log it and keep the empty history at the persisted revision: never fail the start.
-async fn seed_watch_history(
-    log: &mut LogStore,
-    sm: &mut StateMachine,
-    view: &crate::raft::state_machine::StateView,
-    hub: &WatchHub,
-    cfg: &NodeConfig,
-    clock: &dyn Clock,
-) {
-    use crate::raft::history_replay::{DEFAULT_BUDGET_MS, rebuild};
-    match rebuild(log, sm, view, cfg.history, clock, DEFAULT_BUDGET_MS).await {
-        Ok((history, report)) => {
-            let (compacted, events) = (history.compacted(), history.len());
-            if hub.seed(history) {
-                tracing::info!(id = cfg.id, entries = report.entries, events, %compacted, took_ms = report.took_ms, "watch history rebuilt");
-            } else {
-                tracing::warn!(
-                    id = cfg.id,
-                    "rebuilt watch history does not end at the persisted revision: not used"
-                );
-            }
-        }
-        Err(e) => {
-            tracing::warn!(id = cfg.id, error = %e, "watch history not rebuilt: it starts at the persisted revision")
-        }
-    }
 }
 
 /// The voters to initialize with, or `None` when this node must wait to be added.

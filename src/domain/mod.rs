@@ -24,7 +24,6 @@
 //!   claims, no disruptive votes).
 //! - [`health`]: readiness, quorum loss, peer reachability, learner catch-up.
 //! - [`resources`]: connection cap, storage quota, log compaction by bytes, peer addresses.
-//! - [`replay`]: rebuilding the watch history at start-up from the snapshot and the log.
 
 pub mod auth;
 pub mod auto_compact;
@@ -45,7 +44,6 @@ pub mod peer_link;
 pub mod peer_trust;
 pub mod range;
 pub mod recipes;
-pub mod replay;
 pub mod resources;
 pub mod txn;
 pub mod types;

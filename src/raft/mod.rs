@@ -7,14 +7,12 @@
 //! # Layout
 //! - [`log_store`]: `RaftLogStorage` on sled; an append is acknowledged only after a flush.
 //! - [`state_machine`]: `RaftStateMachine` on sled, mirrored in memory for reads.
-//! - [`history_replay`]: at start-up, rebuilds the watch history from the snapshot and the log.
 //! - [`network`]: the peer client (append, vote, snapshot, forwarded proposals and reads).
 //! - [`consensus`]: [`Consensus`](consensus::Consensus), the handle the HTTP layer and the drivers use: propose a
 //!   command (forwarding to the leader), confirm leadership for reads, change membership.
 
 pub mod backup;
 pub mod consensus;
-pub mod history_replay;
 pub mod log_store;
 pub mod mvcc_store;
 pub mod network;

@@ -12,9 +12,9 @@
 //!   a parked task each, and no CPU.
 //! - A wake-up is one-shot and a registration is removed when its watch ends (a guard), so
 //!   abandoned long polls leave nothing behind.
-//! - At start-up the history may be seeded ([`WatchHub::seed`]) with the events rebuilt from
-//!   the snapshot and the log (`raft::history_replay`), so a restart does not by itself make
-//!   a resuming watch `410`: only revisions at or before the snapshot's are compacted.
+//! - At start-up the in-memory history is empty at the persisted revision: a watch resuming
+//!   from before it reads the MVCC store ([`WatchHub::set_older`]), so a restart does not by
+//!   itself make a resuming watch `410`.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -199,18 +199,6 @@ impl WatchHub {
         }
         // Nothing matched in the stored span: go on in memory from where it ends.
         self.history().since(compacted.next(), filter, limit)
-    }
-
-    /// Replace the history with one rebuilt at start-up (`raft::history_replay`), before any
-    /// entry applies: it must end at the revision the hub was created with, so the events
-    /// openraft re-applies next follow it without a gap (otherwise it is ignored).
-    pub fn seed(&self, history: EventHistory) -> bool {
-        let mut h = self.history();
-        if history.current() != h.current() || !h.is_empty() {
-            return false;
-        }
-        *h = history;
-        true
     }
 
     fn history(&self) -> std::sync::MutexGuard<'_, EventHistory> {
@@ -404,32 +392,6 @@ mod tests {
         assert!(got.events.is_empty());
         assert_eq!(got.through, Revision(1));
         assert_eq!(h.stats().3, 0);
-    }
-
-    #[test]
-    fn a_seeded_history_is_served_and_continued_without_a_gap() {
-        let limits = HistoryLimits::default();
-        let h = WatchHub::new(limits, Revision(5), CancellationToken::new());
-        // A rebuilt history must end where the hub starts: one that ends elsewhere is refused.
-        let mut wrong = EventHistory::new(limits, Revision(2));
-        wrong.push(batch(&["a", "b"], 3).events, Revision(4));
-        assert!(!h.seed(wrong));
-        let mut rebuilt = EventHistory::new(limits, Revision(2));
-        rebuilt.push(batch(&["a", "b", "c"], 3).events, Revision(5));
-        assert!(h.seed(rebuilt));
-        assert_eq!(h.stats().2, Revision(2));
-        h.on_applied(&batch(&["d"], 6));
-        let got = h.since_all(Revision(3), 100).unwrap();
-        let revs: Vec<u64> = got.events.iter().map(|e| e.revision.0).collect();
-        assert_eq!(revs, [3, 4, 5, 6]);
-        assert_eq!(
-            h.since_all(Revision(2), 100).unwrap_err().compacted,
-            Revision(2)
-        );
-        // Once events flow, a late seed is refused.
-        let mut late = EventHistory::new(limits, Revision(0));
-        late.push(batch(&["x"], 6).events, Revision(6));
-        assert!(!h.seed(late));
     }
 
     #[tokio::test]
