@@ -29,6 +29,16 @@ fi
 if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
   export LEASECORE_REQUIRE_ETCDCTL=1
 fi
+# The etcd-client crate (tests/etcd_client.rs) compiles etcd's protos with protoc at build time:
+# without it the lints and tests below cannot build, so say why now rather than skip.
+if ! command -v protoc >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+  echo "installing protobuf-compiler (protoc)"; (apt-get update -qq && apt-get install -y -qq protobuf-compiler) >/dev/null
+fi
+if ! command -v protoc >/dev/null 2>&1 && [ -z "${PROTOC:-}" ]; then
+  echo "protoc not found: the etcd-client crate used by tests/etcd_client.rs needs it to build" >&2
+  echo "(apt-get install protobuf-compiler, or set PROTOC to its path)" >&2
+  exit 1
+fi
 
 scripts/check-layering.sh
 

@@ -212,6 +212,14 @@ fn ops(ops: Vec<RequestOp>) -> Result<Vec<TxnOp>, EtcdError> {
         .map(|op| match op.request {
             Some(request_op::Request::RequestPut(p)) => put_op(p),
             Some(request_op::Request::RequestDeleteRange(d)) => delete_op(d),
+            // A txn's ranges are evaluated on the state as the txn applies: one at a past
+            // revision would silently answer with the present, so it is refused.
+            Some(request_op::Request::RequestRange(r)) if r.revision > 0 => {
+                Err(EtcdError::Status(Status::unimplemented(
+                    "etcdserver: leasecore cannot read a past revision inside a txn \
+                     (use a Range at that revision)",
+                )))
+            }
             Some(request_op::Request::RequestRange(r)) => Ok(TxnOp::Range {
                 spec: range_spec(&r)?,
             }),

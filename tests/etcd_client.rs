@@ -1,0 +1,1488 @@
+//! leasecore's etcd v3 gRPC API driven by the Rust `etcd-client` crate (crates.io), a client
+//! nobody here wrote, against three real `leasecore serve` processes on loopback:
+//!
+//! - KV: put, get and delete over a prefix, `prev_kv`, reads at past revisions, through the
+//!   leader and through followers;
+//! - Txn: compares on value, version, create and mod revision with both branches, and
+//!   concurrent compare-and-swap increments through every node that never lose an update;
+//! - Watch: a prefix with `prev_kv`, dropped, then resumed on another node from the revision
+//!   after the last one seen: exactly the missed events arrive;
+//! - Lease: grant, a keepalive stream, time-to-live with keys, the list, revoke (which deletes
+//!   the attached keys), and expiry;
+//! - Failover: the leader is killed with SIGKILL while a writer runs; the client, given all three
+//!   endpoints, goes on writing once a new leader is elected, and every acknowledged write,
+//!   lease and watch survives.
+//!
+//! The crate's build script compiles etcd's protos with `protoc` (Debian's `protobuf-compiler`,
+//! which `scripts/test.sh` installs): without it this file does not build and the suite fails,
+//! it never skips.
+// Tests wait for conditions and processes against real deadlines.
+#![allow(clippy::disallowed_methods)]
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs::File;
+use std::os::unix::process::ExitStatusExt;
+use std::path::PathBuf;
+use std::process::{Child, Command};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use etcd_client::{
+    Client, Compare, CompareOp, ConnectOptions, DeleteOptions, EventType, GetOptions, GetResponse,
+    KeyValue, LeaseGrantOptions, LeaseKeepAliveStream, LeaseKeeper, LeaseTimeToLiveOptions,
+    LeaseTimeToLiveResponse, PutOptions, ResponseHeader, SortOrder, SortTarget, Txn, TxnOp,
+    TxnOpResponse, WatchOptions, WatchStream,
+};
+
+const NODES: usize = 3;
+/// The deadline of every wait on the cluster (start-up, an election, an event).
+const WAIT: Duration = Duration::from_secs(30);
+
+// ---------------------------------------------------------------------------------------------
+// Three `leasecore serve` processes.
+
+struct Cluster {
+    dir: Option<tempfile::TempDir>,
+    /// Each node's HTTP (and, port + offset, peer) address; node ids are 1..=NODES.
+    addrs: Vec<String>,
+    /// Each node's etcd API address.
+    etcd: Vec<String>,
+    procs: Vec<Option<Child>>,
+}
+
+/// A loopback address of the cluster's own, 127.0.0.2 to 127.0.0.254: its ports never meet
+/// those of another test's cluster, nor those of outgoing connections (which leave from
+/// 127.0.0.1), so that a port found free stays free until its node binds it.
+fn own_loopback() -> String {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    let n = std::process::id() as usize * 7 + NEXT.fetch_add(1, Ordering::Relaxed);
+    format!("127.0.0.{}", 2 + n % 253)
+}
+
+/// Free ports on `host` for each node: its client port, the peer port derived from it, and
+/// its etcd port. The listeners are held until the nodes are about to bind them.
+fn free_ports(host: &str) -> (Vec<String>, Vec<String>, Vec<std::net::TcpListener>) {
+    let (mut addrs, mut etcd, mut held) = (Vec::new(), Vec::new(), Vec::new());
+    let bind = |addr: &str| std::net::TcpListener::bind(addr).ok();
+    for _ in 0..NODES {
+        let found = (0..200).find_map(|_| {
+            let client = bind(&format!("{host}:0"))?;
+            let addr = client.local_addr().unwrap().to_string();
+            let peer = bind(&leasecore::domain::resources::peer_address(&addr).ok()?)?;
+            let api = bind(&format!("{host}:0"))?;
+            Some((
+                addr,
+                api.local_addr().unwrap().to_string(),
+                [client, peer, api],
+            ))
+        });
+        let (addr, api, listeners) = found.expect("free ports on loopback");
+        addrs.push(addr);
+        etcd.push(api);
+        held.extend(listeners);
+    }
+    (addrs, etcd, held)
+}
+
+impl Cluster {
+    /// Start the three nodes and wait until they agree on a leader. A node that cannot bind
+    /// its ports (something else took one meanwhile) makes a new attempt on other ports.
+    async fn start() -> Cluster {
+        for attempt in 1..=3 {
+            let (addrs, etcd, held) = free_ports(&own_loopback());
+            let mut c = Cluster {
+                dir: Some(tempfile::TempDir::new().unwrap()),
+                addrs,
+                etcd,
+                procs: (0..NODES).map(|_| None).collect(),
+            };
+            drop(held);
+            for id in 1..=NODES {
+                c.procs[id - 1] = Some(c.spawn(id));
+            }
+            match c.ready().await {
+                Ok(()) => return c,
+                Err(why) if attempt < 3 => {
+                    eprintln!("cluster start, attempt {attempt}: {why}; again on other ports")
+                }
+                Err(why) => panic!("the cluster did not start: {why}"),
+            }
+        }
+        unreachable!()
+    }
+
+    /// Wait until the nodes agree on a leader; an error if one of them exits meanwhile.
+    async fn ready(&mut self) -> Result<(), String> {
+        let deadline = Instant::now() + WAIT;
+        while Instant::now() < deadline {
+            for id in 1..=NODES {
+                let child = self.procs[id - 1].as_mut().unwrap();
+                if let Some(status) = child.try_wait().unwrap() {
+                    return Err(format!(
+                        "node {id} exited ({status}): {}",
+                        self.log_tail(id, 3)
+                    ));
+                }
+            }
+            if self.agreed_leader().await.is_some() {
+                return Ok(());
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Err(format!("no agreed leader within {WAIT:?}"))
+    }
+
+    fn root(&self) -> PathBuf {
+        self.dir.as_ref().unwrap().path().to_path_buf()
+    }
+
+    fn log_path(&self, id: usize) -> PathBuf {
+        self.root().join(format!("node-{id}.log"))
+    }
+
+    fn spawn(&self, id: usize) -> Child {
+        let peers: Vec<String> = (1..=NODES)
+            .map(|i| format!("{i}={}", self.addrs[i - 1]))
+            .collect();
+        let log = File::create(self.log_path(id)).unwrap();
+        Command::new(env!("CARGO_BIN_EXE_leasecore"))
+            .args(["serve", "--id", &id.to_string()])
+            .args(["--listen", &self.addrs[id - 1]])
+            .args(["--etcd-listen", &self.etcd[id - 1]])
+            .arg("--data")
+            .arg(self.root().join(format!("node-{id}")))
+            .args(["--peers", &peers.join(","), "--cache-mb", "16"])
+            .env("NO_COLOR", "1")
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("spawn the leasecore binary")
+    }
+
+    fn running(&self) -> Vec<usize> {
+        (1..=NODES)
+            .filter(|id| self.procs[id - 1].is_some())
+            .collect()
+    }
+
+    fn endpoint(&self, id: usize) -> String {
+        format!("http://{}", self.etcd[id - 1])
+    }
+
+    /// An etcd client of the given nodes (etcd-client balances over them).
+    async fn client(&self, ids: &[usize]) -> Client {
+        let eps: Vec<String> = ids.iter().map(|id| self.endpoint(*id)).collect();
+        let opts = ConnectOptions::new()
+            .with_connect_timeout(Duration::from_secs(2))
+            .with_timeout(Duration::from_secs(10));
+        Client::connect(eps, Some(opts))
+            .await
+            .expect("etcd-client connects")
+    }
+
+    /// The leader as node `id` reports it through `Maintenance.Status`, if it answers at once.
+    async fn leader_seen_by(&self, id: usize) -> Option<u64> {
+        let opts = ConnectOptions::new()
+            .with_connect_timeout(Duration::from_secs(1))
+            .with_timeout(Duration::from_secs(2));
+        let mut c = Client::connect([self.endpoint(id)], Some(opts))
+            .await
+            .ok()?;
+        let s = c.status().await.ok()?;
+        assert_eq!(
+            s.header().map(|h| h.member_id()),
+            Some(id as u64),
+            "node {id} answers as itself"
+        );
+        (s.leader() != 0 && s.errors().is_empty()).then_some(s.leader())
+    }
+
+    /// The leader, if every running node names the same running one.
+    async fn agreed_leader(&self) -> Option<usize> {
+        let ids = self.running();
+        let mut seen = BTreeSet::new();
+        for id in &ids {
+            seen.insert(self.leader_seen_by(*id).await?);
+        }
+        let l = *seen.first()? as usize;
+        (seen.len() == 1 && ids.contains(&l)).then_some(l)
+    }
+
+    /// Wait until every running node names the same running leader; returns it.
+    async fn leader(&self) -> usize {
+        common::eventually(WAIT, "the running nodes to agree on a leader", || {
+            self.agreed_leader()
+        })
+        .await
+    }
+
+    fn followers(&self, leader: usize) -> (usize, usize) {
+        let f: Vec<usize> = self
+            .running()
+            .into_iter()
+            .filter(|i| *i != leader)
+            .collect();
+        (f[0], f[1])
+    }
+
+    /// SIGKILL node `id` (no shutdown of any kind) and reap it.
+    fn kill(&mut self, id: usize) {
+        let mut child = self.procs[id - 1].take().expect("the node runs");
+        child.kill().unwrap(); // SIGKILL on Unix
+        let status = child.wait().unwrap();
+        assert_eq!(status.signal(), Some(9), "node {id} died of SIGKILL");
+    }
+
+    fn log_tail(&self, id: usize, lines: usize) -> String {
+        let text = std::fs::read_to_string(self.log_path(id)).unwrap_or_default();
+        let all: Vec<&str> = text.lines().collect();
+        all[all.len().saturating_sub(lines)..].join("\n")
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for child in self.procs.iter_mut().flatten() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        if std::thread::panicking() {
+            for id in 1..=NODES {
+                eprintln!(
+                    "----- node {id} log (last 30 lines) -----\n{}",
+                    self.log_tail(id, 30)
+                );
+            }
+            if let Some(dir) = self.dir.take() {
+                eprintln!(
+                    "etcd_client: node data and logs kept in {}",
+                    dir.keep().display()
+                );
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Small helpers over etcd-client's types.
+
+fn rev(h: Option<&ResponseHeader>) -> i64 {
+    h.expect("a response header").revision()
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8(b.to_vec()).unwrap()
+}
+
+fn pair(kv: &KeyValue) -> (String, String) {
+    (text(kv.key()), text(kv.value()))
+}
+
+fn pairs(kvs: &[KeyValue]) -> Vec<(String, String)> {
+    kvs.iter().map(pair).collect()
+}
+
+fn owned(list: &[(&str, &str)]) -> Vec<(String, String)> {
+    list.iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+fn prefix() -> Option<GetOptions> {
+    Some(GetOptions::new().with_prefix())
+}
+
+fn prefix_at(revision: i64) -> Option<GetOptions> {
+    Some(GetOptions::new().with_prefix().with_revision(revision))
+}
+
+/// The gRPC status of a failed call (it must be one).
+fn grpc(e: etcd_client::Error) -> tonic::Status {
+    match e {
+        etcd_client::Error::GRpcStatus(s) => s,
+        other => panic!("expected a gRPC status, got {other:?}"),
+    }
+}
+
+/// Reads, retried on a [`transient`] failure as etcd's own Go client retries them (a read changes
+/// nothing): a healthy cluster on a loaded machine now and then fails the quorum round of a
+/// linearizable read ("the leader could not reach a quorum"). Each retry is printed.
+trait Reads {
+    async fn read(&self, key: impl Into<Vec<u8>>, opts: Option<GetOptions>) -> GetResponse;
+    async fn time_to_live(
+        &self,
+        id: i64,
+        opts: Option<LeaseTimeToLiveOptions>,
+    ) -> LeaseTimeToLiveResponse;
+    async fn lease_ids(&self) -> Vec<i64>;
+}
+
+/// Whether a call failed without an answer from leasecore's logic: `Unavailable` (no quorum or
+/// leader for now, or no connection), or the connection broke (tonic's "transport error").
+fn transient(s: &tonic::Status) -> bool {
+    s.code() == tonic::Code::Unavailable
+        || (s.code() == tonic::Code::Unknown && s.message() == "transport error")
+}
+
+/// Call `f` until it succeeds or fails otherwise than [`transient`]ly, within `WAIT`.
+async fn unless_unavailable<T, F, Fut>(what: &str, mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, etcd_client::Error>>,
+{
+    let deadline = Instant::now() + WAIT;
+    loop {
+        match f().await {
+            Ok(v) => return v,
+            Err(etcd_client::Error::GRpcStatus(s))
+                if transient(&s) && Instant::now() < deadline =>
+            {
+                eprintln!("{what}: retried after {s:?}");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Err(e) => panic!("{what}: {e:?}"),
+        }
+    }
+}
+
+impl Reads for Client {
+    async fn read(&self, key: impl Into<Vec<u8>>, opts: Option<GetOptions>) -> GetResponse {
+        let key = key.into();
+        unless_unavailable("a range", || {
+            let (mut c, key, opts) = (self.clone(), key.clone(), opts.clone());
+            async move { c.get(key, opts).await }
+        })
+        .await
+    }
+
+    async fn time_to_live(
+        &self,
+        id: i64,
+        opts: Option<LeaseTimeToLiveOptions>,
+    ) -> LeaseTimeToLiveResponse {
+        unless_unavailable("a lease time-to-live", || {
+            let (mut c, opts) = (self.clone(), opts.clone());
+            async move { c.lease_time_to_live(id, opts).await }
+        })
+        .await
+    }
+
+    async fn lease_ids(&self) -> Vec<i64> {
+        let all = unless_unavailable("a lease list", || {
+            let mut c = self.clone();
+            async move { c.leases().await }
+        })
+        .await;
+        all.leases().iter().map(|l| l.id()).collect()
+    }
+}
+
+/// A keepalive stream, reopened after a [`transient`] failure (as etcd's Go client reopens
+/// its keepalive streams): a keepalive is confirmed with a quorum, which a loaded machine now
+/// and then misses. Each reopening is printed.
+struct Keepalive {
+    client: Client,
+    id: i64,
+    keeper: LeaseKeeper,
+    answers: LeaseKeepAliveStream,
+}
+
+impl Keepalive {
+    async fn open(client: &Client, id: i64) -> Keepalive {
+        let (keeper, answers) = unless_unavailable("opening a keepalive stream", || {
+            let mut c = client.clone();
+            async move { c.lease_keep_alive(id).await }
+        })
+        .await;
+        assert_eq!(keeper.id(), id);
+        Keepalive {
+            client: client.clone(),
+            id,
+            keeper,
+            answers,
+        }
+    }
+
+    /// Send one keepalive; the TTL answered.
+    async fn once(&mut self) -> i64 {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let answer = async {
+                self.keeper.keep_alive().await?;
+                self.answers.message().await
+            };
+            match tokio::time::timeout(WAIT, answer).await {
+                Err(_) => panic!("no keepalive answer within {WAIT:?}"),
+                Ok(Ok(Some(resp))) => {
+                    assert_eq!(resp.id(), self.id);
+                    return resp.ttl();
+                }
+                Ok(Ok(None)) => panic!("the keepalive stream ended"),
+                Ok(Err(etcd_client::Error::GRpcStatus(s)))
+                    if transient(&s) && Instant::now() < deadline =>
+                {
+                    eprintln!("a keepalive: the stream is reopened after {s:?}");
+                    *self = Keepalive::open(&self.client, self.id).await;
+                }
+                Ok(Err(e)) => panic!("a keepalive: {e:?}"),
+            }
+        }
+    }
+}
+
+/// One watch event as the tests compare them: kind, key, value, mod revision, and the value
+/// (and mod revision) of `prev_kv`.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct Ev {
+    delete: bool,
+    key: String,
+    value: String,
+    revision: i64,
+    prev: Option<(String, i64)>,
+}
+
+fn put_ev(key: &str, value: &str, revision: i64, prev: Option<(&str, i64)>) -> Ev {
+    Ev {
+        delete: false,
+        key: key.into(),
+        value: value.into(),
+        revision,
+        prev: prev.map(|(v, r)| (v.into(), r)),
+    }
+}
+
+fn del_ev(key: &str, revision: i64, prev: (&str, i64)) -> Ev {
+    Ev {
+        delete: true,
+        key: key.into(),
+        value: String::new(),
+        revision,
+        prev: Some((prev.0.into(), prev.1)),
+    }
+}
+
+/// The events of the next responses of `stream` (each within `WAIT`), grouped by response,
+/// until `done` says the events so far are enough. Creation and progress responses carry no
+/// events and are skipped; a cancellation fails the test.
+async fn events_until(
+    stream: &mut WatchStream,
+    mut done: impl FnMut(&[Ev]) -> bool,
+) -> Vec<Vec<Ev>> {
+    let mut all: Vec<Ev> = Vec::new();
+    let mut groups: Vec<Vec<Ev>> = Vec::new();
+    for _ in 0..10_000 {
+        if done(&all) {
+            // A response never splits a revision's events.
+            let mut split: BTreeMap<i64, BTreeSet<usize>> = BTreeMap::new();
+            for (i, group) in groups.iter().enumerate() {
+                for e in group {
+                    split.entry(e.revision).or_default().insert(i);
+                }
+            }
+            assert!(
+                split.values().all(|responses| responses.len() == 1),
+                "a revision's events came in several responses: {groups:#?}"
+            );
+            return groups;
+        }
+        let resp = tokio::time::timeout(WAIT, stream.message())
+            .await
+            .unwrap_or_else(|_| panic!("no watch response within {WAIT:?}; so far {all:#?}"))
+            .expect("the watch stream works")
+            .expect("the watch stream stays open");
+        assert!(!resp.canceled(), "watch canceled: {}", resp.cancel_reason());
+        let group: Vec<Ev> = resp
+            .events()
+            .iter()
+            .map(|e| {
+                let kv = e.kv().expect("an event has its kv");
+                Ev {
+                    delete: e.event_type() == EventType::Delete,
+                    key: text(kv.key()),
+                    value: text(kv.value()),
+                    revision: kv.mod_revision(),
+                    prev: e.prev_kv().map(|p| (text(p.value()), p.mod_revision())),
+                }
+            })
+            .collect();
+        if !group.is_empty() {
+            all.extend(group.iter().cloned());
+            groups.push(group);
+        }
+    }
+    panic!("the watch never delivered what was expected: {all:#?}");
+}
+
+/// A new watch's first response must be its creation; returns the watch id.
+async fn created(stream: &mut WatchStream) -> i64 {
+    let resp = tokio::time::timeout(WAIT, stream.message())
+        .await
+        .expect("the watch is created in time")
+        .expect("the watch stream works")
+        .expect("the watch stream stays open");
+    assert!(
+        resp.created() && !resp.canceled() && resp.events().is_empty(),
+        "{resp:?}"
+    );
+    resp.watch_id()
+}
+
+// ---------------------------------------------------------------------------------------------
+// 1. KV
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kv_prefix_prev_kv_and_past_revisions_through_leader_and_followers() {
+    let c = Cluster::start().await;
+    let leader = c.leader().await;
+    let (f1, f2) = c.followers(leader);
+    let mut on_leader = c.client(&[leader]).await;
+    let mut on_f1 = c.client(&[f1]).await;
+    let mut on_f2 = c.client(&[f2]).await;
+
+    // A key outside the prefix first, so that the revision before app/a's is a real one (0
+    // would mean "now").
+    on_leader.put("other", "0", None).await.unwrap();
+    let put = on_leader.put("app/a", "1", None).await.unwrap();
+    let r1 = rev(put.header());
+    assert!(r1 >= 2);
+    assert!(put.prev_key().is_none());
+    // A linearizable read through a follower sees the write at once, answered by that node.
+    let got = on_f1.read("app/a", None).await;
+    assert_eq!(pairs(got.kvs()), owned(&[("app/a", "1")]));
+    assert_eq!(got.header().unwrap().member_id(), f1 as u64);
+    assert!(rev(got.header()) >= r1);
+
+    // prev_kv through a follower: the version replaced, with its revisions.
+    let put = on_f2
+        .put("app/a", "2", Some(PutOptions::new().with_prev_key()))
+        .await
+        .unwrap();
+    let r2 = rev(put.header());
+    assert!(r2 > r1);
+    let prev = put.prev_key().expect("prev_kv");
+    assert_eq!(
+        (pair(prev), prev.mod_revision(), prev.version()),
+        (("app/a".into(), "1".into()), r1, 1)
+    );
+    // prev_kv of a key that did not exist: none.
+    let put = on_f1
+        .put("app/b", "3", Some(PutOptions::new().with_prev_key()))
+        .await
+        .unwrap();
+    assert!(put.prev_key().is_none());
+    let r3 = rev(put.header());
+    // Keys beside the prefix: "app0" is the prefix's end, "ap" sorts before it.
+    on_leader.put("app0", "out", None).await.unwrap();
+    on_f2.put("ap", "out", None).await.unwrap();
+
+    let all = on_f2.read("app/", prefix()).await;
+    assert_eq!(pairs(all.kvs()), owned(&[("app/a", "2"), ("app/b", "3")]));
+    assert_eq!(all.count(), 2);
+    let a = &all.kvs()[0];
+    assert_eq!(
+        (
+            a.create_revision(),
+            a.mod_revision(),
+            a.version(),
+            a.lease()
+        ),
+        (r1, r2, 2, 0)
+    );
+    let limited = on_leader
+        .read("app/", Some(GetOptions::new().with_prefix().with_limit(1)))
+        .await;
+    assert_eq!(
+        (pairs(limited.kvs()), limited.more(), limited.count()),
+        (owned(&[("app/a", "2")]), true, 2)
+    );
+
+    // The past, through each node.
+    for (client, at, want) in [
+        (on_leader.clone(), r1, owned(&[("app/a", "1")])),
+        (on_f1.clone(), r2, owned(&[("app/a", "2")])),
+        (on_f2.clone(), r3, owned(&[("app/a", "2"), ("app/b", "3")])),
+        (on_f1.clone(), r1 - 1, vec![]),
+    ] {
+        let past = client.read("app/", prefix_at(at)).await;
+        assert_eq!(pairs(past.kvs()), want, "at revision {at}");
+    }
+    let past = on_f2
+        .read("app/a", Some(GetOptions::new().with_revision(r1)))
+        .await;
+    assert_eq!(
+        (past.kvs()[0].version(), past.kvs()[0].mod_revision()),
+        (1, r1)
+    );
+    // As etcd: the header of a read in the past carries the store's current revision.
+    assert!(rev(past.header()) > r3, "{:?}", past.header());
+
+    // The range options: keys only, a sort on values, a serializable read on a follower.
+    let keys = on_f1
+        .read(
+            "app/",
+            Some(GetOptions::new().with_prefix().with_keys_only()),
+        )
+        .await;
+    assert_eq!(pairs(keys.kvs()), owned(&[("app/a", ""), ("app/b", "")]));
+    let sorted = on_leader
+        .read(
+            "app/",
+            Some(
+                GetOptions::new()
+                    .with_prefix()
+                    .with_sort(SortTarget::Value, SortOrder::Descend),
+            ),
+        )
+        .await;
+    assert_eq!(
+        pairs(sorted.kvs()),
+        owned(&[("app/b", "3"), ("app/a", "2")])
+    );
+    let local = on_f2
+        .read("app/b", Some(GetOptions::new().with_serializable()))
+        .await;
+    assert_eq!(pairs(local.kvs()), owned(&[("app/b", "3")]));
+    assert_eq!(local.header().unwrap().member_id(), f2 as u64);
+    // ignore_value keeps the value (and refuses a key that does not exist).
+    let kept = on_f1
+        .put(
+            "app/b",
+            "",
+            Some(PutOptions::new().with_ignore_value().with_prev_key()),
+        )
+        .await
+        .unwrap();
+    assert_eq!(pair(kept.prev_key().unwrap()), ("app/b".into(), "3".into()));
+    let b = on_f2.read("app/b", None).await;
+    assert_eq!(
+        (text(b.kvs()[0].value()), b.kvs()[0].version()),
+        ("3".into(), 2)
+    );
+    let missing = on_leader
+        .put("app/none", "", Some(PutOptions::new().with_ignore_value()))
+        .await
+        .expect_err("ignore_value on a missing key");
+    assert_eq!(grpc(missing).code(), tonic::Code::InvalidArgument);
+    // A revision the store has not reached is refused, as etcd refuses it.
+    let head = rev(on_f1.read("app/", prefix()).await.header());
+    let future = grpc(
+        on_f1
+            .get("app/", prefix_at(head + 1000))
+            .await
+            .expect_err("a future revision"),
+    );
+    assert_eq!(future.code(), tonic::Code::OutOfRange, "{future:?}");
+    assert!(future.message().contains("future revision"), "{future:?}");
+
+    // A range delete through a follower: every key, one revision, the old versions on request.
+    let del = on_f1
+        .delete(
+            "app/",
+            Some(DeleteOptions::new().with_prefix().with_prev_key()),
+        )
+        .await
+        .unwrap();
+    assert_eq!(del.deleted(), 2);
+    assert_eq!(
+        pairs(del.prev_kvs()),
+        owned(&[("app/a", "2"), ("app/b", "3")])
+    );
+    let rd = rev(del.header());
+    for client in [&mut on_leader, &mut on_f1, &mut on_f2] {
+        let now = client.read("app/", prefix()).await;
+        assert_eq!((now.kvs().len(), now.count()), (0, 0));
+        assert!(rev(now.header()) >= rd);
+        let beside = client.read("ap", prefix()).await;
+        assert_eq!(
+            pairs(beside.kvs()),
+            owned(&[("ap", "out"), ("app0", "out")])
+        );
+    }
+    let before = on_leader.read("app/", prefix_at(rd - 1)).await;
+    assert_eq!(
+        before.kvs().len(),
+        2,
+        "both keys live just before the delete"
+    );
+    let at = on_f2.read("app/", prefix_at(rd)).await;
+    assert!(
+        at.kvs().is_empty(),
+        "both gone in the delete's one revision"
+    );
+
+    // A single-key delete with prev_kv, then one of a key that is not there.
+    let del = on_f2
+        .delete("ap", Some(DeleteOptions::new().with_prev_key()))
+        .await
+        .unwrap();
+    assert_eq!(
+        (del.deleted(), pairs(del.prev_kvs())),
+        (1, owned(&[("ap", "out")]))
+    );
+    let head = rev(del.header());
+    let gone = on_leader.delete("ap", None).await.unwrap();
+    assert_eq!(gone.deleted(), 0);
+    assert_eq!(
+        rev(gone.header()),
+        head,
+        "deleting nothing takes no revision"
+    );
+
+    // Compaction through a follower: the past below it is refused, from it on still held.
+    on_f1.compact(rd, None).await.unwrap();
+    let compacted = grpc(
+        on_f2
+            .get("app/", prefix_at(r1))
+            .await
+            .expect_err("a compacted revision"),
+    );
+    assert_eq!(compacted.code(), tonic::Code::OutOfRange, "{compacted:?}");
+    assert!(compacted.message().contains("compacted"), "{compacted:?}");
+    let kept = on_leader
+        .read("app0", Some(GetOptions::new().with_revision(rd)))
+        .await;
+    assert_eq!(pairs(kept.kvs()), owned(&[("app0", "out")]));
+    // A watch from below the compaction is canceled with etcd's reason and the revision to
+    // resume from; resumed there, it delivers every event from that revision on. (leasecore
+    // names the first revision whose events it still holds, the compaction's + 1; etcd names
+    // the compaction's own, whose deletes it no longer holds either.)
+    let mut watch = on_f2
+        .watch(
+            "app",
+            Some(WatchOptions::new().with_prefix().with_start_revision(r1)),
+        )
+        .await
+        .unwrap();
+    let mut canceled = None;
+    for _ in 0..3 {
+        let resp = tokio::time::timeout(WAIT, watch.message())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        if resp.canceled() {
+            canceled = Some(resp);
+            break;
+        }
+    }
+    let canceled = canceled.expect("the watch is canceled");
+    assert!(
+        canceled.cancel_reason().contains("compacted"),
+        "{canceled:?}"
+    );
+    let resume = canceled.compact_revision();
+    assert!(
+        (rd..=rd + 1).contains(&resume),
+        "{canceled:?} (compacted at {rd})"
+    );
+    let mut watch = on_f1
+        .watch(
+            "app",
+            Some(
+                WatchOptions::new()
+                    .with_prefix()
+                    .with_start_revision(resume),
+            ),
+        )
+        .await
+        .unwrap();
+    created(&mut watch).await;
+    let last = rev(on_leader.put("app/c", "new", None).await.unwrap().header());
+    let got = events_until(&mut watch, |got| got.iter().any(|e| e.revision == last))
+        .await
+        .concat();
+    let deleted = |key: &str| Ev {
+        delete: true,
+        key: key.into(),
+        value: String::new(),
+        revision: rd,
+        prev: None,
+    };
+    let mut want = Vec::new();
+    if resume == rd {
+        want.extend([deleted("app/a"), deleted("app/b")]);
+    }
+    want.push(put_ev("app/c", "new", last, None));
+    assert_eq!(got, want);
+}
+
+// ---------------------------------------------------------------------------------------------
+// 2. Txn
+
+/// The counter's value and mod revision.
+fn counter(kv: &KeyValue) -> (u64, i64) {
+    (text(kv.value()).parse().unwrap(), kv.mod_revision())
+}
+
+fn txn_get(r: &TxnOpResponse) -> &GetResponse {
+    match r {
+        TxnOpResponse::Get(g) => g,
+        other => panic!("expected a range response, got {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn txn_compares_branches_and_concurrent_cas_increments() {
+    let c = Cluster::start().await;
+    let leader = c.leader().await;
+    let (f1, f2) = c.followers(leader);
+    let mut on_leader = c.client(&[leader]).await;
+    let mut on_f1 = c.client(&[f1]).await;
+    let mut on_f2 = c.client(&[f2]).await;
+
+    let created = on_leader.put("cfg", "v1", None).await.unwrap();
+    let r1 = rev(created.header());
+
+    // Value compare holds: the success branch runs; its range sees the branch's own put.
+    let t = Txn::new()
+        .when([Compare::value("cfg", CompareOp::Equal, "v1")])
+        .and_then([
+            TxnOp::put("cfg", "v2", Some(PutOptions::new().with_prev_key())),
+            TxnOp::get("cfg", None),
+        ])
+        .or_else([TxnOp::get("cfg", None)]);
+    let resp = on_f1.txn(t).await.unwrap();
+    assert!(resp.succeeded());
+    let r2 = rev(resp.header());
+    assert!(r2 > r1);
+    let ops = resp.op_responses();
+    assert_eq!(ops.len(), 2);
+    match &ops[0] {
+        TxnOpResponse::Put(p) => {
+            assert_eq!(
+                pair(p.prev_key().expect("prev_kv")),
+                ("cfg".into(), "v1".into())
+            )
+        }
+        other => panic!("expected a put response, got {other:?}"),
+    }
+    let seen = &txn_get(&ops[1]).kvs()[0];
+    assert_eq!(
+        (text(seen.value()), seen.version(), seen.mod_revision()),
+        ("v2".into(), 2, r2)
+    );
+
+    // A range at a past revision inside a txn: leasecore's apply reads only the present, and
+    // once answered it silently with the present (v2 here, where etcd answers v1). It is
+    // refused now, before anything in the txn applies; a plain range reads the past.
+    let t = Txn::new().and_then([
+        TxnOp::put("touched", "no", None),
+        TxnOp::get("cfg", Some(GetOptions::new().with_revision(r1))),
+    ]);
+    let refused = grpc(on_f2.txn(t).await.expect_err("a past range inside a txn"));
+    assert_eq!(refused.code(), tonic::Code::Unimplemented, "{refused:?}");
+    assert!(refused.message().contains("past revision"), "{refused:?}");
+    assert!(on_leader.read("touched", None).await.kvs().is_empty());
+    let past = on_f2
+        .read("cfg", Some(GetOptions::new().with_revision(r1)))
+        .await;
+    assert_eq!(pairs(past.kvs()), owned(&[("cfg", "v1")]));
+
+    // Version compare fails (the key is at version 2): the failure branch runs, nothing changes.
+    let t = Txn::new()
+        .when([Compare::version("cfg", CompareOp::Equal, 1)])
+        .and_then([TxnOp::put("cfg", "wrong", None)])
+        .or_else([TxnOp::get("cfg", None)]);
+    let resp = on_f2.txn(t).await.unwrap();
+    assert!(!resp.succeeded());
+    assert_eq!(rev(resp.header()), r2, "a failed compare writes nothing");
+    assert_eq!(
+        pairs(txn_get(&resp.op_responses()[0]).kvs()),
+        owned(&[("cfg", "v2")])
+    );
+
+    // Several compares must all hold: version > 1, value != "v1", the current mod revision.
+    let t = Txn::new()
+        .when([
+            Compare::version("cfg", CompareOp::Greater, 1),
+            Compare::value("cfg", CompareOp::NotEqual, "v1"),
+            Compare::mod_revision("cfg", CompareOp::Equal, r2),
+            Compare::create_revision("cfg", CompareOp::Equal, r1),
+        ])
+        .and_then([TxnOp::put("cfg", "v3", None)]);
+    let resp = on_leader.txn(t).await.unwrap();
+    assert!(resp.succeeded());
+    let r3 = rev(resp.header());
+    // A stale mod revision fails, a smaller-than compare on it holds.
+    let stale = Txn::new()
+        .when([Compare::mod_revision("cfg", CompareOp::Equal, r2)])
+        .and_then([TxnOp::delete("cfg", None)]);
+    assert!(!on_f1.txn(stale).await.unwrap().succeeded());
+    let less = Txn::new()
+        .when([Compare::mod_revision("cfg", CompareOp::Less, r3 + 1)])
+        .and_then([TxnOp::delete(
+            "cfg",
+            Some(DeleteOptions::new().with_prev_key()),
+        )]);
+    let resp = on_f2.txn(less).await.unwrap();
+    assert!(resp.succeeded());
+    match &resp.op_responses()[0] {
+        TxnOpResponse::Delete(d) => {
+            assert_eq!(
+                (d.deleted(), pairs(d.prev_kvs())),
+                (1, owned(&[("cfg", "v3")]))
+            )
+        }
+        other => panic!("expected a delete response, got {other:?}"),
+    }
+    // Create-if-absent (create revision 0): once only.
+    for (i, want) in [(0, true), (1, false)] {
+        let t = Txn::new()
+            .when([Compare::create_revision("once", CompareOp::Equal, 0)])
+            .and_then([TxnOp::put("once", format!("try-{i}"), None)]);
+        let client = if i == 0 { &mut on_f1 } else { &mut on_f2 };
+        assert_eq!(client.txn(t).await.unwrap().succeeded(), want);
+    }
+    let once = on_leader.read("once", None).await;
+    assert_eq!(pairs(once.kvs()), owned(&[("once", "try-0")]));
+
+    // Concurrent CAS increments: tasks on every node read, then swap on the mod revision; a
+    // lost update would show as a missing or repeated value.
+    const TASKS: usize = 6;
+    const INCREMENTS: usize = 12;
+    const MAX_ATTEMPTS: usize = 500;
+    on_leader.put("counter", "0", None).await.unwrap();
+    let clients = [on_leader, on_f1, on_f2];
+    let mut tasks = Vec::new();
+    for t in 0..TASKS {
+        let mut client = clients[t % clients.len()].clone();
+        tasks.push(tokio::spawn(async move {
+            let mut won: Vec<(u64, i64)> = Vec::new();
+            let mut conflicts = 0;
+            let got = client.read("counter", None).await;
+            // The value read and its mod revision.
+            let mut current = counter(&got.kvs()[0]);
+            for _ in 0..MAX_ATTEMPTS {
+                if won.len() == INCREMENTS {
+                    break;
+                }
+                let (n, mod_revision) = current;
+                let t = Txn::new()
+                    .when([Compare::mod_revision(
+                        "counter",
+                        CompareOp::Equal,
+                        mod_revision,
+                    )])
+                    .and_then([TxnOp::put(
+                        "counter",
+                        (n + 1).to_string(),
+                        Some(PutOptions::new().with_prev_key()),
+                    )])
+                    .or_else([TxnOp::get("counter", None)]);
+                let resp = client.txn(t).await.unwrap();
+                let ops = resp.op_responses();
+                if resp.succeeded() {
+                    let TxnOpResponse::Put(p) = &ops[0] else {
+                        panic!("expected a put response")
+                    };
+                    let prev = p.prev_key().expect("prev_kv");
+                    assert_eq!(text(prev.value()), n.to_string(), "swapped what was read");
+                    assert_eq!(prev.mod_revision(), mod_revision);
+                    // What this task wrote is current now, at the txn's revision.
+                    current = (n + 1, rev(resp.header()));
+                    won.push(current);
+                } else {
+                    // The failure branch read the value that won: try again from it.
+                    conflicts += 1;
+                    let now = counter(&txn_get(&ops[0]).kvs()[0]);
+                    assert!(now.1 > mod_revision, "{now:?} after {current:?}");
+                    current = now;
+                }
+            }
+            assert_eq!(won.len(), INCREMENTS, "task {t}: {MAX_ATTEMPTS} attempts");
+            (won, conflicts)
+        }));
+    }
+    let mut all = Vec::new();
+    let mut conflicts = 0;
+    for t in tasks {
+        let (won, c) = tokio::time::timeout(Duration::from_secs(120), t)
+            .await
+            .expect("the increments finish")
+            .unwrap();
+        all.extend(won);
+        conflicts += c;
+    }
+    let total = (TASKS * INCREMENTS) as u64;
+    // In revision order, the values are exactly 1, 2, ..., total: none lost, none twice.
+    all.sort_by_key(|(_, r)| *r);
+    let values: Vec<u64> = all.iter().map(|(v, _)| *v).collect();
+    assert_eq!(values, (1..=total).collect::<Vec<_>>());
+    let revisions: BTreeSet<i64> = all.iter().map(|(_, r)| *r).collect();
+    assert_eq!(revisions.len(), all.len(), "one revision per swap");
+    let reader = c.client(&[f2]).await;
+    let end = reader.read("counter", None).await;
+    let kv = &end.kvs()[0];
+    assert_eq!(text(kv.value()), total.to_string());
+    assert_eq!(kv.version() as u64, total + 1);
+    eprintln!("{total} CAS increments, {conflicts} conflicts retried");
+}
+
+// ---------------------------------------------------------------------------------------------
+// 3. Watch
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_resumes_on_another_node_with_exactly_the_missed_events() {
+    let c = Cluster::start().await;
+    let leader = c.leader().await;
+    let (f1, f2) = c.followers(leader);
+    let mut writer = c.client(&[leader]).await;
+    let mut first_node = c.client(&[f1]).await;
+
+    let opts = || WatchOptions::new().with_prefix().with_prev_key();
+    let mut watch = first_node.watch("w/", Some(opts())).await.unwrap();
+    created(&mut watch).await;
+
+    let put = {
+        let writer = writer.clone();
+        move |k: &'static str, v: &'static str| {
+            let mut w = writer.clone();
+            async move { rev(w.put(k, v, None).await.unwrap().header()) }
+        }
+    };
+    let a = put("w/1", "a").await;
+    let b = put("w/2", "b").await;
+    let c1 = put("w/1", "c").await;
+    put("x/other", "unwatched").await;
+    let d2 = rev(writer.delete("w/2", None).await.unwrap().header());
+    // Two keys in one revision.
+    let t = Txn::new().and_then([TxnOp::put("w/3", "d", None), TxnOp::put("w/4", "e", None)]);
+    let both = rev(writer.txn(t).await.unwrap().header());
+    let first = vec![
+        put_ev("w/1", "a", a, None),
+        put_ev("w/2", "b", b, None),
+        put_ev("w/1", "c", c1, Some(("a", a))),
+        del_ev("w/2", d2, ("b", b)),
+        put_ev("w/3", "d", both, None),
+        put_ev("w/4", "e", both, None),
+    ];
+    let groups = events_until(&mut watch, |got| got.len() >= first.len()).await;
+    let got: Vec<Ev> = groups.concat();
+    assert_eq!(got, first);
+    let last_seen = got.last().unwrap().revision;
+
+    // The client goes away; writes go on.
+    drop(watch);
+    let f = put("w/5", "f").await;
+    let del = writer
+        .delete("w/", Some(DeleteOptions::new().with_prefix()))
+        .await
+        .unwrap();
+    assert_eq!(del.deleted(), 4);
+    let gone = rev(del.header());
+    put("x/other", "still unwatched").await;
+    let g = put("w/1", "g").await;
+    let missed = vec![
+        put_ev("w/5", "f", f, None),
+        del_ev("w/1", gone, ("c", c1)),
+        del_ev("w/3", gone, ("d", both)),
+        del_ev("w/4", gone, ("e", both)),
+        del_ev("w/5", gone, ("f", f)),
+        put_ev("w/1", "g", g, None),
+    ];
+
+    // Resumed on ANOTHER node from the revision after the last one seen: exactly what was
+    // missed, then live events (a marker ends the wait: anything duplicated would precede it).
+    let mut second_node = c.client(&[f2]).await;
+    let mut resumed = second_node
+        .watch("w/", Some(opts().with_start_revision(last_seen + 1)))
+        .await
+        .unwrap();
+    let id = created(&mut resumed).await;
+    let end = put("w/end", "marker").await;
+    let got = events_until(&mut resumed, |got| got.iter().any(|e| e.key == "w/end"))
+        .await
+        .concat();
+    let mut want = missed.clone();
+    want.push(put_ev("w/end", "marker", end, None));
+    assert_eq!(got, want);
+
+    // A progress request is answered at once, at least as far as the last event.
+    resumed.request_progress().await.unwrap();
+    let progress = tokio::time::timeout(WAIT, resumed.message())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert!(progress.events().is_empty(), "{progress:?}");
+    assert!(rev(progress.header()) >= end, "{progress:?}");
+
+    // Cancel: the server confirms.
+    resumed.cancel(id).await.unwrap();
+    let resp = tokio::time::timeout(WAIT, resumed.message())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert!(resp.canceled() && resp.watch_id() == id, "{resp:?}");
+
+    // The whole history from the first event, on the leader this time: the same events.
+    let mut third_node = c.client(&[leader]).await;
+    let mut replay = third_node
+        .watch("w/", Some(opts().with_start_revision(a)))
+        .await
+        .unwrap();
+    created(&mut replay).await;
+    let got = events_until(&mut replay, |got| got.iter().any(|e| e.key == "w/end"))
+        .await
+        .concat();
+    assert_eq!(got, [first, want].concat());
+}
+
+// ---------------------------------------------------------------------------------------------
+// 4. Lease
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lease_keepalive_time_to_live_list_revoke_and_expiry() {
+    let c = Cluster::start().await;
+    let leader = c.leader().await;
+    let (f1, f2) = c.followers(leader);
+    let mut on_leader = c.client(&[leader]).await;
+    let mut on_f1 = c.client(&[f1]).await;
+    let mut on_f2 = c.client(&[f2]).await;
+
+    let granted = on_f1.lease_grant(30, None).await.unwrap();
+    assert_eq!(granted.ttl(), 30);
+    assert!(granted.error().is_empty());
+    let id = granted.id();
+    assert!(id > 0);
+    // An id of the client's choosing; taking it twice is refused.
+    let mine = on_leader
+        .lease_grant(60, Some(LeaseGrantOptions::new().with_id(0x1234)))
+        .await
+        .unwrap();
+    assert_eq!((mine.id(), mine.ttl()), (0x1234, 60));
+    let twice = grpc(
+        on_f2
+            .lease_grant(60, Some(LeaseGrantOptions::new().with_id(0x1234)))
+            .await
+            .expect_err("the id is taken"),
+    );
+    assert!(
+        twice.message().contains("lease already exists"),
+        "{twice:?}"
+    );
+
+    on_leader
+        .put("job/a", "1", Some(PutOptions::new().with_lease(id)))
+        .await
+        .unwrap();
+    on_f2
+        .put("job/b", "2", Some(PutOptions::new().with_lease(id)))
+        .await
+        .unwrap();
+    on_f1.put("job/free", "3", None).await.unwrap();
+    let got = on_f1.read("job/a", None).await;
+    assert_eq!(got.kvs()[0].lease(), id);
+
+    let ttl = on_f2
+        .time_to_live(id, Some(LeaseTimeToLiveOptions::new().with_keys()))
+        .await;
+    assert_eq!((ttl.id(), ttl.granted_ttl()), (id, 30));
+    assert!((25..=30).contains(&ttl.ttl()), "{ttl:?}");
+    let mut keys: Vec<String> = ttl.keys().iter().map(|k| text(k)).collect();
+    keys.sort();
+    assert_eq!(keys, ["job/a", "job/b"]);
+    let no_keys = on_leader.time_to_live(id, None).await;
+    assert!(no_keys.keys().is_empty());
+
+    // A keepalive stream through a follower: every keepalive is answered with the full TTL.
+    let mut keepalive = Keepalive::open(&on_f2, id).await;
+    for _ in 0..4 {
+        assert_eq!(keepalive.once().await, 30);
+    }
+
+    let listed: BTreeSet<i64> = on_f1.lease_ids().await.into_iter().collect();
+    assert_eq!(listed, BTreeSet::from([id, 0x1234]));
+
+    // Revoke through the other follower: the attached keys go with it, in one revision.
+    let revoked = on_f1.lease_revoke(id).await.unwrap();
+    let rr = rev(revoked.header());
+    for client in [&mut on_leader, &mut on_f1, &mut on_f2] {
+        let left = client.read("job/", prefix()).await;
+        assert_eq!(pairs(left.kvs()), owned(&[("job/free", "3")]));
+    }
+    let before = on_leader.read("job/", prefix_at(rr - 1)).await;
+    assert_eq!(
+        before.kvs().len(),
+        3,
+        "the keys lived until the revoke's revision"
+    );
+    let ttl = on_leader.time_to_live(id, None).await;
+    assert_eq!(ttl.ttl(), -1, "{ttl:?}");
+    let listed = on_f2.lease_ids().await;
+    assert_eq!(listed, [0x1234]);
+    // The open stream now answers TTL 0, a new keeper is refused, and so is a second revoke.
+    assert_eq!(keepalive.once().await, 0);
+    let refused = on_leader.lease_keep_alive(id).await;
+    assert!(
+        matches!(refused, Err(etcd_client::Error::LeaseKeepAliveError(_))),
+        "{refused:?}"
+    );
+    let again = grpc(on_f2.lease_revoke(id).await.expect_err("already revoked"));
+    assert_eq!(again.code(), tonic::Code::NotFound);
+    assert_eq!(again.message(), "etcdserver: requested lease not found");
+
+    // Expiry: a short lease nobody keeps alive takes its key with it (a delete event).
+    let short = on_f1.lease_grant(1, None).await.unwrap();
+    let short_ttl = short.ttl();
+    assert!(short_ttl >= 1);
+    let attached = on_f1
+        .put("tmp/k", "v", Some(PutOptions::new().with_lease(short.id())))
+        .await
+        .unwrap();
+    let granted_at = Instant::now();
+    let mut watch = on_f2
+        .watch(
+            "tmp/k",
+            Some(WatchOptions::new().with_start_revision(rev(attached.header()))),
+        )
+        .await
+        .unwrap();
+    created(&mut watch).await;
+    let got = events_until(&mut watch, |got| got.iter().any(|e| e.delete))
+        .await
+        .concat();
+    assert_eq!(got.iter().filter(|e| e.delete).count(), 1, "{got:?}");
+    let took = granted_at.elapsed();
+    assert!(
+        took < Duration::from_secs(short_ttl as u64 + 10),
+        "expired after {took:?} (TTL {short_ttl} s)"
+    );
+    assert!(on_leader.read("tmp/k", None).await.kvs().is_empty());
+    let ttl = on_f2.time_to_live(short.id(), None).await;
+    assert_eq!(ttl.ttl(), -1);
+}
+
+// ---------------------------------------------------------------------------------------------
+// 5. The leader dies
+
+/// What a writer saw of each of its puts.
+#[derive(Default)]
+struct Outcomes {
+    acked: BTreeMap<String, i64>,
+    failed: BTreeSet<String>,
+    errors: Failures,
+}
+
+/// The errors seen, by kind, with how many of each.
+type Failures = BTreeMap<String, usize>;
+
+/// An error's kind: its gRPC code and message, or the client's own error.
+fn kind(e: &etcd_client::Error) -> String {
+    match e {
+        etcd_client::Error::GRpcStatus(s) => format!("{:?}: {}", s.code(), s.message()),
+        other => other.to_string(),
+    }
+}
+
+/// Call `f` until it succeeds, at most until `WAIT` has passed; counts the failures.
+async fn retry<T, F, Fut>(what: &str, failures: &mut Failures, mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, etcd_client::Error>>,
+{
+    let deadline = Instant::now() + WAIT;
+    loop {
+        match f().await {
+            Ok(v) => return v,
+            Err(e) => {
+                *failures.entry(kind(&e)).or_default() += 1;
+                assert!(
+                    Instant::now() < deadline,
+                    "{what}: still failing after {WAIT:?}: {e}"
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_with_every_endpoint_survives_a_sigkilled_leader() {
+    let mut c = Cluster::start().await;
+    let old = c.leader().await;
+    let (f1, f2) = c.followers(old);
+    let client = c.client(&[1, 2, 3]).await;
+    let mut cl = client.clone();
+
+    // Acknowledged before the kill.
+    let mut before = BTreeMap::new();
+    for i in 0..40 {
+        let (k, v) = (format!("pre/{i:03}"), format!("v{i}"));
+        let put = cl.put(k.clone(), v.clone(), None).await.unwrap();
+        before.insert(k, (v, rev(put.header())));
+    }
+    let lease = cl.lease_grant(60, None).await.unwrap().id();
+    let owned_put = cl
+        .put(
+            "owned",
+            "by-lease",
+            Some(PutOptions::new().with_lease(lease)),
+        )
+        .await
+        .unwrap();
+    // A watcher on a node that survives, from the revision after what was just written.
+    let mut watcher = c.client(&[f1]).await;
+    let mut watch = watcher
+        .watch(
+            "live/",
+            Some(
+                WatchOptions::new()
+                    .with_prefix()
+                    .with_start_revision(rev(owned_put.header()) + 1),
+            ),
+        )
+        .await
+        .unwrap();
+    created(&mut watch).await;
+
+    // A writer that goes on through the kill: one new key per attempt, so that a retry never
+    // writes a key twice.
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = {
+        let (mut client, stop) = (client.clone(), stop.clone());
+        tokio::spawn(async move {
+            let mut out = Outcomes::default();
+            for i in 0..100_000 {
+                if stop.load(Ordering::Relaxed) {
+                    break;
+                }
+                let key = format!("live/{i:05}");
+                match client.put(key.clone(), "x", None).await {
+                    Ok(put) => {
+                        out.acked.insert(key, rev(put.header()));
+                    }
+                    Err(e) => {
+                        *out.errors.entry(kind(&e)).or_default() += 1;
+                        out.failed.insert(key);
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                }
+            }
+            out
+        })
+    };
+    // Let the writer get going, then kill -9 the leader.
+    common::eventually(WAIT, "the writer's first writes", || {
+        let mut cl = client.clone();
+        async move {
+            let opts = GetOptions::new().with_prefix().with_count_only();
+            let n = cl.get("live/", Some(opts)).await.ok()?.count();
+            (n >= 10).then_some(())
+        }
+    })
+    .await;
+    let killed_at = Instant::now();
+    c.kill(old);
+
+    // The client keeps working: a write succeeds once a new leader is elected.
+    let mut failures = Failures::new();
+    retry("a write after the leader died", &mut failures, || {
+        let mut cl = client.clone();
+        async move { cl.put("after", "kill", None).await }
+    })
+    .await;
+    let took = killed_at.elapsed();
+    let until_first: usize = failures.values().sum();
+    let new = c.leader().await;
+    assert_ne!(new, old);
+    assert!(new == f1 || new == f2);
+    // Further writes through the same client, each retried while the client may still pick
+    // the dead endpoint, each within the deadline.
+    for i in 0..30 {
+        let key = format!("post/{i:03}");
+        retry(&key, &mut failures, || {
+            let (mut cl, key) = (client.clone(), key.clone());
+            async move { cl.put(key, "y", None).await }
+        })
+        .await;
+    }
+    stop.store(true, Ordering::Relaxed);
+    let out = tokio::time::timeout(WAIT, writer)
+        .await
+        .expect("the writer stops")
+        .unwrap();
+    assert!(!out.acked.is_empty());
+
+    // Everything acknowledged is there, through the client and on each survivor by itself.
+    let mut readers = vec![client.clone()];
+    for id in [f1, f2] {
+        readers.push(c.client(&[id]).await);
+    }
+    for reader in &readers {
+        let got = retry("read pre/", &mut failures, || {
+            let mut r = reader.clone();
+            async move { r.get("pre/", prefix()).await }
+        })
+        .await;
+        let seen: BTreeMap<String, (String, i64)> = got
+            .kvs()
+            .iter()
+            .map(|kv| (text(kv.key()), (text(kv.value()), kv.mod_revision())))
+            .collect();
+        assert_eq!(seen, before);
+        let live = retry("read live/", &mut failures, || {
+            let mut r = reader.clone();
+            async move { r.get("live/", prefix()).await }
+        })
+        .await;
+        let present: BTreeMap<String, i64> = live
+            .kvs()
+            .iter()
+            .map(|kv| (text(kv.key()), kv.mod_revision()))
+            .collect();
+        for (k, r) in &out.acked {
+            assert_eq!(present.get(k), Some(r), "acknowledged {k} at revision {r}");
+        }
+        // A failed write may have happened (its outcome is unknown); nothing else is there.
+        for k in present.keys() {
+            assert!(out.acked.contains_key(k) || out.failed.contains(k), "{k}");
+        }
+    }
+
+    // The lease outlived the failover, with its key; keepalives reach the new leader.
+    let ttl = retry("lease time-to-live", &mut failures, || {
+        let mut cl = client.clone();
+        async move {
+            let opts = LeaseTimeToLiveOptions::new().with_keys();
+            cl.lease_time_to_live(lease, Some(opts)).await
+        }
+    })
+    .await;
+    assert!(ttl.ttl() > 0 && ttl.granted_ttl() == 60, "{ttl:?}");
+    assert_eq!(ttl.keys(), [b"owned".to_vec()]);
+    let mut keepalive = Keepalive::open(&client, lease).await;
+    assert_eq!(keepalive.once().await, 60);
+
+    // The survivor's watch went on across the election: every write that is in the store,
+    // once each, in revision order, and nothing else.
+    let mut stored: Vec<(String, i64)> = retry("read live/", &mut failures, || {
+        let mut cl = client.clone();
+        async move { cl.get("live/", prefix()).await }
+    })
+    .await
+    .kvs()
+    .iter()
+    .map(|kv| (text(kv.key()), kv.mod_revision()))
+    .collect();
+    stored.sort_by_key(|(_, r)| *r);
+    let want = stored.len();
+    let got = events_until(&mut watch, |got| got.len() >= want)
+        .await
+        .concat();
+    let seen: Vec<(String, i64)> = got.iter().map(|e| (e.key.clone(), e.revision)).collect();
+    assert_eq!(seen, stored);
+    assert!(got.iter().all(|e| !e.delete));
+    eprintln!(
+        "leader {old} killed; the first write succeeded after {took:?} ({until_first} failed \
+         attempts); new leader {new}; the writer: {} acknowledged, {} failed {:?}; failed calls \
+         of the checks after the kill: {failures:?}",
+        out.acked.len(),
+        out.failed.len(),
+        out.errors,
+    );
+}
