@@ -5,6 +5,11 @@
 //! The script starts its own 3-node cluster on 127.0.0.1 at a base port chosen here (three free
 //! ports below the ephemeral range) and always tears it down. Skipped, with a message, only where
 //! bash or python3 is missing.
+//!
+//! `leasecore bench --etcd` is also run directly, every workload for a moment, against an
+//! in-process cluster's etcd API.
+
+mod common;
 
 use std::fs::File;
 use std::net::TcpListener;
@@ -32,10 +37,12 @@ fn free_base_port() -> u16 {
     let first = (std::process::id() % 400) as u16;
     (0..400u16)
         .map(|i| 17_000 + ((first + i) % 400) * 10)
-        // Each node's client port, and its peer port (+ 1000).
+        // Each node's client port, its peer port (+ 1000) and its etcd API port (+ 2000, every
+        // other port: scripts/cluster.sh's layout).
         .find(|&base| {
             (base..base + 3)
                 .chain(base + 1000..base + 1003)
+                .chain([base + 2000, base + 2002, base + 2004])
                 .all(|p| TcpListener::bind(("127.0.0.1", p)).is_ok())
         })
         .expect("three free port pairs in 17000..22000")
@@ -119,4 +126,49 @@ fn bench_smoke_runs_every_workload_and_its_checks() {
         "scripts/bench.sh --smoke did not report its checks"
     );
     let _ = std::fs::remove_dir_all(&run_dir);
+}
+
+/// `leasecore bench --etcd` drives every workload through a cluster's etcd API: each run
+/// succeeds, fails no response, and (for the writes) finds its writes in the store.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bench_etcd_mode_runs_every_workload_against_the_etcd_api() {
+    let cluster = common::TestCluster::start_tweaked(3, |cfg| {
+        cfg.etcd_listen = Some("127.0.0.1:0".into());
+    })
+    .await;
+    let leader = cluster.leader().await;
+    let endpoint = cluster.nodes[&leader]
+        .etcd_addr()
+        .expect("an etcd listener")
+        .to_string();
+    for workload in leasecore::bench::etcd::EtcdWorkload::ALL {
+        let name = workload.name();
+        let run = tokio::process::Command::new(env!("CARGO_BIN_EXE_leasecore"))
+            .args(["bench", "--etcd", &endpoint, name, "-c", "4", "-d", "0.2"])
+            .args(["--keys", "40", "--json"])
+            .stdin(Stdio::null())
+            .kill_on_drop(true)
+            .output();
+        // A bound, not a measurement: a hung run fails here instead of hanging the suite.
+        let out = tokio::time::timeout(Duration::from_secs(120), run)
+            .await
+            .unwrap_or_else(|_| panic!("bench --etcd {name} did not finish within 120 s"))
+            .expect("leasecore runs");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "bench --etcd {name} failed: {stdout}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let r: serde_json::Value =
+            serde_json::from_str(stdout.lines().last().unwrap_or_default()).expect("one JSON line");
+        assert_eq!(r["workload"], name, "{r}");
+        assert_eq!(r["server_version"], leasecore::etcd::ETCD_VERSION, "{r}");
+        assert_eq!(r["errors"], 0, "{name}: {r}");
+        assert!(r["ok"].as_u64().unwrap_or(0) > 0, "{name}: {r}");
+        let writes = matches!(name, "put" | "txn" | "lease-grant");
+        let expected_check = if writes { "ok" } else { "n/a" };
+        assert_eq!(r["stored_check"], expected_check, "{name}: {r}");
+    }
+    cluster.shutdown().await;
 }

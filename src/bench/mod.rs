@@ -12,6 +12,7 @@
 #![allow(clippy::disallowed_methods)]
 
 pub mod churn;
+pub mod etcd;
 pub mod experiments;
 pub mod handover;
 

@@ -24,7 +24,22 @@ pub struct BenchArgs {
     /// latency), lease-memory (resident bytes per lease with one key, at --leases), flease-memory and
     /// paxoslease-memory (resident bytes per idle resource, at --resources; serve with a lease
     /// time longer than the run so that no cell is collected meanwhile).
+    /// With --etcd: put, range (linearizable), range-serializable, txn (compare-and-set of a
+    /// key per connection), lease-grant, lease-keepalive (a stream per connection over a
+    /// pre-granted lease).
     pub workload: String,
+    /// Drive etcd's v3 gRPC API at these endpoints instead of leasecore's HTTP API
+    /// (comma-separated `host:port` or `http://host:port`: leasecore's `--etcd-listen` or etcd
+    /// itself), with the same gRPC client for both; --endpoints is not used. Every connection
+    /// is an HTTP/2 channel of its own with one request in flight, spread over the endpoints;
+    /// leases are granted with a 60 s TTL.
+    #[arg(long, value_delimiter = ',', value_name = "ENDPOINTS")]
+    pub etcd: Option<Vec<String>>,
+    /// With --etcd: also report the CPU time these processes (the servers) spent during the
+    /// measured interval per successful request, and this client's own (read from /proc,
+    /// Linux only).
+    #[arg(long, value_delimiter = ',', value_name = "PIDS", requires = "etcd")]
+    pub cpu_pids: Vec<u32>,
     /// Contenders for one resource in `handover`.
     #[arg(long, default_value_t = 4)]
     pub contenders: usize,
@@ -50,9 +65,9 @@ pub struct BenchArgs {
     /// TTL of the leases in `expiry`, `expiry-churn` and `mass-expiry`, in milliseconds.
     #[arg(long, default_value_t = 5000)]
     pub ttl_ms: u64,
-    /// Concurrent connections (each sends one request at a time).
-    #[arg(long, short = 'c', default_value_t = 16)]
-    pub connections: usize,
+    /// Concurrent connections (each sends one request at a time) [default: 16; 64 with --etcd].
+    #[arg(long, short = 'c')]
+    pub connections: Option<usize>,
     /// How long to run, in seconds (fractions allowed; at least 0.1).
     #[arg(long, short = 'd', default_value_t = 10.0)]
     pub duration: f64,
@@ -77,6 +92,10 @@ fn print_result<T: Serialize + std::fmt::Debug>(r: &T, json: bool) {
 
 pub async fn run(args: BenchArgs, conn: &ConnArgs) -> Result<(), ClientError> {
     use leasecore::bench::experiments;
+    if let Some(endpoints) = &args.etcd {
+        return run_etcd(&args, endpoints.clone(), conn.json).await;
+    }
+    let connections = args.connections.unwrap_or(16).max(1);
     conn.tls.install()?;
     match args.workload.as_str() {
         "watch" => {
@@ -97,7 +116,7 @@ pub async fn run(args: BenchArgs, conn: &ConnArgs) -> Result<(), ClientError> {
                 &conn.endpoints,
                 args.leases,
                 args.ttl_ms,
-                args.connections,
+                connections,
             )
             .await?;
             print_result(&r, conn.json);
@@ -119,7 +138,7 @@ pub async fn run(args: BenchArgs, conn: &ConnArgs) -> Result<(), ClientError> {
                 &conn.endpoints,
                 args.leases,
                 args.ttl_ms,
-                args.connections,
+                connections,
             )
             .await?;
             print_result(&r, conn.json);
@@ -154,7 +173,7 @@ pub async fn run(args: BenchArgs, conn: &ConnArgs) -> Result<(), ClientError> {
         token,
         workload,
         endpoints: conn.endpoints.clone(),
-        connections: args.connections.max(1),
+        connections,
         duration: Duration::from_secs_f64(args.duration.max(0.1)),
         keys: args.keys.max(1),
         value_size: args.value_size,
@@ -171,6 +190,36 @@ pub async fn run(args: BenchArgs, conn: &ConnArgs) -> Result<(), ClientError> {
     if result.ok == 0 {
         return Err(ClientError::Unavailable(
             "no request succeeded; is the cluster running?".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// `leasecore bench --etcd ENDPOINTS WORKLOAD`: the same gRPC client against any etcd API.
+async fn run_etcd(args: &BenchArgs, endpoints: Vec<String>, json: bool) -> Result<(), ClientError> {
+    use leasecore::bench::etcd::{self, EtcdBenchOptions, EtcdWorkload};
+    let workload: EtcdWorkload = args.workload.parse().map_err(ClientError::Usage)?;
+    let opts = EtcdBenchOptions {
+        workload,
+        endpoints,
+        connections: args.connections.unwrap_or(64).max(1),
+        duration: Duration::from_secs_f64(args.duration.max(0.1)),
+        keys: args.keys.max(1),
+        value_size: args.value_size,
+        cpu_pids: args.cpu_pids.clone(),
+    };
+    let result = etcd::run(&opts).await?;
+    if json {
+        println!(
+            "{}",
+            serde_json::to_string(&result).expect("plain data serializes")
+        );
+    } else {
+        println!("{result}");
+    }
+    if result.ok == 0 {
+        return Err(ClientError::Unavailable(
+            "no request succeeded; is an etcd API listening there?".into(),
         ));
     }
     Ok(())
