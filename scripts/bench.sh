@@ -19,11 +19,22 @@
 #   spread over 10 multi-watch streams), flease-memory (per idle resource at 1,000,000, Flease
 #   and PaxosLease; the nodes run with a 120 s lease time, BENCH_FLEASE_LEASE_MS, so that no
 #   cell is collected meanwhile, and Flease answers only after as long on a fresh cluster)
+# etcd-api: etcd's v3 gRPC API of both systems (leasecore's --etcd-listen, etcd itself) driven by
+#   one gRPC client, `leasecore bench --etcd LEADER W -c 64 --json` (a channel per connection, one
+#   request in flight each; tonic clients generated from etcd's protos): put, range (linearizable),
+#   range-serializable, txn (compare-and-set), lease-grant, lease-keepalive (a stream each), A B
+#   A B on fresh clusters as above. Every response is checked and, after put/txn/lease-grant, the
+#   client looks for the writes in the store (put: keys under the run's prefix, acknowledged <=
+#   stored <= acknowledged + failed; txn: the versions of its keys, the same; lease-grant: every
+#   acknowledged lease listed). Needs only etcd (not wrk). The summary's table gives leasecore / etcd,
+#   and the servers' CPU time per request (3 nodes, from /proc), which a shared machine's noise
+#   moves far less than throughput.
 # Both systems, own tools: expiry (lateness at 10,000 leases, TTL 5 s, one key each; per rep),
 #   memory (RSS per node at 100,000 leases with one key each), failover (kill -9 of the leader
 #   until the first successful write, 20 kills; leasecore through scripts/failover.sh).
-# Workload names for --only: put get get-local lease-grant lease-refresh put-follower flease
-#   flease-contended watch expiry memory flease-memory failover
+# Workload names for --only: put get get-local lease-grant lease-refresh put-follower etcd-api
+#   flease flease-contended watch expiry memory flease-memory failover
+#   (e.g. scripts/bench.sh --only etcd-api --reps 2)
 #
 # --smoke: leasecore only, one cluster, 2 s per workload, small counts (the test suite runs it
 #   through tests/bench_smoke.rs); uses wrk when installed, else `leasecore bench`. Exits non-zero
@@ -59,7 +70,7 @@ done
 case $REPS in ''|*[!0-9]*|0) echo "--reps needs a positive integer" >&2; exit 2 ;; esac
 case $DURATION in ''|*[!0-9]*|0) echo "--duration needs a positive whole number of seconds" >&2; exit 2 ;; esac
 if [ $SMOKE = 1 ] && [ $WRITE = 1 ]; then echo "--write publishes a full run: not with --smoke" >&2; exit 2; fi
-ALL_WORKLOADS="put get get-local lease-grant lease-refresh put-follower flease flease-contended watch expiry memory flease-memory failover"
+ALL_WORKLOADS="put get get-local lease-grant lease-refresh put-follower etcd-api flease flease-contended watch expiry memory flease-memory failover"
 for w in ${ONLY//,/ }; do
   case " $ALL_WORKLOADS " in *" $w "*) ;; *) echo "unknown workload $w; known: $ALL_WORKLOADS" >&2; exit 2 ;; esac
 done
@@ -110,9 +121,12 @@ if [ $SMOKE = 0 ]; then
   if command -v etcd >/dev/null && command -v wrk >/dev/null; then
     ETCD=1
   else
-    log "ETCD IS SKIPPED: $(command -v etcd >/dev/null || echo 'etcd is not installed; ')$(command -v wrk >/dev/null || echo 'wrk is not installed')"
+    log "ETCD IS SKIPPED$(command -v etcd >/dev/null && echo ' (but not in etcd-api)'): $(command -v etcd >/dev/null || echo 'etcd is not installed; ')$(command -v wrk >/dev/null || echo 'wrk is not installed')"
   fi
 fi
+# The etcd-api group drives etcd with `leasecore bench --etcd`: it needs etcd only.
+ETCD_API=0
+if [ $SMOKE = 0 ] && command -v etcd >/dev/null; then ETCD_API=1; fi
 if [ -n "${BENCH_DRIVER:-}" ]; then DRIVER=$BENCH_DRIVER   # wrk | leasecore-bench (for testing the fallback)
 elif command -v wrk >/dev/null; then DRIVER=wrk; else DRIVER=leasecore-bench; fi
 [ "$DRIVER" = leasecore-bench ] || [ "$DRIVER" = wrk ] || { echo "BENCH_DRIVER must be wrk or leasecore-bench" >&2; exit 2; }
@@ -138,6 +152,12 @@ LC_DIR="" ETCD_DIR=""   # the running cluster of each system (empty: none)
 LEADER="" FOLLOWER=""   # of the cluster just started
 
 lc_cluster() { LEASECORE_CLUSTER_DIR=$LC_DIR LEASECORE_BASE_PORT=$LC_PORT "$ROOT/scripts/cluster.sh" "$@"; }
+# leasecore's etcd API: scripts/cluster.sh puts node i's on client port + 2000 + (i - 1).
+lc_etcd_ports() { echo $((LC_PORT + 2000)) $((LC_PORT + 2002)) $((LC_PORT + 2004)); }
+etcd_api_of() {  # etcd_api_of SYSTEM URL: the etcd API endpoint (host:port) of that node
+  local port=${2##*:}
+  if [ "$1" = leasecore ]; then echo "127.0.0.1:$((LC_PORT + 2000 + 2 * (port - LC_PORT)))"; else echo "127.0.0.1:$port"; fi
+}
 
 find_leader() {  # find_leader SYSTEM: sets LEADER and FOLLOWER, polling until all agree
   local sys=$1 eps deadline=$((SECONDS + 30)) out
@@ -159,9 +179,19 @@ start_system() {  # start_system SYSTEM NAME: a fresh 3-node cluster in $RUN_DIR
   local sys=$1 name=$2
   stop_system leasecore; stop_system etcd
   if [ "$sys" = leasecore ]; then
-    "${CTL[@]}" ports-free "$LC_PORT" "$((LC_PORT + 1))" "$((LC_PORT + 2))"
-    LC_DIR=$RUN_DIR/$name; rm -rf "$LC_DIR"
-    lc_cluster start 3 >/dev/null
+    # A node started late can find its two peers already agreed on a leader and refuse to join
+    # with an empty data dir (see its log): start the whole fresh cluster again, at most twice.
+    local attempt
+    for attempt in 1 2 3; do
+      "${CTL[@]}" ports-free "$LC_PORT" "$((LC_PORT + 1))" "$((LC_PORT + 2))" $(lc_etcd_ports)
+      LC_DIR=$RUN_DIR/$name; rm -rf "$LC_DIR"
+      if lc_cluster start 3 >/dev/null && find_leader leasecore; then return 0; fi
+      [ $attempt -lt 3 ] || return 1
+      log "leasecore: the fresh cluster $name did not come up whole (attempt $attempt; logs kept in $name.failed-$attempt); starting it again"
+      stop_system leasecore
+      rm -rf "$RUN_DIR/$name.failed-$attempt"; mv "$RUN_DIR/$name" "$RUN_DIR/$name.failed-$attempt"
+      echo "leasecore: cluster $name restarted after a failed start (attempt $attempt)" >>"$RUN_DIR/flags.txt"
+    done
   else
     "${CTL[@]}" ports-free $(seq "$ETCD_PORT" "$((ETCD_PORT + 5))")
     ETCD_DIR=$RUN_DIR/$name
@@ -214,7 +244,7 @@ M_DATE=$(date -Is) M_CPU=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | 
 M_KERNEL=$(uname -srm) M_OS=$(. /etc/os-release 2>/dev/null && echo "${PRETTY_NAME:-unknown}") \
 M_DISK=$(findmnt -n -o SOURCE,FSTYPE --target "$RUN_DIR" 2>/dev/null | tr -s ' ' || echo unknown) \
 M_FSYNC=$("${CTL[@]}" fsync --dir "$RUN_DIR") M_REV=$git_rev M_BIN=$BIN \
-M_ETCD=$([ $ETCD = 1 ] && etcd --version 2>&1 | sed -n '1s/etcd Version: //p' || echo skipped) \
+M_ETCD=$({ [ $ETCD = 1 ] || [ $ETCD_API = 1 ]; } && etcd --version 2>&1 | sed -n '1s/etcd Version: //p' || echo skipped) \
 M_WRK=$(command -v wrk >/dev/null && { wrk -v 2>&1 || true; } | head -1 | cut -d' ' -f1-2 || echo none) \
 M_PY=$(python3 -V 2>&1) M_MODE=$([ $SMOKE = 1 ] && echo smoke || echo full) M_REPS=$REPS M_DURATION=$DURATION \
 M_DRIVER=$DRIVER M_FRESH=$FRESH M_KEYSPACE=$KEYSPACE M_TTL=$LEASE_TTL_S M_RTTL=$REFRESH_TTL_S \
@@ -232,7 +262,7 @@ m = {"date": e["M_DATE"], "nproc": os.cpu_count(), "cpu": e["M_CPU"],
      "refresh_ttl_s": int(e["M_RTTL"])}
 json.dump(m, open(sys.argv[1], "w"), indent=1)
 EOF_PY
-log "run directory $RUN_DIR; leasecore $BIN; etcd $([ $ETCD = 1 ] && echo on || echo skipped)"
+log "run directory $RUN_DIR; leasecore $BIN; etcd $([ $ETCD = 1 ] && echo on || echo skipped)$([ $ETCD = 0 ] && [ $ETCD_API = 1 ] && echo " (but used in etcd-api)" || true)"
 flags_noted=""
 note_flags() {  # record each system's command lines once
   case " $flags_noted " in *" $1 "*) return ;; esac
@@ -334,6 +364,38 @@ for wl in put get get-local lease-grant lease-refresh put-follower; do
     done
   done
 done
+
+# ------------------------------------------------------------------ etcd's gRPC API (both)
+run_etcd_api() {  # run_etcd_api SYSTEM WORKLOAD REP: leasecore bench --etcd against the leader
+  local sys=$1 wl=$2 rep=$3 ep out
+  ep=$(etcd_api_of "$sys" "$LEADER")
+  if ! out=$("$BIN" bench --etcd "$ep" "$wl" -c "$CONNS" -d "$DURATION" --keys "$KEYSPACE" --value-size 256 \
+             --cpu-pids "$(pids_of "$sys" | paste -sd, -)" --json 2>"$RUN_DIR/etcd-api.err"); then
+    fail "$sys etcd-api $wl rep $rep: $(tail -3 "$RUN_DIR/etcd-api.err" | tr '\n' ' ')"
+    return 0
+  fi
+  out=$(tail -1 <<<"$out")
+  "${CTL[@]}" emit --out "$RESULTS" --stdin kind=etcd-api system="$sys" workload="$wl" rep="$rep" \
+    target=leader endpoint="$ep" <<<"$out" >/dev/null
+  log "$sys etcd-api $wl rep $rep: $(python3 -c 'import json,sys; d=json.loads(sys.argv[1]); print("%.0f ok/s, p50 %.2f ms, p99 %.2f ms, ok %d, errors %d, stored %s (%s), server %s, server CPU %s us/op" % (d["throughput"], d["p50_ms"], d["p99_ms"], d["ok"], d["errors"], d["stored"], d["stored_check"], d["server_version"], round(d.get("server_cpu_us_per_op") or 0)))' "$out")"
+  python3 -c 'import json,sys; d=json.loads(sys.argv[1]); sys.exit(0 if d["errors"] == 0 and d["ok"] > 0 and d["stored_check"] != "failed" else 1)' "$out" ||
+    fail "$sys etcd-api $wl rep $rep: errors, no success or a failed stored-count check: $out"
+}
+if wanted etcd-api; then
+  API_SYSTEMS=leasecore; [ $ETCD_API = 1 ] && API_SYSTEMS="leasecore etcd"
+  [ $SMOKE = 1 ] || [ $ETCD_API = 1 ] || log "etcd-api: etcd is not installed, leasecore only"
+  for wl in put range range-serializable txn lease-grant lease-keepalive; do
+    for rep in $(seq 1 "$REPS"); do
+      for sys in $API_SYSTEMS; do
+        if [ $FRESH = 1 ] || { [ "$sys" = leasecore ] && [ -z "$LC_DIR" ]; }; then
+          start_system "$sys" "$sys-api-$wl-r$rep"
+        fi
+        note_flags "$sys"
+        run_etcd_api "$sys" "$wl" "$rep"
+      done
+    done
+  done
+fi
 
 # ------------------------------------------------------------------ leasecore only
 fresh_lc() { if [ $FRESH = 1 ] || [ -z "$LC_DIR" ]; then start_system leasecore "$1"; fi; note_flags leasecore; }

@@ -99,6 +99,39 @@ def throughput_table(rows):
     return out
 
 
+ETCD_API_ROWS = [  # (workload of `leasecore bench --etcd`, label)
+    ("put", "KV.Put"),
+    ("range", "KV.Range, linearizable"),
+    ("range-serializable", "KV.Range, serializable"),
+    ("txn", "KV.Txn (compare mod revision, put)"),
+    ("lease-grant", "Lease.LeaseGrant"),
+    ("lease-keepalive", "Lease.LeaseKeepAlive (a stream each)"),
+]
+
+
+def etcd_api_table(rows):
+    """[(label, conns, {system: {rps, rps_min, rps_max, p50, p99, n, errors, checks}})] for the etcd-api group."""
+    api = [r for r in rows if r.get("kind") == "etcd-api"]
+    out = []
+    for wl, label in ETCD_API_ROWS:
+        per = {}
+        for sysname in ("leasecore", "etcd"):
+            rs = [r for r in api if r["workload"] == wl and r["system"] == sysname]
+            if rs:
+                per[sysname] = {
+                    "rps": med([r["throughput"] for r in rs]), "rps_min": min(r["throughput"] for r in rs),
+                    "rps_max": max(r["throughput"] for r in rs), "p50": med([r["p50_ms"] for r in rs]),
+                    "p99": med([r["p99_ms"] for r in rs]), "n": len(rs), "conns": rs[0]["connections"],
+                    "errors": sum(r.get("errors", 0) for r in rs),
+                    "checks": sorted({r.get("stored_check", "n/a") for r in rs}),
+                    "versions": sorted({r.get("server_version", "?") for r in rs}),
+                    "cpu": med([r.get("server_cpu_us_per_op") for r in rs]),
+                }
+        if per:
+            out.append((wl, label, per))
+    return out
+
+
 def g(per, sysname, field):
     return per.get(sysname, {}).get(field)
 
@@ -124,6 +157,33 @@ def summary_markdown(rows, machine, flags, heading="##"):
         L.append("Spread of ok/s over the repetitions (min–max): " + "; ".join(
             f"{label} c={c}: " + ", ".join(f"{s} {fmt(v['rps_min'])}–{fmt(v['rps_max'])}" for s, v in per.items())
             for _wl, label, c, per in tt) + ".\n")
+
+    at = etcd_api_table(rows)
+    if at:
+        n = max(v["n"] for _, _, p in at for v in p.values())
+        versions = ", ".join(f"{s} reports {'/'.join(v['versions'])}" for s, v in at[0][2].items())
+        L.append(f"{heading} etcd v3 gRPC API, one client for both (`leasecore bench --etcd`; median of {n} runs × "
+                 f"{machine.get('duration_s', '?')} s; ratio = leasecore / etcd)\n")
+        L.append("| RPC | conns | leasecore ok/s | etcd ok/s | ratio | leasecore p50 ms | etcd p50 ms "
+                 "| leasecore p99 ms | etcd p99 ms | leasecore CPU µs/op | etcd CPU µs/op | errors | stored check "
+                 "| ≥ 2×, p99 no worse |")
+        L.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+        for _wl, label, per in at:
+            checks = ",".join(sorted(set(sum((v["checks"] for v in per.values()), []))))
+            lr, er = g(per, "leasecore", "rps"), g(per, "etcd", "rps")
+            lp, ep = g(per, "leasecore", "p99"), g(per, "etcd", "p99")
+            goal = "–" if None in (lr, er, lp, ep) else ("yes" if lr >= 2 * er and lp <= ep else "no")
+            conns = next(iter(per.values()))["conns"]
+            L.append(f"| {label} | {conns} | {fmt(lr)} | {fmt(er)} | {ratio(lr, er)} "
+                     f"| {fmt(g(per, 'leasecore', 'p50'))} | {fmt(g(per, 'etcd', 'p50'))} "
+                     f"| {fmt(lp)} | {fmt(ep)} | {fmt(g(per, 'leasecore', 'cpu'), 0)} | {fmt(g(per, 'etcd', 'cpu'), 0)} "
+                     f"| {sum(v['errors'] for v in per.values())} | {checks} | {goal} |")
+        L.append("")
+        L.append("Spread of ok/s over the repetitions (min–max): " + "; ".join(
+            f"{label}: " + ", ".join(f"{s} {fmt(v['rps_min'])}–{fmt(v['rps_max'])}" for s, v in per.items())
+            for _wl, label, per in at) + f". Servers: {versions}; every connection is an HTTP/2 channel of its own "
+            "with one request in flight, sent to the leader. CPU µs/op: user + system time of the three server "
+            "processes during the measured interval per checked success.\n")
 
     def lc(workload):
         return [r for r in rows if r.get("system") == "leasecore" and r.get("workload") == workload]
@@ -357,6 +417,7 @@ read the ratios, not the absolute numbers.
 scripts/bench.sh                 # full run (about 30 min): installs etcd-server and wrk with apt-get if missing
 scripts/bench.sh --write         # the same, then rewrites this file and bench/throughput.svg
 scripts/bench.sh --only put,get --reps 1 --duration 3    # a subset, shorter
+scripts/bench.sh --only etcd-api --reps 2   # etcd's gRPC API of both, one client (leasecore bench --etcd)
 scripts/bench.sh --smoke         # leasecore only, a few seconds per workload (run by the tests)
 python3 scripts/bench/report.py .bench/<run> [--write .]  # re-render a run's summary
 ```
@@ -387,6 +448,13 @@ kept as `bench/results.jsonl`), with `summary.md`,
   / `GET /v1/leases?prefix=`; etcd: `count_only` range / `/v3/lease/leases`), and the run fails
   unless stored ≥ acknowledged and the excess ≤ the connection count (requests still in flight
   when wrk stopped).
+- **etcd's gRPC API** (its own table): both systems' etcd v3 API (leasecore's `--etcd-listen`)
+  driven by one gRPC client, `leasecore bench --etcd` (tonic clients generated from etcd's
+  protos; a channel per connection, one request in flight each, sent to the leader), fresh
+  clusters A B A B; every response checked, and after put, txn and lease-grant every
+  acknowledged write must be found in the store (put: a new key each under the run's prefix;
+  txn: a compare-and-set of a run-unique key per connection, counted by its version; lease-grant:
+  the lease list).
 - **leasecore-only workloads** use `leasecore bench --json`, which checks every response too.
   Expiry lateness: N leases with one key each, never refreshed; a watch timestamps each
   key's deletion; lateness = deletion seen − (grant reply + TTL) (etcd: the same experiment in
