@@ -15,9 +15,8 @@
 //!   stops; its watchers end with it.
 //! - `prev_kv` is the key's previous version from the MVCC history, looked up per event
 //!   (absent when it was not live, or has been compacted since).
-//!
-//! # What is not here yet
-//! `fragment` (batches are bounded instead).
+//! - A response larger than [`FRAGMENT_BYTES`] is split into fragments (`fragment: true` on
+//!   all but the last) when the watcher asked for them, as etcd does; otherwise it goes whole.
 
 use std::collections::HashMap;
 use std::pin::Pin;
@@ -49,6 +48,9 @@ const MAX_WATCHERS_PER_STREAM: usize = 1024;
 const BATCH_LIMIT: usize = 1000;
 /// Responses queued for a client that reads slowly.
 const QUEUE: usize = 64;
+/// Above this encoded size a response is sent in fragments to a watcher that asked for them:
+/// etcd's default `--max-request-bytes` (1.5 MiB).
+const FRAGMENT_BYTES: usize = 3 * 1024 * 1024 / 2;
 /// How often an idle watcher with `progress_notify` says how far it has looked (etcd's
 /// default progress-notify interval).
 const PROGRESS_INTERVAL: Duration = Duration::from_secs(600);
@@ -64,6 +66,7 @@ struct Spec {
     no_delete: bool,
     progress_notify: bool,
     prev_kv: bool,
+    fragment: bool,
 }
 
 /// The hub filter that covers `range` (the events are checked against the range too).
@@ -211,6 +214,7 @@ impl Session {
                 .contains(&(watch_create_request::FilterType::Nodelete as i32)),
             progress_notify: c.progress_notify,
             prev_kv: c.prev_kv,
+            fragment: c.fragment,
         };
         let created = WatchResponse {
             header: self.etcd.header_at(current),
@@ -334,14 +338,55 @@ impl Watcher {
                     events,
                     ..Default::default()
                 };
-                if self.out.send(Ok(resp)).await.is_err() {
-                    return;
+                let parts = if self.spec.fragment {
+                    fragments(resp, FRAGMENT_BYTES)
+                } else {
+                    vec![resp]
+                };
+                for part in parts {
+                    if self.out.send(Ok(part)).await.is_err() {
+                        return;
+                    }
                 }
             }
             self.delivered.store(batch.through.0, Ordering::Relaxed);
             from = batch.through.next();
         }
     }
+}
+
+/// `resp` as etcd sends it to a watcher that asked for fragments: whole when it fits in
+/// `limit` bytes, else its events split in order into responses of at most `limit` bytes each
+/// (at least one event each), all but the last marked `fragment`.
+fn fragments(resp: WatchResponse, limit: usize) -> Vec<WatchResponse> {
+    use prost::Message;
+    if resp.encoded_len() <= limit || resp.events.len() < 2 {
+        return vec![resp];
+    }
+    let mut shell = resp.clone();
+    shell.events.clear();
+    shell.fragment = true; // counted in every part's size; the last part is cleared below
+    let base = shell.encoded_len();
+    let mut parts: Vec<WatchResponse> = Vec::new();
+    let mut current = shell.clone();
+    let mut size = base;
+    for e in resp.events {
+        // An event's share of the response: its bytes plus the field's tag and length.
+        let len = e.encoded_len();
+        let share = len + prost::length_delimiter_len(len) + 1;
+        if !current.events.is_empty() && size + share > limit {
+            let full = std::mem::replace(&mut current, shell.clone());
+            parts.push(full);
+            size = base;
+        }
+        current.events.push(e);
+        size += share;
+    }
+    parts.push(current);
+    if let Some(last) = parts.last_mut() {
+        last.fragment = false;
+    }
+    parts
 }
 
 #[tonic::async_trait]
@@ -379,5 +424,44 @@ impl Etcd {
             rx.recv().await.map(|resp| (resp, rx))
         });
         Box::pin(stream)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use prost::Message;
+
+    fn put(key: &str, value_len: usize) -> mvccpb::Event {
+        mvccpb::Event {
+            kv: Some(mvccpb::KeyValue {
+                key: key.as_bytes().to_vec(),
+                value: vec![b'x'; value_len],
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    proptest! {
+        /// Fragments keep every event in order, each fits the limit (unless one event alone
+        /// does not), and only the last is not marked.
+        #[test]
+        fn fragments_split_in_order_within_the_limit(
+            sizes in proptest::collection::vec(0usize..400, 0..40),
+            limit in 64usize..2000,
+        ) {
+            let events: Vec<_> = sizes.iter().enumerate().map(|(i, n)| put(&format!("k{i}"), *n)).collect();
+            let resp = WatchResponse { watch_id: 7, events: events.clone(), ..Default::default() };
+            let parts = fragments(resp, limit);
+            let joined: Vec<_> = parts.iter().flat_map(|p| p.events.clone()).collect();
+            prop_assert_eq!(joined, events);
+            for (i, p) in parts.iter().enumerate() {
+                prop_assert_eq!(p.fragment, i + 1 < parts.len());
+                prop_assert_eq!(p.watch_id, 7);
+                prop_assert!(p.encoded_len() <= limit || p.events.len() == 1);
+            }
+        }
     }
 }
