@@ -179,20 +179,7 @@ pub async fn run(args: BenchArgs, conn: &ConnArgs) -> Result<(), ClientError> {
         value_size: args.value_size,
     };
     let result = bench::run(&opts).await?;
-    if conn.json {
-        println!(
-            "{}",
-            serde_json::to_string(&result).expect("plain data serializes")
-        );
-    } else {
-        println!("{result}");
-    }
-    if result.ok == 0 {
-        return Err(ClientError::Unavailable(
-            "no request succeeded; is the cluster running?".into(),
-        ));
-    }
-    Ok(())
+    print_throughput(&result, result.ok, conn.json, "is the cluster running?")
 }
 
 /// `leasecore bench --etcd ENDPOINTS WORKLOAD`: the same gRPC client against any etcd API.
@@ -209,18 +196,29 @@ async fn run_etcd(args: &BenchArgs, endpoints: Vec<String>, json: bool) -> Resul
         cpu_pids: args.cpu_pids.clone(),
     };
     let result = etcd::run(&opts).await?;
+    print_throughput(&result, result.ok, json, "is an etcd API listening there?")
+}
+
+/// Print a throughput result (JSON or text); a run with no success is an error (`hint` says
+/// what to check).
+fn print_throughput<R: Serialize + std::fmt::Display>(
+    result: &R,
+    ok: u64,
+    json: bool,
+    hint: &str,
+) -> Result<(), ClientError> {
     if json {
         println!(
             "{}",
-            serde_json::to_string(&result).expect("plain data serializes")
+            serde_json::to_string(result).expect("plain data serializes")
         );
     } else {
         println!("{result}");
     }
-    if result.ok == 0 {
-        return Err(ClientError::Unavailable(
-            "no request succeeded; is an etcd API listening there?".into(),
-        ));
+    if ok == 0 {
+        return Err(ClientError::Unavailable(format!(
+            "no request succeeded; {hint}"
+        )));
     }
     Ok(())
 }

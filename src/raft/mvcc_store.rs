@@ -93,28 +93,16 @@ pub fn restart<'a>(
     Ok(())
 }
 
-/// The live keys as the versions say (the newest version of each key, unless a tombstone).
+/// The live keys as the versions say (the newest version of each key, unless a tombstone):
+/// the whole range at the highest revision.
 pub fn load(tree: &sled::Tree) -> Result<BTreeMap<String, Versioned>, StorageError> {
-    let mut keys = BTreeMap::new();
-    let mut newest: Option<(String, Revision, sled::IVec)> = None;
-    let mut keep = |newest: Option<(String, Revision, sled::IVec)>| -> Result<(), StorageError> {
-        if let Some((key, rev, v)) = newest
-            && let Some(version) = decode_version(rev, &v).map_err(malformed("version"))?
-        {
-            keys.insert(key, version);
-        }
-        Ok(())
+    let everything = KeyRange {
+        start: Vec::new(),
+        end: None,
     };
-    for item in tree.scan_prefix(INDEX_PREFIX) {
-        let (k, v) = item?;
-        let (key, rev) = parse_index_key(&k).ok_or_else(|| corrupt("version", "bad key"))?;
-        if newest.as_ref().is_some_and(|(n, _, _)| *n != key) {
-            keep(newest.take())?;
-        }
-        newest = Some((key, rev, v));
-    }
-    keep(newest)?;
-    Ok(keys)
+    Ok(range_at(tree, &everything, Revision(u64::MAX))?
+        .into_iter()
+        .collect())
 }
 
 /// Whether the tree holds a store of format 2 (values under `k/`, an index under `i/`).
