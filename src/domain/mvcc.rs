@@ -135,16 +135,33 @@ pub struct Malformed(&'static str);
 /// The record of a version: `0` (a tombstone), or `1`, create revision, version, the lease
 /// (flag, length, bytes) and the value (length, bytes). Lengths and numbers are big-endian.
 pub fn encode_version(version: Option<&Versioned>) -> Vec<u8> {
-    let Some(v) = version else {
-        return vec![0];
-    };
-    let lease = v.lease.as_deref().map_or(0, str::len);
-    let mut out = Vec::with_capacity(1 + 16 + 5 + lease + 4 + v.value.len());
+    match version {
+        None => vec![0],
+        Some(v) => encode_live(v.create_revision, v.version, v.lease.as_deref(), &v.value),
+    }
+}
+
+/// The record of the version an event leaves, as [`encode_version`] of [`version_of`] but
+/// without copying the value first (the apply path encodes every change).
+pub fn encode_version_of(event: &Event) -> Vec<u8> {
+    match event.kind {
+        EventKind::Delete => vec![0],
+        EventKind::Put => encode_live(
+            event.create_revision.unwrap_or(event.revision),
+            event.version.unwrap_or(1),
+            event.lease.as_deref(),
+            event.value.as_deref().unwrap_or_default(),
+        ),
+    }
+}
+
+fn encode_live(create: Revision, version: u64, lease: Option<&str>, value: &str) -> Vec<u8> {
+    let mut out = Vec::with_capacity(1 + 16 + 5 + lease.map_or(0, str::len) + 4 + value.len());
     out.push(1);
-    out.extend_from_slice(&v.create_revision.0.to_be_bytes());
-    out.extend_from_slice(&v.version.to_be_bytes());
-    put_opt_str(&mut out, v.lease.as_deref());
-    put_str(&mut out, &v.value);
+    out.extend_from_slice(&create.0.to_be_bytes());
+    out.extend_from_slice(&version.to_be_bytes());
+    put_opt_str(&mut out, lease);
+    put_str(&mut out, value);
     out
 }
 
@@ -463,6 +480,11 @@ mod tests {
             prop_assert_eq!(is_tombstone(&bytes), v.is_none());
             let expected = v.map(|v| Versioned { mod_revision: at, ..v });
             prop_assert_eq!(decode_version(at, &bytes), Ok(expected));
+        }
+
+        #[test]
+        fn an_event_encodes_the_version_it_leaves(e in event()) {
+            prop_assert_eq!(encode_version_of(&e), encode_version(version_of(&e).as_ref()));
         }
 
         #[test]

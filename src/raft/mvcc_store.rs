@@ -26,9 +26,9 @@ use crate::domain::history::{Batch, KeyFilter};
 use crate::domain::kv::Versioned;
 use crate::domain::mvcc::{
     EVENT_PREFIX, INDEX_PREFIX, LEGACY_PREFIXES, Malformed, decode_events, decode_version,
-    dropped_by_compaction, encode_events, encode_version, event_key, events_from, index_end,
-    index_from, index_key, is_tombstone, key_versions, parse_event_key, parse_index_key,
-    version_of,
+    dropped_by_compaction, encode_events, encode_version, encode_version_of, event_key,
+    events_from, index_end, index_from, index_key, is_tombstone, key_versions, parse_event_key,
+    parse_index_key,
 };
 use crate::domain::types::Revision;
 use crate::storage::StorageError;
@@ -60,10 +60,7 @@ pub fn record(batch: &mut sled::Batch, events: &[Event]) {
         return;
     };
     for e in events {
-        batch.insert(
-            index_key(&e.key, e.revision),
-            encode_version(version_of(e).as_ref()),
-        );
+        batch.insert(index_key(&e.key, e.revision), encode_version_of(e));
     }
     batch.insert(event_key(last.revision), encode_events(events));
 }
@@ -385,13 +382,13 @@ mod tests {
             let last = *marks.last().unwrap();
             prop_assert!(t.scan_prefix(EVENT_PREFIX).all(|r| parse_event_key(&r.unwrap().0).unwrap().0 > last));
             // Below the last batch wholly at or below it (one revision per request here), at
-            // most one version per key: the ones live at the mark.
+            // most one version per key: the ones live there.
             let swept = last / chunk as u64 * chunk as u64;
             let old = t
                 .scan_prefix(INDEX_PREFIX)
                 .filter(|r| parse_index_key(&r.as_ref().unwrap().0).unwrap().1.0 <= swept)
                 .count();
-            prop_assert!(old <= states[last as usize].len(), "{old} versions at or below {swept}");
+            prop_assert!(old <= states[swept as usize].len(), "{old} versions at or below {swept}");
         }
     }
 
