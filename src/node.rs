@@ -382,6 +382,7 @@ impl Node {
         let storage_use = StorageUse {
             log_bytes: log_store.log_bytes(),
             quota: cfg.quota,
+            data_dir: Some(cfg.data_dir.clone()),
         };
         let clock: Arc<dyn Clock> = Arc::new(SystemClock::new());
         let lease_hub = Arc::new(LeaseHub::new(

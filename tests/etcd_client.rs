@@ -7,6 +7,8 @@
 //!   concurrent compare-and-swap increments through every node that never lose an update;
 //! - Watch: a prefix with `prev_kv`, dropped, then resumed on another node from the revision
 //!   after the last one seen: exactly the missed events arrive;
+//! - Watch and `/v1`: writes of every kind through both APIs on different nodes at once; an
+//!   etcd watch and a `/v1` watch on two other nodes deliver exactly the same events;
 //! - Lease: grant, a keepalive stream, time-to-live with keys, the list, revoke (which deletes
 //!   the attached keys), and expiry;
 //! - Failover: the leader is killed with SIGKILL while a writer runs; the client, given all three
@@ -1130,6 +1132,182 @@ async fn watch_resumes_on_another_node_with_exactly_the_missed_events() {
         .await
         .concat();
     assert_eq!(got, [first, want].concat());
+}
+
+/// One event as both APIs can tell it: kind, key, value (empty for a delete) and revision.
+type Plain = (bool, String, String, i64);
+
+/// The events `GET /v1/watch?prefix=..` (long polls, on node `base`) delivers from `from`
+/// until one of them is for `last`.
+async fn v1_events_until(base: &str, prefix: &str, from: i64, last: &str) -> Vec<Plain> {
+    let http = reqwest::Client::new();
+    let (mut out, mut next) = (Vec::new(), from);
+    let deadline = Instant::now() + WAIT;
+    while Instant::now() < deadline {
+        let resp: serde_json::Value = http
+            .get(format!(
+                "{base}/v1/watch?prefix={prefix}&from_revision={next}&timeout_ms=2000"
+            ))
+            .send()
+            .await
+            .unwrap()
+            .error_for_status()
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        for e in resp["events"].as_array().unwrap() {
+            out.push((
+                e["type"] == "delete",
+                e["key"].as_str().unwrap().to_string(),
+                e["value"].as_str().unwrap_or_default().to_string(),
+                e["revision"].as_i64().unwrap(),
+            ));
+        }
+        if out.iter().any(|e| e.1 == last) {
+            return out;
+        }
+        next = resp["revision"].as_i64().unwrap() + 1;
+    }
+    panic!("/v1/watch never delivered {last}: so far {out:#?}");
+}
+
+/// Writes of every kind through both APIs on different nodes at once (puts, deletes, range
+/// deletes, multi-key txns, a lease revoked through etcd and one left to expire through `/v1`):
+/// an etcd watch on one node and a `/v1` watch on another deliver the very same events, in the
+/// same order, with the same revisions.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_watches_see_exactly_the_v1_events() {
+    let c = Cluster::start().await;
+    let leader = c.leader().await;
+    let (f1, f2) = c.followers(leader);
+    let mut etcd_writer = c.client(&[f2]).await;
+    let mut watcher = c.client(&[f1]).await;
+    let v1 = |id: usize| format!("http://{}", c.addrs[id - 1]);
+    let http = reqwest::Client::new();
+
+    let start = rev(etcd_writer
+        .put("m/start", "0", None)
+        .await
+        .unwrap()
+        .header());
+    let mut watch = watcher
+        .watch(
+            "m/",
+            Some(WatchOptions::new().with_prefix().with_start_revision(start)),
+        )
+        .await
+        .unwrap();
+    created(&mut watch).await;
+
+    // Through etcd (on a follower): puts, a delete, a range delete, a two-key txn, a lease
+    // with two keys revoked.
+    let etcd_side = {
+        let mut w = etcd_writer.clone();
+        async move {
+            for i in 0..20 {
+                w.put(format!("m/e/{i}"), format!("e{i}"), None)
+                    .await
+                    .unwrap();
+                if i % 5 == 4 {
+                    w.delete(format!("m/e/{}", i - 1), None).await.unwrap();
+                }
+                if i % 7 == 6 {
+                    let t = Txn::new().and_then([
+                        TxnOp::put(format!("m/t/{i}a"), "x", None),
+                        TxnOp::put(format!("m/t/{i}b"), "y", None),
+                    ]);
+                    w.txn(t).await.unwrap();
+                }
+            }
+            let lease = w.lease_grant(60, None).await.unwrap().id();
+            for k in ["m/l/1", "m/l/2"] {
+                w.put(k, "leased", Some(PutOptions::new().with_lease(lease)))
+                    .await
+                    .unwrap();
+            }
+            w.lease_revoke(lease).await.unwrap();
+            w.delete("m/t/", Some(DeleteOptions::new().with_prefix()))
+                .await
+                .unwrap();
+        }
+    };
+    // Through /v1 (on the leader): puts, deletes, a lease that expires with its key.
+    let v1_side = {
+        let (http, base) = (http.clone(), v1(leader));
+        async move {
+            async fn ok(r: reqwest::Response) {
+                let status = r.status();
+                assert!(status.is_success(), "{status}: {}", r.text().await.unwrap());
+            }
+            ok(http
+                .post(format!("{base}/v1/leases"))
+                .json(&serde_json::json!({"name": "m-short", "ttl_ms": 1500}))
+                .send()
+                .await
+                .unwrap())
+            .await;
+            ok(http
+                .put(format!("{base}/v1/kv/m/x/leased"))
+                .json(&serde_json::json!({"value": "short", "lease": "m-short"}))
+                .send()
+                .await
+                .unwrap())
+            .await;
+            for i in 0..20 {
+                ok(http
+                    .put(format!("{base}/v1/kv/m/v/{i}"))
+                    .json(&serde_json::json!({"value": format!("v{i}")}))
+                    .send()
+                    .await
+                    .unwrap())
+                .await;
+                if i % 4 == 3 {
+                    ok(http
+                        .delete(format!("{base}/v1/kv/m/v/{}", i - 2))
+                        .send()
+                        .await
+                        .unwrap())
+                    .await;
+                }
+            }
+        }
+    };
+    tokio::join!(etcd_side, v1_side);
+    // The expiry too, before the marker that ends both watches.
+    common::eventually(WAIT, "the short lease's key to expire", || async {
+        let kvs = etcd_writer.read("m/x/leased", None).await;
+        kvs.kvs().is_empty().then_some(())
+    })
+    .await;
+    let end = rev(etcd_writer.put("m/end", "1", None).await.unwrap().header());
+
+    let etcd_events: Vec<Plain> =
+        events_until(&mut watch, |got| got.iter().any(|e| e.key == "m/end"))
+            .await
+            .concat()
+            .into_iter()
+            .map(|e| (e.delete, e.key, e.value, e.revision))
+            .collect();
+    let v1_events = v1_events_until(&v1(f2), "m/", start, "m/end").await;
+    assert_eq!(etcd_events, v1_events);
+    // Nothing left out: every kind of change is there, from the first revision to the last.
+    assert_eq!(etcd_events.first().map(|e| e.3), Some(start));
+    assert_eq!(etcd_events.last().map(|e| e.3), Some(end));
+    for key in ["m/e/19", "m/v/19", "m/t/6a", "m/l/2", "m/x/leased"] {
+        assert!(
+            etcd_events.iter().any(|e| e.1 == key),
+            "{key} missing from {etcd_events:#?}"
+        );
+    }
+    for deleted in ["m/l/1", "m/l/2", "m/x/leased", "m/t/6b", "m/v/1", "m/e/3"] {
+        assert!(
+            etcd_events.iter().any(|e| e.1 == deleted && e.0),
+            "no delete of {deleted} in {etcd_events:#?}"
+        );
+    }
+    let revisions: Vec<i64> = etcd_events.iter().map(|e| e.3).collect();
+    assert!(revisions.windows(2).all(|w| w[0] <= w[1]), "{revisions:?}");
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -602,3 +602,136 @@ pub async fn flease_memory(
         bytes_per_resource: (rss_after - rss_before) / cells.max(1.0),
     })
 }
+
+/// What MVCC history costs: resident memory and disk per stored version.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct MvccFootprintResult {
+    pub keys: usize,
+    pub versions: usize,
+    pub value_size: usize,
+    /// Versions written per second (puts, 128 to a transaction).
+    pub versions_per_sec: f64,
+    /// Per endpoint, in the order given.
+    pub nodes: Vec<MvccNodeFootprint>,
+}
+
+/// One node's resident memory and data directory, before and after.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct MvccNodeFootprint {
+    pub endpoint: String,
+    pub rss_before: f64,
+    pub rss_after: f64,
+    pub disk_before: f64,
+    pub disk_after: f64,
+    /// (after − before) / (keys × versions).
+    pub rss_bytes_per_version: f64,
+    pub disk_bytes_per_version: f64,
+}
+
+/// Puts per transaction in [`mvcc_footprint`]: etcd's and leasecore's default `--max-txn-ops`.
+const FOOTPRINT_TXN_OPS: usize = 128;
+
+/// Write `versions` versions of each of `keys` keys (values of `value_size` bytes, 128 puts to a
+/// `/v1/txn`, `connections` transactions at a time, through the first endpoint), wait until
+/// every endpoint has applied the last one, and read each endpoint's resident memory and data
+/// directory size (`/metrics`) before and after. Run it with auto-compaction off (or a
+/// retention longer than the run), or compaction sweeps what is being measured.
+pub async fn mvcc_footprint(
+    endpoints: &[String],
+    keys: usize,
+    versions: usize,
+    value_size: usize,
+    connections: usize,
+) -> Result<MvccFootprintResult, ClientError> {
+    use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+    let client = Arc::new(Client::new(endpoints)?);
+    let http = http_client();
+    let nodes: Vec<String> = client.endpoints().to_vec();
+    let read = |name: &'static str| {
+        let (http, nodes) = (http.clone(), nodes.clone());
+        async move {
+            let mut out = Vec::new();
+            for n in &nodes {
+                out.push(gauge(&http, n, name).await?);
+            }
+            Ok::<Vec<f64>, ClientError>(out)
+        }
+    };
+    let rss_before = read("leasecore_process_resident_memory_bytes").await?;
+    let disk_before = read("leasecore_data_dir_bytes").await?;
+    let prefix = format!("mvcc-{}/", run_tag());
+    let value = "v".repeat(value_size);
+    let chunks = keys.div_ceil(FOOTPRINT_TXN_OPS);
+    let next = Arc::new(AtomicUsize::new(0));
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for _ in 0..connections.max(1) {
+        let (client, prefix, value, next) =
+            (client.clone(), prefix.clone(), value.clone(), next.clone());
+        tasks.push(tokio::spawn(async move {
+            loop {
+                // Every key's version v before any key's version v + 1 (but for the last few).
+                let i = next.fetch_add(1, Relaxed);
+                if i >= chunks * versions {
+                    return Ok::<(), ClientError>(());
+                }
+                let chunk = i % chunks;
+                let first = chunk * FOOTPRINT_TXN_OPS;
+                let puts: Vec<serde_json::Value> = (first..keys.min(first + FOOTPRINT_TXN_OPS))
+                    .map(|k| serde_json::json!({"put": {"key": format!("{prefix}{k:08}"), "value": value}}))
+                    .collect();
+                client
+                    .txn(&serde_json::json!({ "success": puts }))
+                    .await?;
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.map_err(|e| ClientError::Usage(e.to_string()))??;
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    // Every node has applied the last write once its local read of the last key shows its
+    // final version.
+    let last_key = format!("{prefix}{:08}", keys.saturating_sub(1));
+    for n in &nodes {
+        let one = Client::new(std::slice::from_ref(n))?;
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            let done = one
+                .get(&last_key, true)
+                .await?
+                .is_some_and(|r| r.kv.version as usize >= versions);
+            if done {
+                break;
+            }
+            if Instant::now() > deadline {
+                return Err(ClientError::Unavailable(format!(
+                    "{n} did not apply the last write within 120 s"
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    let rss_after = read("leasecore_process_resident_memory_bytes").await?;
+    let disk_after = read("leasecore_data_dir_bytes").await?;
+    let total = (keys * versions).max(1) as f64;
+    Ok(MvccFootprintResult {
+        keys,
+        versions,
+        value_size,
+        versions_per_sec: total / elapsed.max(1e-9),
+        nodes: nodes
+            .iter()
+            .enumerate()
+            .map(|(i, n)| MvccNodeFootprint {
+                endpoint: n.clone(),
+                rss_before: rss_before[i],
+                rss_after: rss_after[i],
+                disk_before: disk_before[i],
+                disk_after: disk_after[i],
+                rss_bytes_per_version: (rss_after[i] - rss_before[i]) / total,
+                disk_bytes_per_version: (disk_after[i] - disk_before[i]) / total,
+            })
+            .collect(),
+    })
+}

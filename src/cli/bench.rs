@@ -23,7 +23,9 @@ pub struct BenchArgs {
     /// lease over a key, a third of --duration each: acquisitions per second and handover
     /// latency), lease-memory (resident bytes per lease with one key, at --leases), flease-memory and
     /// paxoslease-memory (resident bytes per idle resource, at --resources; serve with a lease
-    /// time longer than the run so that no cell is collected meanwhile).
+    /// time longer than the run so that no cell is collected meanwhile), mvcc-footprint
+    /// (resident and disk bytes per stored version: --versions of each of --keys keys, 128
+    /// puts to a transaction; serve with auto-compaction off).
     /// With --etcd: put, range (linearizable), range-serializable, txn (compare-and-set of a
     /// key per connection), lease-grant, lease-keepalive (a stream per connection over a
     /// pre-granted lease).
@@ -77,6 +79,9 @@ pub struct BenchArgs {
     /// Value size in bytes.
     #[arg(long, default_value_t = 64)]
     pub value_size: usize,
+    /// Versions of each key in `mvcc-footprint`.
+    #[arg(long, default_value_t = 10)]
+    pub versions: usize,
 }
 
 fn print_result<T: Serialize + std::fmt::Debug>(r: &T, json: bool) {
@@ -152,6 +157,18 @@ pub async fn run(args: BenchArgs, conn: &ConnArgs) -> Result<(), ClientError> {
         }
         "lease-memory" => {
             let r = experiments::lease_memory(&conn.endpoints, args.leases).await?;
+            print_result(&r, conn.json);
+            return Ok(());
+        }
+        "mvcc-footprint" => {
+            let r = experiments::mvcc_footprint(
+                &conn.endpoints,
+                args.keys.max(1),
+                args.versions.max(1),
+                args.value_size,
+                connections,
+            )
+            .await?;
             print_result(&r, conn.json);
             return Ok(());
         }

@@ -229,6 +229,11 @@ pub async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
             "Bytes of the stored Raft log entries.",
             state.consensus.log_bytes() as f64,
         ),
+        (
+            "leasecore_data_dir_bytes",
+            "Disk space taken by the data directory (allocated blocks, as du counts them).",
+            state.consensus.data_dir_bytes() as f64,
+        ),
     ];
     let (history_events, history_bytes, compacted, waiting) = state.watch.stats();
     let gauges: Vec<(&str, &str, f64)> = gauges

@@ -123,6 +123,8 @@ pub enum ConsensusError {
 pub struct StorageUse {
     pub log_bytes: Arc<AtomicU64>,
     pub quota: Quota,
+    /// The node's data directory, whose size `/metrics` reports (none in tests without one).
+    pub data_dir: Option<std::path::PathBuf>,
 }
 
 /// How a membership request ended (when it did not fail).
@@ -490,6 +492,30 @@ impl Consensus {
     /// The stored Raft log's bytes.
     pub fn log_bytes(&self) -> u64 {
         self.inner.storage.log_bytes.load(Ordering::Relaxed)
+    }
+
+    /// The disk space the data directory takes (allocated blocks, as `du` counts them): sled's
+    /// files, the snapshot and the identity file. A walk of a few files, for `/metrics`.
+    pub fn data_dir_bytes(&self) -> u64 {
+        fn walk(dir: &std::path::Path, depth: usize) -> u64 {
+            use std::os::unix::fs::MetadataExt;
+            let Ok(entries) = std::fs::read_dir(dir) else {
+                return 0;
+            };
+            entries
+                .flatten()
+                .map(|e| match e.metadata() {
+                    Ok(m) if m.is_dir() && depth < 4 => walk(&e.path(), depth + 1),
+                    Ok(m) => m.blocks() * 512,
+                    Err(_) => 0,
+                })
+                .sum()
+        }
+        self.inner
+            .storage
+            .data_dir
+            .as_deref()
+            .map_or(0, |d| walk(d, 0))
     }
 
     /// The storage quota in force.
