@@ -46,6 +46,7 @@ use crate::raft::log_store::LogStore;
 use crate::raft::network::{Faults, NetworkFactory, PeerClient};
 use crate::raft::state_machine::{Observers, StateMachine};
 use crate::runtime::bootstrap::probe_peers;
+use crate::domain::resources::CompactionPolicy;
 use crate::runtime::compaction::LogCompactor;
 use crate::runtime::election::ElectionWatchdog;
 use crate::runtime::flease::FleaseService;
@@ -201,7 +202,9 @@ impl NodeConfig {
             election_timeout_max: t.election_max_ms,
             // A whole snapshot travels in one request; give it time (pitfall P3).
             install_snapshot_timeout: 60_000,
-            snapshot_policy: SnapshotPolicy::LogsSinceLast(self.snapshot_threshold.max(1)),
+            // Snapshots are asked for by `runtime::compaction` alone, which weighs them against
+            // the state's size (a snapshot every N entries of a large state stalls the node).
+            snapshot_policy: SnapshotPolicy::Never,
             max_in_snapshot_log_to_keep: (self.snapshot_threshold / 2).min(1000),
             // Only openraft's blocking add_learner reads this, and leasecore does not use it:
             // a learner is promoted by `domain::health::learner_caught_up`, which also
@@ -427,7 +430,11 @@ impl Node {
             LogCompactor {
                 raft: consensus.raft().clone(),
                 log_bytes: storage_use.log_bytes,
-                max_log_bytes: cfg.snapshot_log_bytes,
+                view: consensus.view().clone(),
+                policy: CompactionPolicy {
+                    entries: cfg.snapshot_threshold,
+                    max_log_bytes: cfg.snapshot_log_bytes,
+                },
             }
             .run(cancel.clone()),
         );

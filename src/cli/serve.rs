@@ -79,7 +79,9 @@ pub struct ServeArgs {
     /// Largest election timeout, in milliseconds.
     #[arg(long, env = "LEASECORE_ELECTION_MAX_MS", default_value_t = RaftTimings::default().election_max_ms)]
     pub election_max_ms: u64,
-    /// Snapshot and compact the log every this many applied entries.
+    /// Snapshot and compact the log every this many applied entries, once the log is at least
+    /// as large as the state (a snapshot copies the whole state: its cost is kept in proportion
+    /// to the writes it compacts).
     #[arg(long, env = "LEASECORE_SNAPSHOT_THRESHOLD", default_value_t = 10_000)]
     pub snapshot_threshold: u64,
     /// The largest value, in bytes.

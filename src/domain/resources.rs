@@ -3,7 +3,8 @@
 //! - [`peer_address`]: where a member's peer listener is, derived from its client address.
 //! - [`ConnTable`]: which connections a listener holds, and which one to give up when it is full.
 //! - [`Quota`]: which commands the storage quota refuses.
-//! - [`compaction_step`]: when the log's bytes call for a snapshot or a purge.
+//! - [`compaction_step`]: when the log calls for a snapshot or a purge (never before it is as
+//!   large as the state, so that snapshots of a large state stay amortized).
 //!
 //! # Invariants
 //! - The peer port is the client port + [`PEER_PORT_OFFSET`], on every node: membership stores
@@ -233,24 +234,57 @@ pub enum CompactionStep {
     Purge(u64),
 }
 
-/// The log holds `log_bytes`; the latest snapshot covers up to `snapshot_index`, the log starts
-/// after `purged_index`, and `applied_index` is applied. Past `max_log_bytes`, first snapshot
-/// what is applied, then purge what the snapshot covers (ignoring openraft's entry-count
-/// policy, which would keep up to a thousand entries of any size).
-pub fn compaction_step(
-    log_bytes: u64,
-    max_log_bytes: u64,
-    applied_index: u64,
-    snapshot_index: u64,
-    purged_index: u64,
-) -> CompactionStep {
-    if log_bytes <= max_log_bytes {
+/// Where the log and the state stand, as the compaction driver reads them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LogStanding {
+    /// Bytes of the stored log entries.
+    pub log_bytes: u64,
+    /// Bytes of the live state (keys and values), which a snapshot copies whole.
+    pub state_bytes: u64,
+    pub applied_index: u64,
+    /// The latest snapshot covers entries up to here.
+    pub snapshot_index: u64,
+    /// The log starts after here.
+    pub purged_index: u64,
+}
+
+/// When to compact: after `entries` applied entries or past `max_log_bytes`, but never before
+/// the log is as large as the state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CompactionPolicy {
+    /// Snapshot after this many entries since the last snapshot (`--snapshot-threshold`)...
+    pub entries: u64,
+    /// ...or once the log holds this many bytes (`--snapshot-log-bytes`).
+    pub max_log_bytes: u64,
+}
+
+/// What `standing` calls for under `policy`.
+///
+/// A snapshot copies the whole state, so its cost grows with the state, not with what was
+/// written since the last one: at a million keys (160 MB), a snapshot every 10,000 small puts
+/// took more CPU than the puts and stalled the nodes into elections. So neither trigger fires
+/// before the log holds at least as many bytes as the state: snapshots then cost at most about
+/// as much as the writes they compact (amortized O(1) per byte written), and the log a restart
+/// replays is never larger than the state it loads. A small state (the usual case) is
+/// snapshotted every `entries` entries as before. Past the byte budget, the entries a snapshot
+/// already covers are purged first (openraft keeps some after a snapshot, of any size).
+pub fn compaction_step(policy: CompactionPolicy, standing: LogStanding) -> CompactionStep {
+    let LogStanding {
+        log_bytes,
+        state_bytes,
+        applied_index,
+        snapshot_index,
+        purged_index,
+    } = standing;
+    if log_bytes < state_bytes {
         return CompactionStep::Nothing;
     }
-    if snapshot_index > purged_index {
+    let over_bytes = log_bytes > policy.max_log_bytes;
+    let due_by_entries = applied_index.saturating_sub(snapshot_index) >= policy.entries.max(1);
+    if over_bytes && snapshot_index > purged_index {
         return CompactionStep::Purge(snapshot_index);
     }
-    if applied_index > snapshot_index {
+    if (over_bytes || due_by_entries) && applied_index > snapshot_index {
         return CompactionStep::Snapshot;
     }
     CompactionStep::Nothing
@@ -343,13 +377,77 @@ mod tests {
         );
     }
 
+    fn standing(log: u64, state: u64, applied: u64, snap: u64, purged: u64) -> LogStanding {
+        LogStanding {
+            log_bytes: log,
+            state_bytes: state,
+            applied_index: applied,
+            snapshot_index: snap,
+            purged_index: purged,
+        }
+    }
+
+    const POLICY: CompactionPolicy = CompactionPolicy {
+        entries: 1000,
+        max_log_bytes: 100,
+    };
+
     #[test]
     fn compaction_snapshots_then_purges_past_the_byte_limit() {
         use CompactionStep::*;
-        assert_eq!(compaction_step(10, 100, 50, 0, 0), Nothing);
-        assert_eq!(compaction_step(200, 100, 50, 0, 0), Snapshot);
-        assert_eq!(compaction_step(200, 100, 50, 50, 0), Purge(50));
+        let step = |log, applied, snap, purged| {
+            compaction_step(POLICY, standing(log, 10, applied, snap, purged))
+        };
+        assert_eq!(step(10, 50, 0, 0), Nothing);
+        assert_eq!(step(200, 50, 0, 0), Snapshot);
+        assert_eq!(step(200, 50, 50, 0), Purge(50));
         // Everything applied is snapshotted and purged: nothing more to do.
-        assert_eq!(compaction_step(200, 100, 50, 50, 50), Nothing);
+        assert_eq!(step(200, 50, 50, 50), Nothing);
+    }
+
+    #[test]
+    fn compaction_snapshots_every_n_entries_once_the_log_outweighs_the_state() {
+        use CompactionStep::*;
+        let step = |log, state, applied, snap| {
+            compaction_step(POLICY, standing(log, state, applied, snap, snap))
+        };
+        assert_eq!(step(50, 10, 999, 0), Nothing);
+        assert_eq!(step(50, 10, 1000, 0), Snapshot);
+        assert_eq!(step(50, 10, 2500, 1500), Snapshot);
+        // A large state waits for a log as large, whichever trigger is due.
+        assert_eq!(step(50, 1_000_000, 5000, 0), Nothing);
+        assert_eq!(step(999_999, 1_000_000, 5000, 0), Nothing);
+        assert_eq!(step(1_000_000, 1_000_000, 5000, 0), Snapshot);
+    }
+
+    proptest::proptest! {
+        /// Amortization: whatever the standing, a snapshot is only ever asked for when the
+        /// log is at least as large as the state, something is applied past the last snapshot,
+        /// and a trigger (entries or bytes) is due; a purge only of entries a snapshot covers.
+        #[test]
+        fn compaction_never_snapshots_more_than_the_log_pays_for(
+            log in 0u64..10_000,
+            state in 0u64..10_000,
+            snap in 0u64..5_000,
+            ahead in 0u64..3_000,
+            purged_back in 0u64..5_000,
+            entries in 1u64..2_000,
+            max_log_bytes in 0u64..10_000,
+        ) {
+            let policy = CompactionPolicy { entries, max_log_bytes };
+            let purged = snap.saturating_sub(purged_back);
+            let st = standing(log, state, snap + ahead, snap, purged);
+            match compaction_step(policy, st) {
+                CompactionStep::Snapshot => {
+                    proptest::prop_assert!(log >= state && ahead > 0);
+                    proptest::prop_assert!(ahead >= entries || log > max_log_bytes);
+                }
+                CompactionStep::Purge(upto) => {
+                    proptest::prop_assert!(log >= state && log > max_log_bytes);
+                    proptest::prop_assert!(upto == snap && upto > purged);
+                }
+                CompactionStep::Nothing => {}
+            }
+        }
     }
 }

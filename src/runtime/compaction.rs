@@ -1,4 +1,6 @@
-//! Compaction by bytes: snapshot and purge the Raft log when its bytes pass a limit.
+//! Compaction: snapshot and purge the Raft log, every `--snapshot-threshold` entries or when
+//! its bytes pass a limit, never before the log is as large as the state (openraft's own
+//! policy is off: this driver is the only one that asks for snapshots).
 //!
 //! openraft 0.9's `SnapshotPolicy` counts entries only, and after a snapshot it keeps up to
 //! `max_in_snapshot_log_to_keep` entries of any size: 2,229 overwrites of one 1 MiB key grew a
@@ -16,8 +18,9 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::domain::resources::{CompactionStep, compaction_step};
+use crate::domain::resources::{CompactionPolicy, CompactionStep, LogStanding, compaction_step};
 use crate::raft::Raft;
+use crate::raft::state_machine::StateView;
 
 /// How often the log's size is looked at.
 pub const CHECK_EVERY: Duration = Duration::from_millis(200);
@@ -27,8 +30,9 @@ pub struct LogCompactor {
     pub raft: Raft,
     /// The stored log's bytes (kept by the log store).
     pub log_bytes: Arc<AtomicU64>,
-    /// Past this many bytes, compact.
-    pub max_log_bytes: u64,
+    /// The applied state, whose size a snapshot must be worth.
+    pub view: StateView,
+    pub policy: CompactionPolicy,
 }
 
 impl LogCompactor {
@@ -43,11 +47,14 @@ impl LogCompactor {
                 let m = m.borrow();
                 let index = |l: Option<crate::raft::LogId>| l.map_or(0, |l| l.index);
                 compaction_step(
-                    self.log_bytes.load(Ordering::Relaxed),
-                    self.max_log_bytes,
-                    index(m.last_applied),
-                    index(m.snapshot),
-                    index(m.purged),
+                    self.policy,
+                    LogStanding {
+                        log_bytes: self.log_bytes.load(Ordering::Relaxed),
+                        state_bytes: self.view.data_bytes(),
+                        applied_index: index(m.last_applied),
+                        snapshot_index: index(m.snapshot),
+                        purged_index: index(m.purged),
+                    },
                 )
             };
             let trigger = self.raft.trigger();
