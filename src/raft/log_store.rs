@@ -5,8 +5,13 @@
 //!   marks (vote, committed, last purged) under `m/...`. Every operation is one atomic batch, so
 //!   a crash leaves the log a prefix of what was written and never a purge mark without its
 //!   purge.
-//! - An append is reported durable (`log_io_completed`) only after `flush_async` returns: a vote
-//!   or acknowledgement is never given for an entry a crash could lose.
+//! - An append is reported durable (`log_io_completed`) only after a `flush_async` that started
+//!   after the entries were written returns: a vote or acknowledgement is never given for an
+//!   entry a crash could lose. The flush runs on a task of its own ([`Flusher`]), not in
+//!   `append`: openraft's core awaits `append` inline, so a flush inside it (seconds, when sled
+//!   writes out a large state) stopped heartbeats and answers to peers, and nodes under heavy
+//!   writes at a million keys lost their leader every half minute. Callbacks complete in the
+//!   order of the appends; every append queued while a flush runs shares the next one.
 //! - `save_vote` flushes before returning: a node never votes twice in one term across a crash.
 //!
 //! - [`LogStore::log_bytes`] counts the stored entries' bytes (appends add, truncation and purge
@@ -66,6 +71,40 @@ pub struct LogStore {
     /// Bytes of the stored entries.
     log_bytes: Arc<AtomicU64>,
     receipts: Option<Arc<dyn LogReceipts>>,
+    /// Started on the first append (an async context); shared by clones.
+    flusher: Arc<std::sync::OnceLock<Flusher>>,
+}
+
+/// How many appends may wait for a flush before `append` itself waits (back-pressure on the
+/// Raft core instead of an unbounded queue).
+const FLUSH_QUEUE: usize = 4096;
+
+/// Completes appends once a flush covers them: one task per log store, which drains every
+/// waiting callback, flushes once, and completes them in order. It ends when the log store
+/// (every clone) is dropped, after completing what is queued.
+struct Flusher {
+    queue: tokio::sync::mpsc::Sender<LogFlushed<TypeConfig>>,
+}
+
+impl Flusher {
+    fn start(db: sled::Db) -> Flusher {
+        let (queue, mut waiting) =
+            tokio::sync::mpsc::channel::<LogFlushed<TypeConfig>>(FLUSH_QUEUE);
+        tokio::spawn(async move {
+            let mut batch = Vec::new();
+            while waiting.recv_many(&mut batch, FLUSH_QUEUE).await > 0 {
+                let flushed = db.flush_async().await;
+                for callback in batch.drain(..) {
+                    let result = match &flushed {
+                        Ok(_) => Ok(()),
+                        Err(e) => Err(std::io::Error::other(e.to_string())),
+                    };
+                    callback.log_io_completed(result);
+                }
+            }
+        });
+        Flusher { queue }
+    }
 }
 
 impl LogStore {
@@ -81,6 +120,7 @@ impl LogStore {
             committed: Arc::new(AtomicU64::new(0)),
             log_bytes: Arc::new(AtomicU64::new(bytes)),
             receipts: None,
+            flusher: Arc::new(std::sync::OnceLock::new()),
         })
     }
 
@@ -275,10 +315,14 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             .apply_batch(batch)
             .map_err(|e| StorageIOError::write_logs(any_err(&e)))?;
         self.log_bytes.fetch_add(added, Ordering::Relaxed);
-        // Group commit: openraft hands us every entry that queued while the previous flush ran,
-        // so one fsync covers all of them.
-        let flushed = self.flush().await.map_err(std::io::Error::other);
-        callback.log_io_completed(flushed);
+        // Group commit off the Raft core: the flusher's next flush starts after this write, and
+        // covers every append queued meanwhile.
+        let flusher = self.flusher.get_or_init(|| Flusher::start(self.db.clone()));
+        if let Err(closed) = flusher.queue.send(callback).await {
+            // The flusher is gone only if its task panicked: flush here instead.
+            let flushed = self.flush().await.map_err(std::io::Error::other);
+            closed.0.log_io_completed(flushed);
+        }
         Ok(())
     }
 
