@@ -37,10 +37,18 @@ use crate::storage::StorageError;
 pub const KEY_HISTORY_START: &[u8] = b"m/history_start";
 /// Format 2's sweep position: removed when such a store is converted.
 const LEGACY_KEY_SWEPT: &[u8] = b"m/history_swept";
-/// Events the sweep looks at per applied batch: a few sled reads each, so at most a couple
-/// of milliseconds added to one apply, while still outpacing any write rate (a batch adds at
-/// most as many events as it has entries' changes; the sweep removes up to this many).
+/// Events the sweep looks at per applied batch, at least: a few sled reads each, so at most
+/// a couple of milliseconds added to a small apply.
 pub const SWEEP_BUDGET: usize = 128;
+
+/// Events the sweep looks at after an applied batch that recorded `recorded` events: twice
+/// as many (and at least [`SWEEP_BUDGET`]), so that the sweep outpaces any write rate. A fixed
+/// budget fell behind for good under group commit: one applied batch of a loaded leader
+/// carries up to 1,024 commands, and 128-put transactions each record 128 events, so a
+/// compaction of 10M versions would never have been swept while writes went on.
+pub fn sweep_budget(recorded: usize) -> usize {
+    recorded.saturating_mul(2).max(SWEEP_BUDGET)
+}
 
 fn corrupt(what: &str, detail: impl ToString) -> StorageError {
     StorageError::Corrupt {
@@ -258,6 +266,16 @@ pub fn sweep(
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn the_sweep_budget_outpaces_what_a_batch_records() {
+        assert_eq!(super::sweep_budget(0), super::SWEEP_BUDGET);
+        assert_eq!(super::sweep_budget(10), super::SWEEP_BUDGET);
+        for recorded in [64, 128, 1024, 128 * 1024] {
+            assert!(super::sweep_budget(recorded) >= 2 * recorded);
+        }
+        assert_eq!(super::sweep_budget(usize::MAX), usize::MAX);
+    }
+
     use super::*;
     use crate::domain::command::{Cause, EventKind};
     use proptest::prelude::*;

@@ -378,7 +378,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                     &self.state,
                     &mut batch,
                     kv.compact_revision(),
-                    mvcc_store::SWEEP_BUDGET,
+                    mvcc_store::sweep_budget(events.len()),
                 )
                 .map_err(write_err)?;
             }
