@@ -414,7 +414,12 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
     async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
         // Copy now, while apply cannot run: the snapshot is exactly the state at
         // `last_applied` (pitfall P5). Encoding and writing happen later, off the apply path.
+        let started = std::time::Instant::now();
         let kv = self.kv.read().unwrap_or_else(|p| p.into_inner()).snapshot();
+        tracing::debug!(
+            copy_ms = started.elapsed().as_millis() as u64,
+            "snapshot state copied"
+        );
         self.snapshot_seq += 1;
         SnapshotBuilder {
             snapshots: self.snapshots.clone(),
@@ -544,10 +549,12 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
             kv: KvSnapshot::default(),
         });
         // Encoding a large state takes a while: do it off the async workers.
+        let started = std::time::Instant::now();
         let data = tokio::task::spawn_blocking(move || serde_json::to_vec(&payload))
             .await
             .map_err(write_err)?
             .map_err(write_err)?;
+        let encoded_ms = started.elapsed().as_millis() as u64;
         let snapshot_id = match self.last_applied {
             Some(l) => format!("{}-{}-{}", l.leader_id.term, l.index, self.seq),
             None => format!("0-0-{}", self.seq),
@@ -559,6 +566,12 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
         };
         // Durable before openraft may purge the log entries it covers.
         save_snapshot(&self.snapshots, &meta, &data).await?;
+        tracing::info!(
+            bytes = data.len(),
+            encode_ms = encoded_ms,
+            total_ms = started.elapsed().as_millis() as u64,
+            "snapshot built"
+        );
         Ok(Snapshot {
             meta,
             snapshot: Box::new(data),
