@@ -173,7 +173,11 @@ case "${1:-}" in
       rm -f "$pidfile"
       exit 1
     fi
-    kill -KILL "$(cat "$pidfile")" && rm -f "$pidfile"
+    pid=$(cat "$pidfile")
+    kill -KILL "$pid" && rm -f "$pidfile"
+    # Until the process is gone (a node with a large heap takes a moment to exit), so that a
+    # `restart` right after finds its ports free; at most 10 s.
+    for _ in $(seq 200); do kill -0 "$pid" 2>/dev/null || break; sleep 0.05; done
     ;;
   clean)
     "$0" stop >/dev/null
