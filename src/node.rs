@@ -434,6 +434,7 @@ impl Node {
                 policy: CompactionPolicy {
                     entries: cfg.snapshot_threshold,
                     max_log_bytes: cfg.snapshot_log_bytes,
+                    gate_cap_bytes: CompactionPolicy::gate_cap_for(cfg.quota),
                 },
             }
             .run(cancel.clone()),

@@ -256,6 +256,18 @@ pub struct CompactionPolicy {
     pub entries: u64,
     /// ...or once the log holds this many bytes (`--snapshot-log-bytes`).
     pub max_log_bytes: u64,
+    /// The log need never outgrow this before a snapshot, however large the state: the
+    /// storage quota counts the log too, and a log allowed to reach a state near half the
+    /// quota would fill it ([`CompactionPolicy::gate_cap_for`]).
+    pub gate_cap_bytes: u64,
+}
+
+impl CompactionPolicy {
+    /// The cap on the amortization gate for a storage quota: an eighth of it, so that the log
+    /// waiting for its snapshot never takes more than that of the quota.
+    pub fn gate_cap_for(quota: Quota) -> u64 {
+        quota.max_bytes / 8
+    }
 }
 
 /// What `standing` calls for under `policy`.
@@ -265,7 +277,9 @@ pub struct CompactionPolicy {
 /// took more CPU than the puts and stalled the nodes into elections. So neither trigger fires
 /// before the log holds at least as many bytes as the state: snapshots then cost at most about
 /// as much as the writes they compact (amortized O(1) per byte written), and the log a restart
-/// replays is never larger than the state it loads. A small state (the usual case) is
+/// replays is never larger than the state it loads. The gate is capped (`gate_cap_bytes`, an
+/// eighth of the storage quota) so that the waiting log never crowds a large state out of
+/// the quota. A small state (the usual case) is
 /// snapshotted every `entries` entries as before. Past the byte budget, the entries a snapshot
 /// already covers are purged first (openraft keeps some after a snapshot, of any size).
 pub fn compaction_step(policy: CompactionPolicy, standing: LogStanding) -> CompactionStep {
@@ -276,7 +290,7 @@ pub fn compaction_step(policy: CompactionPolicy, standing: LogStanding) -> Compa
         snapshot_index,
         purged_index,
     } = standing;
-    if log_bytes < state_bytes {
+    if log_bytes < state_bytes.min(policy.gate_cap_bytes) {
         return CompactionStep::Nothing;
     }
     let over_bytes = log_bytes > policy.max_log_bytes;
@@ -390,6 +404,7 @@ mod tests {
     const POLICY: CompactionPolicy = CompactionPolicy {
         entries: 1000,
         max_log_bytes: 100,
+        gate_cap_bytes: u64::MAX,
     };
 
     #[test]
@@ -418,11 +433,22 @@ mod tests {
         assert_eq!(step(50, 1_000_000, 5000, 0), Nothing);
         assert_eq!(step(999_999, 1_000_000, 5000, 0), Nothing);
         assert_eq!(step(1_000_000, 1_000_000, 5000, 0), Snapshot);
+        // ...but never past the cap: a state near the quota does not wait for its own size.
+        let capped = CompactionPolicy {
+            gate_cap_bytes: 2_000,
+            ..POLICY
+        };
+        let big = standing(2_000, 1_000_000, 5000, 0, 0);
+        assert_eq!(compaction_step(capped, big), Snapshot);
+        assert_eq!(
+            CompactionPolicy::gate_cap_for(Quota { max_bytes: 8 << 30 }),
+            1 << 30
+        );
     }
 
     proptest::proptest! {
         /// Amortization: whatever the standing, a snapshot is only ever asked for when the
-        /// log is at least as large as the state, something is applied past the last snapshot,
+        /// log is at least as large as the state (or the cap), something is applied past the last snapshot,
         /// and a trigger (entries or bytes) is due; a purge only of entries a snapshot covers.
         #[test]
         fn compaction_never_snapshots_more_than_the_log_pays_for(
@@ -433,17 +459,18 @@ mod tests {
             purged_back in 0u64..5_000,
             entries in 1u64..2_000,
             max_log_bytes in 0u64..10_000,
+            cap in 0u64..20_000,
         ) {
-            let policy = CompactionPolicy { entries, max_log_bytes };
+            let policy = CompactionPolicy { entries, max_log_bytes, gate_cap_bytes: cap };
             let purged = snap.saturating_sub(purged_back);
             let st = standing(log, state, snap + ahead, snap, purged);
             match compaction_step(policy, st) {
                 CompactionStep::Snapshot => {
-                    proptest::prop_assert!(log >= state && ahead > 0);
+                    proptest::prop_assert!(log >= state.min(cap) && ahead > 0);
                     proptest::prop_assert!(ahead >= entries || log > max_log_bytes);
                 }
                 CompactionStep::Purge(upto) => {
-                    proptest::prop_assert!(log >= state && log > max_log_bytes);
+                    proptest::prop_assert!(log >= state.min(cap) && log > max_log_bytes);
                     proptest::prop_assert!(upto == snap && upto > purged);
                 }
                 CompactionStep::Nothing => {}
