@@ -167,6 +167,11 @@ pub async fn readyz(State(state): State<AppState>) -> Result<Json<Value>, ApiErr
 }
 
 pub async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
+    // A walk of the data directory: file system calls, off the async workers.
+    let consensus = state.consensus.clone();
+    let data_dir_bytes = tokio::task::spawn_blocking(move || consensus.data_dir_bytes())
+        .await
+        .unwrap_or(0);
     let v = state.consensus.cluster_view();
     let is_leader = if v.leader_id == Some(v.node_id) && v.state == "leader" {
         1.0
@@ -232,7 +237,7 @@ pub async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
         (
             "leasecore_data_dir_bytes",
             "Disk space taken by the data directory (allocated blocks, as du counts them).",
-            state.consensus.data_dir_bytes() as f64,
+            data_dir_bytes as f64,
         ),
     ];
     let (history_events, history_bytes, compacted, waiting) = state.watch.stats();

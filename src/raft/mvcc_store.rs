@@ -266,20 +266,20 @@ pub fn sweep(
 
 #[cfg(test)]
 mod tests {
-    #[test]
-    fn the_sweep_budget_outpaces_what_a_batch_records() {
-        assert_eq!(super::sweep_budget(0), super::SWEEP_BUDGET);
-        assert_eq!(super::sweep_budget(10), super::SWEEP_BUDGET);
-        for recorded in [64, 128, 1024, 128 * 1024] {
-            assert!(super::sweep_budget(recorded) >= 2 * recorded);
-        }
-        assert_eq!(super::sweep_budget(usize::MAX), usize::MAX);
-    }
-
     use super::*;
     use crate::domain::command::{Cause, EventKind};
     use proptest::prelude::*;
     use std::collections::BTreeMap;
+
+    #[test]
+    fn the_sweep_budget_outpaces_what_a_batch_records() {
+        assert_eq!(sweep_budget(0), SWEEP_BUDGET);
+        assert_eq!(sweep_budget(10), SWEEP_BUDGET);
+        for recorded in [64, 128, 1024, 128 * 1024] {
+            assert!(sweep_budget(recorded) >= 2 * recorded);
+        }
+        assert_eq!(sweep_budget(usize::MAX), usize::MAX);
+    }
 
     fn tree() -> sled::Tree {
         sled::Config::new()
