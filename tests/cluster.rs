@@ -122,8 +122,16 @@ async fn a_node_added_after_compaction_catches_up_by_snapshot() {
     )
     .await;
     c.start_joiner(4).await;
-    let view = c.client().add_node(4, &c.addrs[&4].clone()).await.unwrap();
-    assert!(view.nodes.iter().any(|n| n.id == 4 && n.voter));
+    let added = c
+        .client()
+        .add_node_detailed(4, &c.addrs[&4].clone())
+        .await
+        .unwrap();
+    assert!(
+        added.voter && added.view.nodes.iter().any(|n| n.id == 4 && n.voter),
+        "node 4 is not a voter: {:?}",
+        added.message
+    );
     let newcomer = c.client_of(4);
     let listed = newcomer.list("s/", None, true).await.unwrap();
     assert_eq!(listed.items.len(), 150);

@@ -188,6 +188,42 @@ async fn a_leader_cut_off_from_its_quorum_steps_down_and_fails_fast() {
     c.shutdown().await;
 }
 
+/// A write the leader took just before it was cut off is answered `outcome_unknown` when the
+/// leader steps down (a later leader may still commit it), not `timeout` at the end of the
+/// request timeout: openraft keeps such a proposal waiting for ever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_write_in_flight_when_the_leader_steps_down_is_answered_outcome_unknown() {
+    let c = TestCluster::start(3).await;
+    let old = c.leader().await;
+    let http = http();
+    let old_url = c.url(old);
+    let (s, body) = send(
+        http.put(format!("{old_url}/v1/kv/before"))
+            .json(&json!({"value": "x"})),
+    )
+    .await;
+    assert_eq!(s, 200, "{body}");
+    c.partition(old);
+    // Sent at once: the leader has not yet noticed (an election timeout has to pass), so it
+    // takes the write, which can never commit on its side of the partition.
+    let (s, body) = send(
+        http.put(format!("{old_url}/v1/kv/in-flight"))
+            .json(&json!({"value": "x"})),
+    )
+    .await;
+    assert_eq!(s, 503, "{body}");
+    let code = body["error"]["code"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert!(
+        code == "outcome_unknown" || code == "no_quorum",
+        "a write in flight at the step-down: {body}"
+    );
+    eprintln!("the write in flight was answered {code}");
+    c.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn cluster_status_shows_each_members_reachability_contact_and_lag() {
     let c = TestCluster::start(3).await;

@@ -64,13 +64,19 @@ pub struct Applied {
     pub lease_changes: Vec<LeaseChange>,
 }
 
+/// The live keys, in key order: a persistent map, so that a copy (a snapshot's) shares the
+/// nodes until one side writes to them. Serialized as a plain map.
+pub type KeyMap = imbl::OrdMap<String, Versioned>;
+/// Every lease, by name: persistent for the same reason.
+pub type LeaseMap = imbl::OrdMap<String, LeaseRecord>;
+
 /// The whole replicated state, as written in snapshots.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct KvSnapshot {
     pub revision: Revision,
-    pub keys: BTreeMap<String, Versioned>,
+    pub keys: KeyMap,
     #[serde(default)]
-    pub leases: BTreeMap<String, LeaseRecord>,
+    pub leases: LeaseMap,
     /// Users, roles and the auth switch (absent in snapshots older than auth: auth off).
     #[serde(default)]
     pub auth: AuthState,
@@ -89,9 +95,9 @@ pub struct KvState {
     /// The store revision: the revision of the latest change.
     revision: Revision,
     /// Every live key, in key order.
-    keys: BTreeMap<String, Versioned>,
+    keys: KeyMap,
     /// Every lease, by name.
-    leases: BTreeMap<String, LeaseRecord>,
+    leases: LeaseMap,
     /// Leases changed since the last [`KvState::take_dirty_leases`].
     dirty_leases: BTreeSet<String>,
     /// Users, roles and the auth switch.
@@ -203,7 +209,7 @@ impl KvState {
     /// Keys starting with `prefix`, in key order, at most `limit` of them.
     pub fn list(&self, prefix: &str, limit: usize) -> Vec<(&str, &Versioned)> {
         self.keys
-            .range::<str, _>((
+            .range::<_, str>((
                 std::ops::Bound::Included(prefix),
                 std::ops::Bound::Unbounded,
             ))
@@ -225,7 +231,7 @@ impl KvState {
             Err(e) => std::str::from_utf8(&range.start[..e.valid_up_to()]).unwrap_or_default(),
         };
         self.keys
-            .range::<str, _>((std::ops::Bound::Included(start), std::ops::Bound::Unbounded))
+            .range::<_, str>((std::ops::Bound::Included(start), std::ops::Bound::Unbounded))
             .skip_while(|(k, _)| k.as_bytes() < range.start.as_slice())
             .take_while(|(k, _)| range.end.as_deref().is_none_or(|e| k.as_bytes() < e))
             .map(|(k, v)| (k.as_str(), v))
@@ -242,7 +248,7 @@ impl KvState {
     }
 
     /// Every lease, by name.
-    pub fn leases(&self) -> &BTreeMap<String, LeaseRecord> {
+    pub fn leases(&self) -> &LeaseMap {
         &self.leases
     }
 
@@ -727,8 +733,8 @@ impl KvState {
         #[derive(Serialize)]
         struct View<'a> {
             revision: Revision,
-            keys: &'a BTreeMap<String, Versioned>,
-            leases: &'a BTreeMap<String, LeaseRecord>,
+            keys: &'a KeyMap,
+            leases: &'a LeaseMap,
             auth: &'a AuthState,
             compact_revision: Revision,
         }

@@ -31,7 +31,7 @@ use tokio::sync::watch;
 use super::mvcc_store;
 use super::{Entry, LogId, SnapshotMeta, StorageError, StoredMembership, TypeConfig, any_err};
 use crate::domain::command::{Event, LeaseChange, Response};
-use crate::domain::kv::{KvSnapshot, KvState, LeaseRecord, Versioned};
+use crate::domain::kv::{KeyMap, KvSnapshot, KvState, LeaseRecord, Versioned};
 use crate::domain::types::Revision;
 
 pub use super::state_view::{HistoryError, StateView};
@@ -123,6 +123,8 @@ struct SnapshotPayload {
 struct Written {
     compact: Revision,
     lease_clock_ms: u64,
+    /// [`mvcc_store::KEY_SWEEP_LIMIT`]: only ever raised.
+    sweep_limit: Revision,
 }
 
 /// The sled-backed state machine.
@@ -137,6 +139,9 @@ pub struct StateMachine {
     observer: Arc<dyn ApplyObserver>,
     /// Where this node's MVCC history begins (shared with the views).
     history_start: Arc<AtomicU64>,
+    /// The revision of the snapshot file on disk (raised by the builder once the file is
+    /// durable): the sweep keeps the event records above it, which a restart replays.
+    snapshot_revision: Arc<AtomicU64>,
     /// The rarely changing marks as last written, to write them only when they change.
     written: Written,
     /// Distinguishes snapshots built at the same log id.
@@ -168,7 +173,7 @@ impl StateMachine {
             what: what.to_string(),
             detail: e.to_string(),
         };
-        let mut leases = BTreeMap::new();
+        let mut leases = crate::domain::kv::LeaseMap::new();
         for item in state.scan_prefix(LEASE_PREFIX) {
             let (k, v) = item?;
             let name = String::from_utf8(k[LEASE_PREFIX.len()..].to_vec()).map_err(|e| {
@@ -208,16 +213,25 @@ impl StateMachine {
         // A store of an older format (values under `k/`; format 1 without history, format 2
         // with it) is converted: its values become the base versions, its history starts here.
         let stored_start = mvcc_store::history_start(&state)?;
+        let on_disk = read_snapshot_state(&snapshots);
+        let snapshot_revision = on_disk.as_ref().map_or(Revision(0), |kv| kv.revision);
+        // What the sweep may have removed: a store from before the limit was kept swept
+        // towards its compaction mark.
+        let mut sweep_limit = mvcc_store::sweep_limit(&state)?.unwrap_or(compact_revision);
         let (keys, history_start) = match stored_start {
-            Some(start) if !mvcc_store::is_legacy(&state)? => (mvcc_store::load(&state)?, start),
+            Some(start) if !mvcc_store::is_legacy(&state)? => {
+                let keys = load_keys(&state, on_disk, start.max(sweep_limit), revision)?;
+                (keys, start)
+            }
             _ => {
                 let keys = legacy_keys(&state)?;
                 let mut batch = sled::Batch::default();
                 mvcc_store::restart(&state, &mut batch, keys.iter(), revision)?;
                 state.apply_batch(batch)?;
                 state.flush()?;
+                sweep_limit = sweep_limit.max(revision);
                 tracing::info!(%revision, "MVCC history starts at the current revision");
-                (keys, revision)
+                (keys.into_iter().collect(), revision)
             }
         };
         let kv = KvState::from_snapshot(KvSnapshot {
@@ -252,9 +266,11 @@ impl StateMachine {
             applied_tx: Arc::new(applied_tx),
             observer,
             history_start,
+            snapshot_revision: Arc::new(AtomicU64::new(snapshot_revision.0)),
             written: Written {
                 compact: compact_revision,
                 lease_clock_ms,
+                sweep_limit,
             },
             snapshot_seq: 0,
             drop_signal: None,
@@ -282,6 +298,67 @@ impl StateMachine {
         };
         self.observer.on_applied(&batch);
         self.applied_tx.send_replace(batch.mark);
+    }
+}
+
+/// The state in the snapshot file, if there is one that decodes (a torn or unreadable file
+/// is only a slower start: the state is also in sled).
+fn read_snapshot_state(file: &SnapshotFile) -> Option<KvSnapshot> {
+    let (_, data) = match file.read() {
+        Ok(stored) => stored?,
+        Err(e) => {
+            tracing::warn!(error = %e, "the snapshot file is unreadable; loading from the versions");
+            return None;
+        }
+    };
+    match decode_payload(&data) {
+        Ok(kv) => Some(kv),
+        Err(e) => {
+            tracing::warn!(error = %e, "the snapshot file does not decode; loading from the versions");
+            None
+        }
+    }
+}
+
+/// The live keys at `revision`, the persisted state's. From the snapshot on disk and the
+/// event records after it when those are all there (the snapshot is at or above `floor`,
+/// below which records may be gone, and not ahead of the state, which a crash can leave
+/// behind an unflushed tail); otherwise from every version, which at a million keys with
+/// their history takes tens of seconds.
+// The wall clock times a log line only; nothing is decided by it.
+#[allow(clippy::disallowed_methods)]
+fn load_keys(
+    state: &sled::Tree,
+    on_disk: Option<KvSnapshot>,
+    floor: Revision,
+    revision: Revision,
+) -> Result<KeyMap, crate::storage::StorageError> {
+    let started = std::time::Instant::now();
+    match on_disk {
+        Some(snap) if snap.revision >= floor && snap.revision <= revision => {
+            let base = snap.revision;
+            let (keys, replayed) = mvcc_store::replay_onto(state, snap.keys, base, revision)?;
+            tracing::info!(
+                keys = keys.len(),
+                snapshot_revision = %base,
+                %revision,
+                replayed,
+                ms = started.elapsed().as_millis() as u64,
+                "state loaded from the snapshot and the history after it"
+            );
+            Ok(keys)
+        }
+        other => {
+            let keys = mvcc_store::load(state)?;
+            tracing::info!(
+                keys = keys.len(),
+                %revision,
+                snapshot_revision = ?other.map(|s| s.revision),
+                ms = started.elapsed().as_millis() as u64,
+                "state loaded from every version"
+            );
+            Ok(keys)
+        }
     }
 }
 
@@ -373,14 +450,21 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             let revision = kv.revision();
             // The events are the key changes: each becomes the key's new version.
             mvcc_store::record(&mut batch, &events);
-            if kv.compact_revision() > Revision(0) {
+            // Not past the snapshot on disk: the records after it are what a restart replays.
+            let on_disk = Revision(self.snapshot_revision.load(Ordering::Acquire));
+            let sweep_to = kv.compact_revision().min(on_disk);
+            if sweep_to > Revision(0) {
                 mvcc_store::sweep(
                     &self.state,
                     &mut batch,
-                    kv.compact_revision(),
+                    sweep_to,
                     mvcc_store::sweep_budget(events.len()),
                 )
                 .map_err(write_err)?;
+            }
+            let sweep_limit = sweep_to.max(self.written.sweep_limit);
+            if sweep_limit != self.written.sweep_limit {
+                batch.insert(mvcc_store::KEY_SWEEP_LIMIT, &sweep_limit.0.to_be_bytes());
             }
             // The marks that rarely change are written when they do.
             let compact = kv.compact_revision();
@@ -404,6 +488,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             self.written = Written {
                 compact,
                 lease_clock_ms: lease_clock,
+                sweep_limit,
             };
             (revision, lease_clock)
         };
@@ -425,6 +510,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         self.snapshot_seq += 1;
         SnapshotBuilder {
             snapshots: self.snapshots.clone(),
+            on_disk: self.snapshot_revision.clone(),
             payload: Some(SnapshotPayload { kv }),
             last_applied: self.last_applied,
             membership: self.membership.clone(),
@@ -480,9 +566,13 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             self.written = Written {
                 compact: installed.compact_revision(),
                 lease_clock_ms: installed.lease_clock_ms(),
+                // `restart` wrote it.
+                sweep_limit: revision,
             };
             *kv = installed;
             self.history_start.store(revision.0, Ordering::Release);
+            // The file saved above is this snapshot.
+            self.snapshot_revision.store(revision.0, Ordering::Release);
         }
         self.db.flush_async().await.map_err(write_err)?;
         self.last_applied = meta.last_log_id;
@@ -539,6 +629,8 @@ async fn save_snapshot(
 /// Builds a snapshot from a copy of the state taken when the builder was made.
 pub struct SnapshotBuilder {
     snapshots: SnapshotFile,
+    /// The state machine's [`StateMachine::snapshot_revision`].
+    on_disk: Arc<AtomicU64>,
     payload: Option<SnapshotPayload>,
     last_applied: Option<LogId>,
     membership: StoredMembership,
@@ -552,6 +644,7 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
         let payload = self.payload.take().unwrap_or(SnapshotPayload {
             kv: KvSnapshot::default(),
         });
+        let revision = payload.kv.revision;
         // Encoding a large state takes a while: do it off the async workers.
         let started = std::time::Instant::now();
         let data = tokio::task::spawn_blocking(move || serde_json::to_vec(&payload))
@@ -570,6 +663,7 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
         };
         // Durable before openraft may purge the log entries it covers.
         save_snapshot(&self.snapshots, &meta, &data).await?;
+        self.on_disk.fetch_max(revision.0, Ordering::AcqRel);
         tracing::info!(
             bytes = data.len(),
             encode_ms = encoded_ms,

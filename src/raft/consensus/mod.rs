@@ -441,6 +441,13 @@ impl Consensus {
         // A leader cut off from its quorum could never commit it: say so now, having done
         // nothing, rather than time out with the outcome in doubt.
         let gated = self.quorum_lost();
+        // The term this node leads in now: a proposal outlives it only as `outcome_unknown`.
+        // (Server metrics change with the role and vote only, not with every applied entry.)
+        let mut role = self.inner.raft.server_metrics();
+        let led_term = {
+            let m = role.borrow();
+            (m.state == ServerState::Leader).then_some(m.vote.leader_id().term)
+        };
         let (tx, rx) = oneshot::channel();
         let sent = !gated && self.inner.proposals.send((cmd, tx)).is_ok();
         let t = self.inner.timeouts.request;
@@ -451,10 +458,39 @@ impl Consensus {
             if !sent {
                 return Err(ConsensusError::ShuttingDown);
             }
-            match tokio::time::timeout(t, rx).await {
-                Ok(Ok(result)) => result,
-                Ok(Err(_)) => Err(ConsensusError::ShuttingDown),
-                Err(_) => Err(ConsensusError::Timeout {
+            // openraft keeps the proposal of a leader that stepped down (for lost quorum, or a
+            // higher term) waiting: a later leader may commit the entry, or truncate it, or
+            // nothing may happen for a long while. Waiting out the request timeout would tell
+            // the client the same thing, later.
+            let deposed = async move {
+                match led_term {
+                    Some(term) => {
+                        let stopped = role
+                            .wait_for(|m| {
+                                m.state != ServerState::Leader || m.vote.leader_id().term != term
+                            })
+                            .await
+                            .is_err();
+                        if stopped {
+                            // The core stopped: the reply channel says so.
+                            std::future::pending::<()>().await;
+                        }
+                    }
+                    None => std::future::pending::<()>().await,
+                }
+            };
+            tokio::select! {
+                biased;
+                reply = rx => match reply {
+                    Ok(result) => result,
+                    Err(_) => Err(ConsensusError::ShuttingDown),
+                },
+                _ = deposed => Err(ConsensusError::OutcomeUnknown {
+                    detail: "this node stopped leading with the write in flight: a new leader \
+                             may still apply it"
+                        .into(),
+                }),
+                _ = tokio::time::sleep(t) => Err(ConsensusError::Timeout {
                     ms: t.as_millis() as u64,
                 }),
             }
