@@ -535,7 +535,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         })?;
         // Keep the snapshot first: if we crash after the state batch, the snapshot that the
         // state came from is still there to serve to others.
-        save_snapshot(&self.snapshots, meta, &snapshot).await?;
+        save_snapshot(&self.snapshots, meta, snapshot).await?;
 
         let mut batch = sled::Batch::default();
         for item in self.state.scan_prefix(LEASE_PREFIX) {
@@ -606,12 +606,13 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
     }
 }
 
-/// Write a snapshot durably (a blocking file write, off the async workers).
+/// Write a snapshot durably (a blocking file write, off the async workers). Takes the data
+/// and gives it back: a copy of hundreds of megabytes for the blocking task is not needed.
 async fn save_snapshot(
     file: &SnapshotFile,
     meta: &SnapshotMeta,
-    data: &[u8],
-) -> Result<(), StorageError> {
+    data: Box<Vec<u8>>,
+) -> Result<Box<Vec<u8>>, StorageError> {
     let err = |e: &dyn std::fmt::Display| {
         StorageError::from(StorageIOError::write_snapshot(
             Some(meta.signature()),
@@ -619,8 +620,8 @@ async fn save_snapshot(
         ))
     };
     let meta_bytes = serde_json::to_vec(meta).map_err(|e| err(&e))?;
-    let (file, data) = (file.clone(), data.to_vec());
-    tokio::task::spawn_blocking(move || file.write(&meta_bytes, &data))
+    let file = file.clone();
+    tokio::task::spawn_blocking(move || file.write(&meta_bytes, &data).map(|()| data))
         .await
         .map_err(|e| err(&e))?
         .map_err(|e| err(&e))
@@ -662,7 +663,7 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
             snapshot_id,
         };
         // Durable before openraft may purge the log entries it covers.
-        save_snapshot(&self.snapshots, &meta, &data).await?;
+        let data = save_snapshot(&self.snapshots, &meta, Box::new(data)).await?;
         self.on_disk.fetch_max(revision.0, Ordering::AcqRel);
         tracing::info!(
             bytes = data.len(),
@@ -672,7 +673,7 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
         );
         Ok(Snapshot {
             meta,
-            snapshot: Box::new(data),
+            snapshot: data,
         })
     }
 }

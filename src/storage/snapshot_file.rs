@@ -7,6 +7,9 @@
 //! # Invariants
 //! - Replaced atomically: written to a temporary file, fsynced, renamed over the old one, and
 //!   the directory fsynced. A crash leaves the old snapshot or the new one, never a torn one.
+//! - Written in chunks, each synced before the next: one fsync of hundreds of megabytes at the
+//!   end would flush them all at once, and the Raft log's small fsyncs would queue behind it
+//!   (write latency spiked to hundreds of milliseconds during snapshots at a million keys).
 
 use std::fs;
 use std::io::Write;
@@ -14,6 +17,8 @@ use std::path::{Path, PathBuf};
 
 /// The file name of the latest snapshot in the data directory.
 pub const FILE_NAME: &str = "snapshot.bin";
+/// Bytes written between two data syncs of the snapshot file.
+const SYNC_EVERY: usize = 4 << 20;
 
 /// Where the snapshot of a node lives.
 #[derive(Clone, Debug)]
@@ -35,7 +40,10 @@ impl SnapshotFile {
             let mut f = fs::File::create(&tmp)?;
             f.write_all(&(meta.len() as u64).to_be_bytes())?;
             f.write_all(meta)?;
-            f.write_all(data)?;
+            for chunk in data.chunks(SYNC_EVERY) {
+                f.write_all(chunk)?;
+                f.sync_data()?;
+            }
             f.sync_all()?;
         }
         fs::rename(&tmp, &self.path)?;
