@@ -535,7 +535,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         })?;
         // Keep the snapshot first: if we crash after the state batch, the snapshot that the
         // state came from is still there to serve to others.
-        save_snapshot(&self.snapshots, meta, snapshot).await?;
+        save_snapshot(&self.snapshots, meta, *snapshot).await?;
 
         let mut batch = sled::Batch::default();
         for item in self.state.scan_prefix(LEASE_PREFIX) {
@@ -611,8 +611,8 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
 async fn save_snapshot(
     file: &SnapshotFile,
     meta: &SnapshotMeta,
-    data: Box<Vec<u8>>,
-) -> Result<Box<Vec<u8>>, StorageError> {
+    data: Vec<u8>,
+) -> Result<Vec<u8>, StorageError> {
     let err = |e: &dyn std::fmt::Display| {
         StorageError::from(StorageIOError::write_snapshot(
             Some(meta.signature()),
@@ -663,7 +663,7 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
             snapshot_id,
         };
         // Durable before openraft may purge the log entries it covers.
-        let data = save_snapshot(&self.snapshots, &meta, Box::new(data)).await?;
+        let data = save_snapshot(&self.snapshots, &meta, data).await?;
         self.on_disk.fetch_max(revision.0, Ordering::AcqRel);
         tracing::info!(
             bytes = data.len(),
@@ -673,7 +673,7 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
         );
         Ok(Snapshot {
             meta,
-            snapshot: data,
+            snapshot: Box::new(data),
         })
     }
 }
