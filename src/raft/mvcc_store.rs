@@ -390,6 +390,15 @@ mod tests {
         (events, states)
     }
 
+    /// Record `events` as applied batches of `chunk` requests each: one event record per batch.
+    fn record_in_batches(t: &sled::Tree, events: &[Event], chunk: usize) {
+        for part in events.chunks(chunk) {
+            let mut b = sled::Batch::default();
+            record(&mut b, part);
+            t.apply_batch(b).unwrap();
+        }
+    }
+
     fn all() -> KeyRange {
         KeyRange {
             start: Vec::new(),
@@ -415,12 +424,7 @@ mod tests {
         ) {
             let t = tree();
             let (events, states) = history(&ops);
-            // Applied batches of `chunk` requests each: one event record per batch.
-            for part in events.chunks(chunk) {
-                let mut b = sled::Batch::default();
-                record(&mut b, part);
-                t.apply_batch(b).unwrap();
-            }
+            record_in_batches(&t, &events, chunk);
             prop_assert_eq!(load(&t).unwrap(), states[ops.len()].clone());
             let top = Revision(ops.len() as u64);
             let mut marks: Vec<u64> = marks.iter().map(|m| (*m as u64).min(top.0)).collect();
@@ -469,11 +473,7 @@ mod tests {
         ) {
             let t = tree();
             let (events, states) = history(&ops);
-            for part in events.chunks(chunk) {
-                let mut b = sled::Batch::default();
-                record(&mut b, part);
-                t.apply_batch(b).unwrap();
-            }
+            record_in_batches(&t, &events, chunk);
             let top = ops.len();
             let swept_to = swept_to.min(top);
             let snapshot_at = snapshot_at.clamp(swept_to, top);
