@@ -8,8 +8,13 @@
 //! - The in-memory `KvState` is the read view (behind a `RwLock` held for a few lines, never
 //!   across an await). It is updated before the applied mark is published, so a reader that sees
 //!   mark `i` reads a state that includes entry `i`.
-//! - Snapshots are taken from a consistent view: the state is serialized in
-//!   `get_snapshot_builder`, which openraft runs serialized with `apply` (pitfall P5).
+//! - Snapshots are taken from a consistent view: the state is copied in
+//!   `get_snapshot_builder`, which openraft runs serialized with `apply` (pitfall P5). The copy
+//!   is O(1) (persistent maps), so apply does not wait for it; encoding and writing follow
+//!   off the apply path.
+//! - A restart loads the snapshot file and replays the event records after it; the sweep
+//!   never removes a record above the snapshot on disk (`snapshot_revision`), and
+//!   `m/sweep_limit` says how far it went, so the load knows when those records are all there.
 //! - Installing a snapshot replaces the state: stale keys are removed in the same batch that
 //!   writes the new ones (pitfall P6).
 //!
