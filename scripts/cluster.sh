@@ -103,11 +103,28 @@ check_alive() {
   [ "$dead" = 0 ]
 }
 
+# A node answers once it has loaded its state: a moment when new, seconds with millions of keys
+# (the snapshot file is read and decoded first). So: up to 120 s for node 1 to answer (sooner
+# if a node exits), then up to 30 s more for a leader.
 wait_ready() {
-  local deadline=$((SECONDS + 30))
+  local started=$SECONDS answered=""
   # shellcheck disable=SC2046
   until curl -fsS $(curl_tls) "$(scheme)://127.0.0.1:$BASE_PORT/v1/cluster" 2>/dev/null | grep -q '"leader_id":[0-9]'; do
-    if [ $SECONDS -ge $deadline ]; then echo "no leader after 30 s; see $DIR/*.log" >&2; exit 1; fi
+    # shellcheck disable=SC2046
+    if [ -z "$answered" ] && curl -fsS $(curl_tls) "$(scheme)://127.0.0.1:$BASE_PORT/livez" >/dev/null 2>&1; then
+      answered=$SECONDS
+    fi
+    if [ -n "$answered" ] && [ $((SECONDS - answered)) -ge 30 ]; then
+      echo "no leader 30 s after node 1 answered; see $DIR/*.log" >&2; exit 1
+    fi
+    if [ -z "$answered" ]; then
+      if [ $((SECONDS - started)) -ge 120 ]; then
+        echo "node 1 did not answer within 120 s; see $DIR/*.log" >&2; exit 1
+      fi
+      # A node that exited (a port in use, a refused data directory) will not answer: the
+      # caller's check_alive says which and why.
+      for f in "$DIR"/node-*.pid; do kill -0 "$(cat "$f")" 2>/dev/null || return 0; done
+    fi
     sleep 0.2
   done
 }
