@@ -882,6 +882,42 @@ async fn txn_compares_branches_and_concurrent_cas_increments() {
         .read("cfg", Some(GetOptions::new().with_revision(r1)))
         .await;
     assert_eq!(pairs(past.kvs()), owned(&[("cfg", "v1")]));
+    // A txn that only reads is served as a read (as etcd does): its past ranges read the
+    // past, its compares and other ranges the present, nested ones too, on any node.
+    let t = Txn::new()
+        .when([Compare::value("cfg", CompareOp::Equal, "v2")])
+        .and_then([
+            TxnOp::get("cfg", Some(GetOptions::new().with_revision(r1))),
+            TxnOp::get("cfg", None),
+            TxnOp::txn(
+                Txn::new()
+                    .when([Compare::value("cfg", CompareOp::Equal, "v1")])
+                    .and_then([TxnOp::get("cfg", None)])
+                    .or_else([TxnOp::get("cfg", Some(GetOptions::new().with_revision(r1)))]),
+            ),
+        ])
+        .or_else([TxnOp::get("cfg", None)]);
+    let resp = on_f1.txn(t).await.unwrap();
+    assert!(resp.succeeded());
+    assert_eq!(rev(resp.header()), r2, "a read writes nothing");
+    let ops = resp.op_responses();
+    assert_eq!(pairs(txn_get(&ops[0]).kvs()), owned(&[("cfg", "v1")]));
+    assert_eq!(pairs(txn_get(&ops[1]).kvs()), owned(&[("cfg", "v2")]));
+    match &ops[2] {
+        TxnOpResponse::Txn(inner) => {
+            assert!(!inner.succeeded(), "the nested compare sees the present");
+            let past = txn_get(&inner.op_responses()[0]).kvs().to_vec();
+            assert_eq!(pairs(&past), owned(&[("cfg", "v1")]));
+        }
+        other => panic!("expected a txn response, got {other:?}"),
+    }
+    // Below the history held, or in the future, it answers as a Range at that revision does.
+    let t = Txn::new().and_then([TxnOp::get(
+        "cfg",
+        Some(GetOptions::new().with_revision(r2 + 1000)),
+    )]);
+    let future = grpc(on_leader.txn(t).await.expect_err("a future revision"));
+    assert_eq!(future.code(), tonic::Code::OutOfRange, "{future:?}");
 
     // Version compare fails (the key is at version 2): the failure branch runs, nothing changes.
     let t = Txn::new()

@@ -434,6 +434,104 @@ impl KvState {
     }
 }
 
+/// A transaction that only reads, whose ranges may ask for a past revision (etcd's Txn with a
+/// `RequestRange` at `revision`). It is served where reads are, not through the log: a range
+/// in a logged transaction reads the state it applies to, which holds no past.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ReadTxn {
+    pub compares: Vec<Compare>,
+    pub success: Vec<ReadOp>,
+    pub failure: Vec<ReadOp>,
+}
+
+/// One operation of a [`ReadTxn`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ReadOp {
+    /// A range at `at` (`None`: the transaction's revision).
+    Range {
+        spec: RangeSpec,
+        at: Option<Revision>,
+    },
+    Txn {
+        txn: ReadTxn,
+    },
+}
+
+impl ReadTxn {
+    /// Every key range it reads (compares and ranges, nested ones too): what the caller must
+    /// be allowed to read.
+    pub fn ranges(&self) -> Vec<&KeyRange> {
+        let mut out: Vec<&KeyRange> = self.compares.iter().map(|c| &c.range).collect();
+        for op in self.success.iter().chain(&self.failure) {
+            match op {
+                ReadOp::Range { spec, .. } => out.push(&spec.range),
+                ReadOp::Txn { txn } => out.extend(txn.ranges()),
+            }
+        }
+        out
+    }
+
+    /// As a logged transaction (ranges at the present): for the checks on shape and size that
+    /// every transaction passes.
+    pub fn as_txn(&self) -> Txn {
+        fn ops(ops: &[ReadOp]) -> Vec<TxnOp> {
+            ops.iter()
+                .map(|op| match op {
+                    ReadOp::Range { spec, .. } => TxnOp::Range { spec: spec.clone() },
+                    ReadOp::Txn { txn } => TxnOp::Txn { txn: txn.as_txn() },
+                })
+                .collect()
+        }
+        Txn {
+            compares: self.compares.clone(),
+            success: ops(&self.success),
+            failure: ops(&self.failure),
+        }
+    }
+}
+
+/// The live keys of a range at a revision, as a read-only transaction reads them.
+pub type KeysAt = Vec<(String, Versioned)>;
+
+/// Evaluate a read-only transaction at revision `now`: compares and present ranges at `now`,
+/// the others at their own revision, every read through `read(range, revision)` (the live keys
+/// of `range` at `revision`, from the MVCC history), so that all of it is one consistent view
+/// whatever is applied meanwhile.
+pub fn evaluate_read_only<E>(
+    txn: &ReadTxn,
+    now: Revision,
+    read: &mut dyn FnMut(&KeyRange, Revision) -> Result<KeysAt, E>,
+) -> Result<TxnResult, E> {
+    let mut succeeded = true;
+    for c in &txn.compares {
+        let present = read(&c.range, now)?;
+        if !holds(c, present.iter().map(|(_, v)| v)) {
+            succeeded = false;
+            break;
+        }
+    }
+    let branch = if succeeded {
+        &txn.success
+    } else {
+        &txn.failure
+    };
+    let mut results = Vec::with_capacity(branch.len());
+    for op in branch {
+        results.push(match op {
+            ReadOp::Range { spec, at } => {
+                let kvs = read(&spec.range, at.unwrap_or(now))?;
+                OpResult::Range {
+                    result: evaluate(spec, kvs.iter().map(|(k, v)| (k.as_str(), v))),
+                }
+            }
+            ReadOp::Txn { txn } => OpResult::Txn {
+                result: evaluate_read_only(txn, now, read)?,
+            },
+        });
+    }
+    Ok(TxnResult { succeeded, results })
+}
+
 /// The number of operations a transaction may run when no limit is configured (etcd's
 /// `--max-txn-ops` default).
 pub const DEFAULT_MAX_TXN_OPS: usize = 128;
@@ -651,6 +749,73 @@ mod tests {
             }
         );
         assert!(kv.is_empty() && kv.revision() == Revision(0));
+    }
+
+    /// A read-only transaction reads its compares and present ranges at its revision and the
+    /// others at theirs, nested ones too, from the history.
+    #[test]
+    fn a_read_only_txn_reads_each_range_at_its_revision() {
+        // The history of key `a`: "1" at revision 1, "2" at revision 2, deleted at 3.
+        let history = |range: &KeyRange, at: Revision| -> Result<Vec<(String, Versioned)>, ()> {
+            let a = match at.0 {
+                1 => Some(v("1", 1, 1, 1, None)),
+                2 => Some(v("2", 1, 2, 2, None)),
+                _ => None,
+            };
+            Ok(a.filter(|_| range.contains(b"a"))
+                .map(|v| ("a".to_string(), v))
+                .into_iter()
+                .collect())
+        };
+        let get = |at: Option<u64>| ReadOp::Range {
+            spec: RangeSpec::all(KeyRange::key("a")),
+            at: at.map(Revision),
+        };
+        let value_is = |value: &str| Compare {
+            range: KeyRange::key("a"),
+            op: CompareOp::Equal,
+            target: CompareTarget::Value(value.as_bytes().to_vec()),
+        };
+        let values = |r: &OpResult| match r {
+            OpResult::Range { result } => result
+                .kvs
+                .iter()
+                .map(|(_, v)| v.value.clone())
+                .collect::<Vec<_>>(),
+            other => panic!("{other:?}"),
+        };
+        let txn = ReadTxn {
+            compares: vec![value_is("2")],
+            success: vec![
+                get(Some(1)),
+                get(None),
+                ReadOp::Txn {
+                    txn: ReadTxn {
+                        compares: vec![value_is("1")],
+                        success: vec![get(None)],
+                        failure: vec![get(Some(1))],
+                    },
+                },
+            ],
+            failure: vec![get(Some(3))],
+        };
+        let out = evaluate_read_only(&txn, Revision(2), &mut |r, at| history(r, at)).unwrap();
+        assert!(out.succeeded);
+        assert_eq!(values(&out.results[0]), ["1"]);
+        assert_eq!(values(&out.results[1]), ["2"]);
+        match &out.results[2] {
+            OpResult::Txn { result } => {
+                assert!(!result.succeeded, "the nested compare reads revision 2 too");
+                assert_eq!(values(&result.results[0]), ["1"]);
+            }
+            other => panic!("{other:?}"),
+        }
+        // At revision 3 the key is gone: the failure branch runs.
+        let out = evaluate_read_only(&txn, Revision(3), &mut |r, at| history(r, at)).unwrap();
+        assert!(!out.succeeded);
+        assert!(values(&out.results[0]).is_empty());
+        assert_eq!(txn.ranges().len(), 7);
+        assert_eq!(txn.as_txn().success.len(), 3);
     }
 
     #[test]

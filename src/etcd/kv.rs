@@ -3,8 +3,9 @@
 //! Writes are one [`Command::Txn`] each, checked (`admit`) and authorized (`guard`) as the
 //! `/v1` writes are, then proposed (followers forward). Reads are linearizable unless the
 //! request is `serializable`, and are served from this node's applied state: the current
-//! one, or its MVCC history for a range at a past revision. `Compact` is a replicated
-//! [`Command::Compact`].
+//! one, or its MVCC history for a range at a past revision. A Txn that only reads and asks
+//! for a past revision somewhere is a read too ([`ReadTxn`]): a logged transaction reads the
+//! state it applies to, which holds no past. `Compact` is a replicated [`Command::Compact`].
 
 use leasecore_etcd_api::etcdserverpb::kv_server::Kv;
 use leasecore_etcd_api::etcdserverpb::{
@@ -18,7 +19,10 @@ use super::{Etcd, EtcdError, key_value, lease_name, text};
 use crate::domain::auth::{Access, KeyRange};
 use crate::domain::command::{Command, Response as Applied};
 use crate::domain::range::{RangeResult, RangeSpec, SortOrder, SortTarget, evaluate};
-use crate::domain::txn::{Compare, CompareOp, CompareTarget, OpResult, Txn, TxnOp, TxnResult};
+use crate::domain::txn::{
+    Compare, CompareOp, CompareTarget, OpResult, ReadOp, ReadTxn, Txn, TxnOp, TxnResult,
+    evaluate_read_only,
+};
 use crate::domain::types::Revision;
 use crate::http::auth::{check, guard};
 use crate::http::kv::{Consistency, admit, propose, read_point, unexpected};
@@ -39,6 +43,32 @@ impl Etcd {
             Applied::Txn { revision, outcome } => Ok((revision, outcome)),
             other => Err(unexpected(other).into()),
         }
+    }
+
+    /// Serve a transaction that only reads: checked as any transaction, the caller allowed to
+    /// read every range of it, linearizable unless every range is serializable; then read at
+    /// one revision (the past ranges at theirs) from the history.
+    async fn read_txn<T>(
+        &self,
+        req: &Request<T>,
+        read: ReadTxn,
+        serializable: bool,
+    ) -> Result<TxnResponse, EtcdError> {
+        let caller = self.caller(req)?;
+        admit(&self.state, &Command::Txn { txn: read.as_txn() })?;
+        for range in read.ranges() {
+            check(&self.state, &caller, Access::Read, range)?;
+        }
+        if !serializable {
+            read_point(&self.state, Consistency::Linearizable).await?;
+        }
+        let view = self.state.consensus.view();
+        let now = view.with_state(|kv| kv.revision());
+        let result = evaluate_read_only(&read, now, &mut |range, at| {
+            view.range_at(range, Some(at)).map(|(_, kvs)| kvs)
+        })
+        .map_err(history_error)?;
+        Ok(self.txn_response(now, result))
     }
 
     /// One operation as a transaction of its own (etcd's Put and DeleteRange), and its result.
@@ -212,12 +242,13 @@ fn ops(ops: Vec<RequestOp>) -> Result<Vec<TxnOp>, EtcdError> {
         .map(|op| match op.request {
             Some(request_op::Request::RequestPut(p)) => put_op(p),
             Some(request_op::Request::RequestDeleteRange(d)) => delete_op(d),
-            // A txn's ranges are evaluated on the state as the txn applies: one at a past
-            // revision would silently answer with the present, so it is refused.
+            // A logged txn's ranges are evaluated on the state as it applies: one at a past
+            // revision would silently answer with the present, so it is refused. (A txn that
+            // only reads is served as a read, past revisions included: `read_only`.)
             Some(request_op::Request::RequestRange(r)) if r.revision > 0 => {
                 Err(EtcdError::Status(Status::unimplemented(
-                    "etcdserver: leasecore cannot read a past revision inside a txn \
-                     (use a Range at that revision)",
+                    "etcdserver: leasecore cannot read a past revision inside a txn that \
+                     writes (use a Range at that revision, or a txn that only reads)",
                 )))
             }
             Some(request_op::Request::RequestRange(r)) => Ok(TxnOp::Range {
@@ -227,6 +258,63 @@ fn ops(ops: Vec<RequestOp>) -> Result<Vec<TxnOp>, EtcdError> {
             None => Err(EtcdError::invalid("a txn operation is empty")),
         })
         .collect()
+}
+
+/// The transaction as a [`ReadTxn`] when it only reads and some range of it asks for a past
+/// revision (`None` otherwise: it goes through the log as every other transaction), and
+/// whether every range of it is `serializable`.
+fn read_only(t: &TxnRequest) -> Result<Option<(ReadTxn, bool)>, EtcdError> {
+    /// Whether every op only reads; whether one asks for a past revision; whether all are
+    /// serializable.
+    fn scan(t: &TxnRequest) -> (bool, bool, bool) {
+        let (mut reads, mut past, mut serializable) = (true, false, true);
+        for op in t.success.iter().chain(&t.failure) {
+            match &op.request {
+                Some(request_op::Request::RequestRange(r)) => {
+                    past |= r.revision > 0;
+                    serializable &= r.serializable;
+                }
+                Some(request_op::Request::RequestTxn(inner)) => {
+                    let (r, p, s) = scan(inner);
+                    reads &= r;
+                    past |= p;
+                    serializable &= s;
+                }
+                _ => reads = false,
+            }
+        }
+        (reads, past, serializable)
+    }
+    fn convert(t: &TxnRequest) -> Result<ReadTxn, EtcdError> {
+        let ops = |ops: &[RequestOp]| -> Result<Vec<ReadOp>, EtcdError> {
+            ops.iter()
+                .map(|op| match &op.request {
+                    Some(request_op::Request::RequestRange(r)) => Ok(ReadOp::Range {
+                        spec: range_spec(r)?,
+                        at: (r.revision > 0).then_some(Revision(r.revision as u64)),
+                    }),
+                    Some(request_op::Request::RequestTxn(inner)) => Ok(ReadOp::Txn {
+                        txn: convert(inner)?,
+                    }),
+                    _ => Err(EtcdError::invalid("a txn operation is empty")),
+                })
+                .collect()
+        };
+        Ok(ReadTxn {
+            compares: t
+                .compare
+                .iter()
+                .cloned()
+                .map(compare)
+                .collect::<Result<_, _>>()?,
+            success: ops(&t.success)?,
+            failure: ops(&t.failure)?,
+        })
+    }
+    match scan(t) {
+        (true, true, serializable) => Ok(Some((convert(t)?, serializable))),
+        _ => Ok(None),
+    }
 }
 
 fn txn(t: TxnRequest) -> Result<Txn, EtcdError> {
@@ -301,6 +389,11 @@ impl Kv for Etcd {
     }
 
     async fn txn(&self, req: Request<TxnRequest>) -> Result<Response<TxnResponse>, Status> {
+        if let Some((read, serializable)) = read_only(req.get_ref())? {
+            return Ok(Response::new(
+                self.read_txn(&req, read, serializable).await?,
+            ));
+        }
         let t = txn(req.get_ref().clone())?;
         let (revision, out) = self.write(&req, t).await?;
         Ok(Response::new(self.txn_response(revision, out)))
