@@ -368,7 +368,10 @@ impl Node {
         let empty = |tree: &str| -> Result<bool, storage::StorageError> {
             Ok(db.open_tree(tree)?.is_empty())
         };
-        let data = if empty(storage::TREE_RAFT)? && empty(storage::TREE_STATE)? {
+        let no_entries = !crate::raft::segment_log::SegmentLog::exists_in(
+            &cfg.data_dir.join(crate::raft::log_store::LOG_DIR),
+        );
+        let data = if empty(storage::TREE_RAFT)? && empty(storage::TREE_STATE)? && no_entries {
             DataDir::Empty
         } else {
             DataDir::Existing
@@ -380,7 +383,7 @@ impl Node {
             }
         }
         write_identity(&cfg)?;
-        let log_store = LogStore::open(&db)?;
+        let log_store = LogStore::open(&db, &cfg.data_dir)?;
         let committed = log_store.committed_index();
         let storage_use = StorageUse {
             log_bytes: log_store.log_bytes(),

@@ -208,7 +208,7 @@ async fn a_node_started_from_a_file_serves_its_version() {
     node.wait().unwrap();
     assert_eq!(version["version"], env!("CARGO_PKG_VERSION"));
     assert_eq!(version["api_version"], "v1");
-    assert_eq!(version["storage_format"], 3);
+    assert_eq!(version["storage_format"], 4);
     let commit = version["git_commit"].as_str().unwrap();
     let cli = leasecore().arg("--version").output().unwrap();
     assert!(

@@ -19,7 +19,7 @@ impl StoreBuilder<TypeConfig, LogStore, StateMachine, TempDir> for SledBuilder {
         };
         let dir = TempDir::new().map_err(|e| fail(&e))?;
         let db = open_db(dir.path(), 8 << 20).map_err(|e| fail(&e))?;
-        let log = LogStore::open(&db).map_err(|e| fail(&e))?;
+        let log = LogStore::open(&db, dir.path()).map_err(|e| fail(&e))?;
         let (sm, _view) =
             StateMachine::open(&db, dir.path(), Arc::new(DiscardEvents)).map_err(|e| fail(&e))?;
         Ok((dir, log, sm))
@@ -153,4 +153,63 @@ async fn a_restart_loads_the_snapshot_and_replays_the_history_after_it() {
     assert_eq!(after, every_version);
     // 100 keys, 10 more from the overwrites (k/100 to k/118), 20 deleted, k/999.
     assert_eq!(after.len(), 100 + 10 - 20 + 1);
+}
+
+/// A data directory of storage format 3 kept the log's entries in sled: opened by this build,
+/// they move to the segment files (readable, counted, appendable after), sled keeps none of
+/// them, and the move is not repeated on the next open.
+#[tokio::test]
+async fn a_format_3_log_moves_out_of_sled_when_opened() {
+    use leasecore::domain::command::Command;
+    use leasecore::raft::log_store::{LOG_DIR, encode_entry};
+    use openraft::storage::RaftLogStorage;
+    use openraft::{CommittedLeaderId, Entry, EntryPayload, LogId, RaftLogReader};
+
+    let dir = TempDir::new().unwrap();
+    let entry = |index: u64| Entry::<TypeConfig> {
+        log_id: LogId::new(CommittedLeaderId::new(2, 1), index),
+        payload: EntryPayload::Normal(Command::Put {
+            key: format!("k{index}"),
+            value: "v".into(),
+            lease: None,
+            prev_revision: None,
+        }),
+    };
+    {
+        let db = open_db(dir.path(), 8 << 20).unwrap();
+        let tree = db.open_tree(leasecore::storage::TREE_RAFT).unwrap();
+        for index in 3..=40u64 {
+            let mut key = vec![b'e'];
+            key.extend_from_slice(&index.to_be_bytes());
+            tree.insert(key, encode_entry(&entry(index)).unwrap())
+                .unwrap();
+        }
+        // Entries up to 5 were purged (the purge had not removed them all yet).
+        let purged = LogId::new(CommittedLeaderId::new(2, 1), 5);
+        tree.insert(b"m/purged", serde_json::to_vec(&purged).unwrap())
+            .unwrap();
+        db.flush().unwrap();
+    }
+    for _ in 0..2 {
+        let db = open_db(dir.path(), 8 << 20).unwrap();
+        let mut log = LogStore::open(&db, dir.path()).unwrap();
+        let tree = db.open_tree(leasecore::storage::TREE_RAFT).unwrap();
+        assert!(
+            tree.scan_prefix(b"e").next().is_none(),
+            "no entry left in sled"
+        );
+        assert!(dir.path().join(LOG_DIR).is_dir());
+        let state = log.get_log_state().await.unwrap();
+        assert_eq!(state.last_purged_log_id.map(|l| l.index), Some(5));
+        assert_eq!(state.last_log_id.map(|l| l.index), Some(40));
+        let read = log.try_get_log_entries(6..=40).await.unwrap();
+        assert_eq!(read.len(), 35);
+        assert_eq!(read[0].log_id.index, 6);
+        assert_eq!(
+            format!("{:?}", read[34].payload),
+            format!("{:?}", entry(40).payload)
+        );
+        drop(log);
+        drop(db);
+    }
 }

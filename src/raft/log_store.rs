@@ -1,27 +1,33 @@
-//! The Raft log, vote and committed id in sled.
+//! The Raft log: entries in segment files ([`super::segment_log`]), the vote, committed id and
+//! purge mark in sled.
 //!
 //! # Invariants
-//! - Everything lives in one tree ([`TREE_RAFT`]): entries under `e` + big-endian index, and the
-//!   marks (vote, committed, last purged) under `m/...`. Every append and truncation is one
-//!   atomic batch, so a crash leaves the log a prefix of what was written. A purge runs on a
-//!   task of its own in batches of [`PURGE_CHUNK`] entries, oldest first, each with the purge
-//!   mark of what it removed: never a purge mark without its purge. Readers see a purge the
-//!   moment it is asked for (`purge_asked`), before the entries are gone.
-//! - An append is reported durable (`log_io_completed`) only after a `flush_async` that started
-//!   after the entries were written returns: a vote or acknowledgement is never given for an
-//!   entry a crash could lose. The flush runs on a task of its own ([`Flusher`]), not in
-//!   `append`: openraft's core awaits `append` inline, so a flush inside it (seconds, when sled
-//!   writes out a large state) stopped heartbeats and answers to peers, and nodes under heavy
-//!   writes at a million keys lost their leader every half minute. Callbacks complete in the
-//!   order of the appends; every append queued while a flush runs shares the next one.
+//! - Entries live in `<data dir>/raft-log/` as checksummed records; the marks (vote,
+//!   committed, last purged) in one sled tree ([`TREE_RAFT`]) under `m/...`. A crash leaves the
+//!   log a prefix of what was written: a torn tail is cut when the log is opened.
+//! - An append is reported durable (`log_io_completed`) only after an fdatasync that started
+//!   after the entries were written: a vote or acknowledgement is never given for an entry a
+//!   crash could lose. The syncs run on a thread of their own ([`SYNC_THREAD`]), not in
+//!   `append`, which openraft's core awaits inline; callbacks complete in the order of the
+//!   appends, and every append queued while a sync runs shares the next one (group commit).
+//! - sled is no longer flushed by appends. The state machine's writes become durable with
+//!   sled's own periodic flush; after a crash openraft re-applies what the log holds past the
+//!   persisted applied mark. So the log must never lose what the persisted state lacks: a
+//!   purge first writes its mark and flushes sled (the state, applied at least up to the
+//!   snapshot the purge follows, with it), and only then forgets entries and deletes segments.
+//! - The persisted committed id may run ahead of the durable entries (it is a sled write,
+//!   the entries are not): it is read back no higher than the last entry in the log.
 //! - `save_vote` flushes before returning: a node never votes twice in one term across a crash.
-//!
-//! - [`LogStore::log_bytes`] counts the stored entries' bytes (appends add, truncation and purge
-//!   subtract; counted once at open), for the storage quota and compaction by bytes.
+//! - A purge runs on a task of its own; readers see it the moment it is asked for
+//!   (`purge_asked`), before the entries are gone.
+//! - [`LogStore::log_bytes`] counts the stored entries' bytes, for the storage quota and
+//!   compaction by bytes.
 //! - Replication reads at most [`READ_BUDGET_BYTES`] of entries per request
 //!   (`limited_get_log_entries`): openraft asks for up to `max_payload_entries` entries at a
 //!   time, and 512 entries of 1 MiB each, read at once for every follower, made the node's memory
 //!   grow with the bytes in the log.
+//! - A data directory whose entries are still in sled (format 3 and older) has them moved to
+//!   the segment files when opened; the move can be interrupted and done again.
 //!
 //! Entries are MessagePack (named fields, so optional fields may be omitted): values are stored
 //! as raw bytes rather than JSON-escaped text, which keeps a 1 MiB value near 1 MiB on disk and
@@ -40,13 +46,18 @@ use openraft::{EntryPayload, OptionalSend, RaftLogReader, StorageIOError, Vote};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
+use super::segment_log::{LogFileError, SegmentLog};
 use super::{Entry, LogId, NodeId, StorageError, TypeConfig, any_err};
-use crate::storage::{TREE_RAFT, index_key};
+use crate::storage::TREE_RAFT;
 
 const ENTRY: u8 = b'e';
 const KEY_VOTE: &[u8] = b"m/vote";
 const KEY_COMMITTED: &[u8] = b"m/committed";
 const KEY_PURGED: &[u8] = b"m/purged";
+/// The entries' directory, inside the data directory.
+pub const LOG_DIR: &str = "raft-log";
+/// The name of the thread that makes appends durable.
+pub const SYNC_THREAD: &str = "raft log sync";
 
 /// The most entry bytes one replication read returns (at least one entry): the peer network
 /// sends at most this much per AppendEntries anyway.
@@ -63,18 +74,19 @@ pub trait LogReceipts: Send + Sync + 'static {
     fn truncated(&self, index: u64);
 }
 
-/// The sled-backed log store. Cheap to clone: clones share the same tree.
+/// The log store. Cheap to clone: clones share the same files and tree.
 #[derive(Clone)]
 pub struct LogStore {
     db: sled::Db,
+    /// The marks.
     tree: sled::Tree,
+    entries: Arc<SegmentLog>,
     /// The latest committed index this node was told of, for status reports.
     committed: Arc<AtomicU64>,
     /// Bytes of the stored entries.
     log_bytes: Arc<AtomicU64>,
     receipts: Option<Arc<dyn LogReceipts>>,
-    /// Started on the first append (an async context); shared by clones.
-    flusher: Arc<std::sync::OnceLock<Flusher>>,
+    syncer: Syncer,
     /// Started on the first purge; shared by clones.
     purger: Arc<std::sync::OnceLock<tokio::sync::mpsc::Sender<LogId>>>,
     /// The latest purge asked for: entries up to it are gone for every reader at once, even
@@ -82,57 +94,87 @@ pub struct LogStore {
     purge_asked: Arc<std::sync::Mutex<Option<LogId>>>,
 }
 
-/// Entries removed per purge batch. sled applies a batch under a lock that every other
-/// writer waits for: purging 10,000 entries in one batch took 125 ms, during which neither
-/// appends nor the state machine could write.
-const PURGE_CHUNK: usize = 256;
-
-/// How many appends may wait for a flush before `append` itself waits (back-pressure on the
+/// How many appends may wait for a sync before `append` itself waits (back-pressure on the
 /// Raft core instead of an unbounded queue).
-const FLUSH_QUEUE: usize = 4096;
+const SYNC_QUEUE: usize = 4096;
 
-/// Completes appends once a flush covers them: one task per log store, which drains every
-/// waiting callback, flushes once, and completes them in order. It ends when the log store
-/// (every clone) is dropped, after completing what is queued.
-struct Flusher {
+/// Completes appends once a sync covers them: one thread per log store, which takes every
+/// waiting callback, syncs once, and completes them in order. A plain thread rather than a
+/// task: an fdatasync blocks, and a blocking-pool hop per sync costs two more wake-ups. It ends
+/// when every clone of the log store is dropped, after completing what is queued.
+#[derive(Clone)]
+struct Syncer {
     queue: tokio::sync::mpsc::Sender<LogFlushed<TypeConfig>>,
 }
 
-impl Flusher {
-    fn start(db: sled::Db) -> Flusher {
-        let (queue, mut waiting) =
-            tokio::sync::mpsc::channel::<LogFlushed<TypeConfig>>(FLUSH_QUEUE);
-        tokio::spawn(async move {
-            let mut batch = Vec::new();
-            while waiting.recv_many(&mut batch, FLUSH_QUEUE).await > 0 {
-                let flushed = db.flush_async().await;
-                for callback in batch.drain(..) {
-                    let result = match &flushed {
-                        Ok(_) => Ok(()),
-                        Err(e) => Err(std::io::Error::other(e.to_string())),
-                    };
-                    callback.log_io_completed(result);
+impl Syncer {
+    fn start(entries: Arc<SegmentLog>) -> Result<Syncer, std::io::Error> {
+        let (queue, mut waiting) = tokio::sync::mpsc::channel::<LogFlushed<TypeConfig>>(SYNC_QUEUE);
+        std::thread::Builder::new()
+            .name(SYNC_THREAD.into())
+            .spawn(move || {
+                let mut batch = Vec::new();
+                while let Some(first) = waiting.blocking_recv() {
+                    batch.push(first);
+                    while let Ok(more) = waiting.try_recv() {
+                        batch.push(more);
+                    }
+                    let synced = entries.sync();
+                    for callback in batch.drain(..) {
+                        let result = match &synced {
+                            Ok(()) => Ok(()),
+                            Err(e) => Err(std::io::Error::new(e.kind(), e.to_string())),
+                        };
+                        callback.log_io_completed(result);
+                    }
                 }
-            }
-        });
-        Flusher { queue }
+            })?;
+        Ok(Syncer { queue })
+    }
+}
+
+fn file_err(e: LogFileError) -> crate::storage::StorageError {
+    crate::storage::StorageError::Corrupt {
+        what: "raft log".into(),
+        detail: e.to_string(),
     }
 }
 
 impl LogStore {
-    pub fn open(db: &sled::Db) -> Result<Self, crate::storage::StorageError> {
+    /// Open the log of the data directory `dir`, whose sled database is `db`.
+    pub fn open(
+        db: &sled::Db,
+        dir: &std::path::Path,
+    ) -> Result<Self, crate::storage::StorageError> {
         let tree = db.open_tree(TREE_RAFT)?;
-        let mut bytes = 0u64;
-        for item in tree.scan_prefix([ENTRY]) {
-            bytes += item?.1.len() as u64;
+        let purged: Option<LogId> = match tree.get(KEY_PURGED)? {
+            Some(b) => {
+                serde_json::from_slice(&b).map_err(|e| crate::storage::StorageError::Corrupt {
+                    what: "log purge mark".into(),
+                    detail: e.to_string(),
+                })?
+            }
+            None => None,
+        };
+        let log_dir = dir.join(LOG_DIR);
+        if tree.scan_prefix([ENTRY]).next().is_some() {
+            move_entries_out_of_sled(db, &tree, &log_dir, purged)?;
         }
+        let entries =
+            Arc::new(SegmentLog::open(&log_dir, purged.map(|p| p.index)).map_err(file_err)?);
+        let syncer =
+            Syncer::start(entries.clone()).map_err(|e| crate::storage::StorageError::Corrupt {
+                what: "raft log sync thread".into(),
+                detail: e.to_string(),
+            })?;
         Ok(LogStore {
             db: db.clone(),
             tree,
+            log_bytes: Arc::new(AtomicU64::new(entries.bytes())),
+            entries,
             committed: Arc::new(AtomicU64::new(0)),
-            log_bytes: Arc::new(AtomicU64::new(bytes)),
             receipts: None,
-            flusher: Arc::new(std::sync::OnceLock::new()),
+            syncer,
             purger: Arc::new(std::sync::OnceLock::new()),
             purge_asked: Arc::new(std::sync::Mutex::new(None)),
         })
@@ -165,16 +207,11 @@ impl LogStore {
     }
 
     fn last_entry_id(&self) -> Result<Option<LogId>, StorageError> {
-        let last = self
-            .tree
-            .scan_prefix([ENTRY])
-            .next_back()
-            .transpose()
-            .map_err(|e| StorageIOError::read_logs(any_err(&e)))?;
-        match last {
-            None => Ok(None),
-            Some((_, bytes)) => Ok(Some(decode_entry(&bytes)?.log_id)),
-        }
+        let Some((_, last)) = self.entries.span() else {
+            return Ok(None);
+        };
+        let found = self.read_entries(last, last + 1, usize::MAX)?;
+        Ok(found.last().map(|e| e.log_id))
     }
 
     /// The first index a reader may see: past the latest purge asked for.
@@ -183,13 +220,31 @@ impl LogStore {
         asked.map_or(start, |p| start.max(p.index + 1))
     }
 
-    /// Entries of `bytes` left the log.
-    fn forget(&self, bytes: u64) {
-        forget(&self.log_bytes, bytes);
+    fn purge_parts(&self) -> PurgeParts {
+        PurgeParts {
+            db: self.db.clone(),
+            tree: self.tree.clone(),
+            entries: self.entries.clone(),
+            log_bytes: self.log_bytes.clone(),
+        }
     }
 
-    async fn flush(&self) -> Result<(), sled::Error> {
-        self.db.flush_async().await.map(|_| ())
+    fn truncate_from(&self, index: u64) -> Result<(), StorageError> {
+        let removed = self
+            .entries
+            .truncate(index)
+            .map_err(|e| StorageIOError::write_logs(any_err(&e)))?;
+        forget(&self.log_bytes, removed);
+        Ok(())
+    }
+
+    fn read_entries(&self, from: u64, to: u64, budget: usize) -> Result<Vec<Entry>, StorageError> {
+        let from = self.first_readable(from);
+        let raw = self
+            .entries
+            .read(from, to, budget)
+            .map_err(|e| StorageIOError::read_logs(any_err(&e)))?;
+        raw.iter().map(|bytes| decode_entry(bytes)).collect()
     }
 }
 
@@ -217,19 +272,12 @@ impl RaftLogReader<TypeConfig> for LogStore {
             Bound::Excluded(&i) => i.saturating_add(1),
             Bound::Unbounded => 0,
         };
-        let start = self.first_readable(start);
-        let lo = index_key(ENTRY, start).to_vec();
-        let iter = match range.end_bound() {
-            Bound::Included(&i) => self.tree.range(lo..=index_key(ENTRY, i).to_vec()),
-            Bound::Excluded(&i) => self.tree.range(lo..index_key(ENTRY, i).to_vec()),
-            Bound::Unbounded => self.tree.range(lo..entries_end()),
+        let end = match range.end_bound() {
+            Bound::Included(&i) => i.saturating_add(1),
+            Bound::Excluded(&i) => i,
+            Bound::Unbounded => u64::MAX,
         };
-        let mut out = Vec::new();
-        for item in iter {
-            let (_, bytes) = item.map_err(|e| StorageIOError::read_logs(any_err(&e)))?;
-            out.push(decode_entry(&bytes)?);
-        }
-        Ok(out)
+        self.read_entries(start, end, usize::MAX)
     }
 
     async fn limited_get_log_entries(
@@ -237,19 +285,7 @@ impl RaftLogReader<TypeConfig> for LogStore {
         start: u64,
         end: u64,
     ) -> Result<Vec<Entry>, StorageError> {
-        let mut out = Vec::new();
-        let mut total = 0usize;
-        let start = self.first_readable(start);
-        let range = index_key(ENTRY, start).to_vec()..index_key(ENTRY, end.max(start)).to_vec();
-        for item in self.tree.range(range) {
-            let (_, bytes) = item.map_err(|e| StorageIOError::read_logs(any_err(&e)))?;
-            total += bytes.len();
-            if total > READ_BUDGET_BYTES && !out.is_empty() {
-                break;
-            }
-            out.push(decode_entry(&bytes)?);
-        }
-        Ok(out)
+        self.read_entries(start, end, READ_BUDGET_BYTES)
     }
 }
 
@@ -278,7 +314,8 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         self.tree
             .insert(KEY_VOTE, encode(vote)?)
             .map_err(|e| StorageIOError::write_vote(any_err(&e)))?;
-        self.flush()
+        self.db
+            .flush_async()
             .await
             .map_err(|e| StorageIOError::write_vote(any_err(&e)))?;
         Ok(())
@@ -289,9 +326,8 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn save_committed(&mut self, committed: Option<LogId>) -> Result<(), StorageError> {
-        // Not flushed on its own: the committed id is a restart hint (re-apply up to it), and it
-        // becomes durable with the next append's flush. sled recovers a prefix of writes, so a
-        // durable committed id never points past durable entries.
+        // Not flushed on its own: the committed id is a restart hint (re-apply up to it), read
+        // back no higher than the durable entries (`read_committed`).
         self.tree
             .insert(KEY_COMMITTED, encode(&committed)?)
             .map_err(|e| StorageIOError::write_logs(any_err(&e)))?;
@@ -302,7 +338,19 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn read_committed(&mut self) -> Result<Option<LogId>, StorageError> {
-        Ok(self.read_mark::<Option<LogId>>(KEY_COMMITTED)?.flatten())
+        let saved = self.read_mark::<Option<LogId>>(KEY_COMMITTED)?.flatten();
+        let Some(saved) = saved else {
+            return Ok(None);
+        };
+        // The entries past the last one that survived were never durable here; everything up
+        // to it that the saved id covers is committed (a prefix of a committed log).
+        let purged: Option<LogId> = self.read_mark(KEY_PURGED)?;
+        let last = self.last_entry_id()?.or(purged);
+        Ok(match last {
+            Some(last) if last.index < saved.index => Some(last),
+            None => None,
+            _ => Some(saved),
+        })
     }
 
     async fn append<I>(
@@ -314,36 +362,59 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         I: IntoIterator<Item = Entry> + OptionalSend,
         I::IntoIter: OptionalSend,
     {
-        let mut batch = sled::Batch::default();
-        let mut added = 0u64;
-        let mut span: Option<(u64, u64)> = None;
+        let mut records = Vec::new();
         let mut stamps = Vec::new();
         for entry in entries {
             let index = entry.log_id.index;
-            span = Some(span.map_or((index, index), |(first, _)| (first, index)));
             if let EntryPayload::Normal(cmd) = &entry.payload
                 && let Some(stamp) = cmd.lease_clock_stamp()
             {
                 stamps.push((index, stamp));
             }
-            let bytes = encode_entry(&entry)?;
-            added += bytes.len() as u64;
-            batch.insert(&index_key(ENTRY, index), bytes);
+            records.push((index, encode_entry(&entry)?));
         }
-        if let (Some(receipts), Some((first, last))) = (&self.receipts, span) {
-            receipts.received(first, last, &stamps);
+        if let (Some(receipts), Some((first, _)), Some((last, _))) =
+            (&self.receipts, records.first(), records.last())
+        {
+            receipts.received(*first, *last, &stamps);
         }
-        self.tree
-            .apply_batch(batch)
+        // openraft truncates a conflicting suffix before it appends over it, and never appends
+        // below the purge point; its storage suite does both: an append that starts inside the
+        // log replaces from there, and entries already purged are dropped.
+        let asked = *self.purge_asked.lock().unwrap_or_else(|p| p.into_inner());
+        let floor = (self.entries.floor()).max(asked.map_or(0, |p| p.index + 1));
+        records.retain(|(index, _)| *index >= floor);
+        if let Some(&(start, _)) = records.first() {
+            let after_log = match self.entries.span() {
+                Some((first, last)) if start <= last => {
+                    self.truncate_from(first.max(start))?;
+                    false
+                }
+                Some((_, last)) => start > last + 1,
+                None => start > self.entries.floor(),
+            };
+            // The log goes on past a purge beyond its end (a snapshot was installed): the
+            // purge must be durable first, or a restart would find the old entries, a hole,
+            // then the new ones.
+            if after_log && let Some(upto) = asked.filter(|p| p.index + 1 >= start) {
+                let parts = self.purge_parts();
+                tokio::task::spawn_blocking(move || parts.purge(upto))
+                    .await
+                    .map_err(|e| StorageIOError::write_logs(any_err(&e)))??;
+            }
+        }
+        let added: u64 = records.iter().map(|(_, bytes)| bytes.len() as u64).sum();
+        self.entries
+            .append(&records)
             .map_err(|e| StorageIOError::write_logs(any_err(&e)))?;
         self.log_bytes.fetch_add(added, Ordering::Relaxed);
-        // Group commit off the Raft core: the flusher's next flush starts after this write, and
-        // covers every append queued meanwhile.
-        let flusher = self.flusher.get_or_init(|| Flusher::start(self.db.clone()));
-        if let Err(closed) = flusher.queue.send(callback).await {
-            // The flusher is gone only if its task panicked: flush here instead.
-            let flushed = self.flush().await.map_err(std::io::Error::other);
-            closed.0.log_io_completed(flushed);
+        if let Err(closed) = self.syncer.queue.send(callback).await {
+            // The sync thread is gone only if it panicked: sync here instead.
+            let entries = self.entries.clone();
+            let synced = tokio::task::spawn_blocking(move || entries.sync())
+                .await
+                .unwrap_or_else(|e| Err(std::io::Error::other(e.to_string())));
+            closed.0.log_io_completed(synced);
         }
         Ok(())
     }
@@ -352,24 +423,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         if let Some(receipts) = &self.receipts {
             receipts.truncated(log_id.index);
         }
-        let mut batch = sled::Batch::default();
-        let mut removed = 0u64;
-        for item in self
-            .tree
-            .range(index_key(ENTRY, log_id.index).to_vec()..entries_end())
-        {
-            let (k, v) = item.map_err(|e| StorageIOError::write_logs(any_err(&e)))?;
-            removed += v.len() as u64;
-            batch.remove(k);
-        }
-        self.tree
-            .apply_batch(batch)
-            .map_err(|e| StorageIOError::write_logs(any_err(&e)))?;
-        self.forget(removed);
-        self.flush()
-            .await
-            .map_err(|e| StorageIOError::write_logs(any_err(&e)))?;
-        Ok(())
+        self.truncate_from(log_id.index)
     }
 
     async fn purge(&mut self, log_id: LogId) -> Result<(), StorageError> {
@@ -384,15 +438,13 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         }
         let purger = self.purger.get_or_init(|| {
             let (queue, mut waiting) = tokio::sync::mpsc::channel::<LogId>(64);
-            // The task holds the tree and the byte count, never the store (whose sender would
-            // keep it, and the database, alive after the node stops).
-            let (tree, log_bytes) = (self.tree.clone(), self.log_bytes.clone());
+            // The task holds what a purge needs, never the store (whose sender would keep it,
+            // and the database, alive after the node stops).
+            let parts = self.purge_parts();
             tokio::spawn(async move {
                 while let Some(upto) = waiting.recv().await {
-                    let (tree, log_bytes) = (tree.clone(), log_bytes.clone());
-                    let done =
-                        tokio::task::spawn_blocking(move || purge_now(&tree, &log_bytes, upto))
-                            .await;
+                    let parts = parts.clone();
+                    let done = tokio::task::spawn_blocking(move || parts.purge(upto)).await;
                     if !matches!(done, Ok(Ok(()))) {
                         tracing::warn!(upto = upto.index, "purging the log failed: {done:?}");
                     }
@@ -402,54 +454,55 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         });
         if purger.send(log_id).await.is_err() {
             // The purger is gone only if its task panicked: purge here instead.
-            purge_now(&self.tree, &self.log_bytes, log_id)?;
+            self.purge_parts().purge(log_id)?;
         }
         Ok(())
     }
 }
 
-/// Remove the entries up to `upto` in batches of [`PURGE_CHUNK`], oldest first. Each batch
-/// records as purged the last entry it removes (`upto` itself for the last batch), so a crash
-/// between two leaves a log that is a suffix with the right purge mark.
-// The wall clock times a log line only; nothing is decided by it.
-#[allow(clippy::disallowed_methods)]
-fn purge_now(tree: &sled::Tree, log_bytes: &AtomicU64, upto: LogId) -> Result<(), StorageError> {
-    let started = std::time::Instant::now();
-    let write_err = |e: sled::Error| StorageError::from(StorageIOError::write_logs(any_err(&e)));
-    let mut total = 0u64;
-    loop {
-        let mut batch = sled::Batch::default();
-        let (mut removed, mut count, mut last) = (0u64, 0usize, None);
-        for item in tree
-            .range(index_key(ENTRY, 0)..=index_key(ENTRY, upto.index))
-            .take(PURGE_CHUNK)
-        {
-            let (k, v) = item.map_err(write_err)?;
-            removed += v.len() as u64;
-            count += 1;
-            last = Some(v);
-            batch.remove(k);
-        }
-        let done = count < PURGE_CHUNK;
-        let mark = match (&last, done) {
-            (Some(bytes), false) => decode_entry(bytes)?.log_id,
-            _ => upto,
+/// What a purge touches.
+#[derive(Clone)]
+struct PurgeParts {
+    db: sled::Db,
+    tree: sled::Tree,
+    entries: Arc<SegmentLog>,
+    log_bytes: Arc<AtomicU64>,
+}
+
+impl PurgeParts {
+    /// Record the purge mark, make it and the state durable, then forget the entries and
+    /// delete the segments that held only them.
+    // The wall clock times a log line only; nothing is decided by it.
+    #[allow(clippy::disallowed_methods)]
+    fn purge(&self, upto: LogId) -> Result<(), StorageError> {
+        let started = std::time::Instant::now();
+        let write_err =
+            |e: sled::Error| StorageError::from(StorageIOError::write_logs(any_err(&e)));
+        let mark: Option<LogId> = match self.tree.get(KEY_PURGED).map_err(write_err)? {
+            Some(b) => {
+                serde_json::from_slice(&b).map_err(|e| StorageIOError::write_logs(any_err(&e)))?
+            }
+            None => None,
         };
-        batch.insert(KEY_PURGED, encode(&mark)?);
-        tree.apply_batch(batch).map_err(write_err)?;
-        forget(log_bytes, removed);
-        total += removed;
-        if done {
-            break;
+        if mark.is_none_or(|m| m.index < upto.index) {
+            self.tree
+                .insert(KEY_PURGED, encode(&upto)?)
+                .map_err(write_err)?;
         }
+        self.db.flush().map_err(write_err)?;
+        let removed = self
+            .entries
+            .purge(upto.index)
+            .map_err(|e| StorageIOError::write_logs(any_err(&e)))?;
+        forget(&self.log_bytes, removed);
+        tracing::debug!(
+            upto = upto.index,
+            bytes = removed,
+            ms = started.elapsed().as_millis() as u64,
+            "log purged"
+        );
+        Ok(())
     }
-    tracing::debug!(
-        upto = upto.index,
-        bytes = total,
-        ms = started.elapsed().as_millis() as u64,
-        "log purged"
-    );
-    Ok(())
 }
 
 /// Entries of `bytes` left the log: never below zero, even if a count was missed.
@@ -457,6 +510,66 @@ fn forget(log_bytes: &AtomicU64, bytes: u64) {
     let _ = log_bytes.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |b| {
         Some(b.saturating_sub(bytes))
     });
+}
+
+/// Move the entries of a data directory of format 3 or older from sled to the segment files:
+/// write them all anew (whatever an interrupted move left is discarded), sync, then remove
+/// them from sled and flush. Interrupted at any point, it is done again on the next open.
+fn move_entries_out_of_sled(
+    db: &sled::Db,
+    tree: &sled::Tree,
+    log_dir: &std::path::Path,
+    purged: Option<LogId>,
+) -> Result<(), crate::storage::StorageError> {
+    match std::fs::remove_dir_all(log_dir) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            return Err(file_err(LogFileError::Misuse(format!(
+                "removing {}: {e}",
+                log_dir.display()
+            ))));
+        }
+        _ => {}
+    }
+    let log = SegmentLog::open(log_dir, purged.map(|p| p.index)).map_err(file_err)?;
+    let floor = purged.map_or(0, |p| p.index + 1);
+    let mut chunk = Vec::new();
+    let mut moved = 0u64;
+    for item in tree.scan_prefix([ENTRY]) {
+        let (k, v) = item?;
+        let index = u64::from_be_bytes(k[1..].try_into().map_err(|_| {
+            crate::storage::StorageError::Corrupt {
+                what: "log entry key".into(),
+                detail: format!("{} bytes", k.len()),
+            }
+        })?);
+        if index < floor {
+            continue;
+        }
+        chunk.push((index, v.to_vec()));
+        if chunk.len() == 1024 {
+            log.append(&chunk).map_err(file_err)?;
+            moved += chunk.len() as u64;
+            chunk.clear();
+        }
+    }
+    log.append(&chunk).map_err(file_err)?;
+    moved += chunk.len() as u64;
+    log.sync()
+        .map_err(|e| file_err(LogFileError::Misuse(e.to_string())))?;
+    let keys: Vec<sled::IVec> = tree.scan_prefix([ENTRY]).keys().collect::<Result<_, _>>()?;
+    for part in keys.chunks(1024) {
+        let mut batch = sled::Batch::default();
+        for k in part {
+            batch.remove(k);
+        }
+        tree.apply_batch(batch)?;
+    }
+    db.flush()?;
+    tracing::info!(
+        entries = moved,
+        "moved the raft log out of sled into its segment files"
+    );
+    Ok(())
 }
 
 /// Seed an empty log with `last` as its purged and committed id (a restore): the log then
@@ -476,9 +589,4 @@ pub(crate) fn seed(db: &sled::Db, last: LogId) -> Result<(), crate::storage::Sto
     tree.apply_batch(batch)?;
     db.flush()?;
     Ok(())
-}
-
-/// The first key past every entry key.
-fn entries_end() -> Vec<u8> {
-    vec![ENTRY + 1]
 }

@@ -16,6 +16,7 @@ pub mod consensus;
 pub mod log_store;
 pub mod mvcc_store;
 pub mod network;
+pub mod segment_log;
 pub mod state_machine;
 pub mod state_view;
 

@@ -487,8 +487,9 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             batch.insert(KEY_REVISION, json(&revision)?);
             // Written while the state is still locked: a reader that sees revision `r` finds
             // the history through `r` (sled's batch is in memory, not a disk write).
-            // Not flushed here: the log holds every applied entry durably, and sled recovers a
-            // prefix of writes, so a lost tail is re-applied from the log on restart.
+            // Not flushed here: the log holds every applied entry durably (a purge flushes sled
+            // before it removes any), and sled recovers a prefix of writes, so a lost tail is
+            // re-applied from the log on restart.
             self.state.apply_batch(batch).map_err(write_err)?;
             self.written = Written {
                 compact,
@@ -514,6 +515,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         );
         self.snapshot_seq += 1;
         SnapshotBuilder {
+            db: self.db.clone(),
             snapshots: self.snapshots.clone(),
             on_disk: self.snapshot_revision.clone(),
             payload: Some(SnapshotPayload { kv }),
@@ -634,6 +636,7 @@ async fn save_snapshot(
 
 /// Builds a snapshot from a copy of the state taken when the builder was made.
 pub struct SnapshotBuilder {
+    db: sled::Db,
     snapshots: SnapshotFile,
     /// The state machine's [`StateMachine::snapshot_revision`].
     on_disk: Arc<AtomicU64>,
@@ -667,7 +670,10 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
             last_membership: self.membership.clone(),
             snapshot_id,
         };
-        // Durable before openraft may purge the log entries it covers.
+        // The state first (appends no longer flush sled), so that a restart finds the state at
+        // or past the snapshot and can load from the file; then the file, durable before
+        // openraft may purge the log entries it covers.
+        self.db.flush_async().await.map_err(write_err)?;
         let data = save_snapshot(&self.snapshots, &meta, data).await?;
         self.on_disk.fetch_max(revision.0, Ordering::AcqRel);
         tracing::info!(

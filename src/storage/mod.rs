@@ -1,11 +1,12 @@
-//! sled: one database per node holding the Raft log, the vote, the applied state and the latest
-//! snapshot.
+//! Storage: one sled database per node holding the applied state and the Raft log's marks,
+//! the log's segment files, and the latest snapshot file.
 //!
 //! # Invariants
-//! - One `sled::Db` per node. A flush of the Db covers every tree, so the single flush that makes
-//!   a log append durable also makes every state-machine write issued before it durable.
+//! - One `sled::Db` per node for the state and the log's marks; the log's entries are files of
+//!   their own (`raft::segment_log`). sled is flushed by its own timer, by a vote, and before a
+//!   log purge (so that the state is durable past every entry the purge removes).
 //! - Each logical unit of change is one `sled::Batch` on one tree, which sled applies atomically
-//!   and recovers as a prefix after a crash: the log store keeps entries, vote, committed id and
+//!   and recovers as a prefix after a crash: the log store keeps its vote, committed id and
 //!   purge mark in one tree; the state machine keeps keys and its applied marks in another.
 //! - The latest snapshot is a file of its own ([`snapshot_file`]), off the log's flush path.
 //!
@@ -33,8 +34,10 @@ pub mod snapshot_file;
 /// refuses it rather than write state without history. Format 3 keeps the values as the
 /// newest MVCC versions (no separate copy) and one event record per applied batch; a
 /// format-1 or -2 directory is converted when opened (its history starts at its current
-/// state).
-pub const STORAGE_FORMAT: u32 = 3;
+/// state). Format 4 keeps the Raft log's entries in segment files of their own
+/// (`<data dir>/raft-log/`, `raft::segment_log`) instead of sled; older directories have them
+/// moved there when opened.
+pub const STORAGE_FORMAT: u32 = 4;
 /// The oldest format this build upgrades in place.
 const UPGRADABLE_FROM: u32 = 1;
 /// Where the format is recorded.
@@ -186,7 +189,7 @@ mod tests {
         drop(db);
         match open_db(&dir, 1 << 20) {
             Err(e @ StorageError::Format { found: 99, .. }) => {
-                assert!(e.to_string().contains("this build reads format 3"), "{e}")
+                assert!(e.to_string().contains("this build reads format 4"), "{e}")
             }
             other => panic!("expected a format refusal, got {:?}", other.map(|_| ())),
         }
