@@ -90,8 +90,12 @@ pub fn open_db(dir: &Path, cache_bytes: u64) -> Result<sled::Db, StorageError> {
                 })?;
                 return Ok(db);
             }
+            // sled reports the lock held by another handle as `WouldBlock`, or wrapped as
+            // `Other` with this message when its own lock file is taken.
             Err(sled::Error::Io(e))
-                if e.kind() == std::io::ErrorKind::WouldBlock && attempts_left > 0 =>
+                if (e.kind() == std::io::ErrorKind::WouldBlock
+                    || e.to_string().contains("could not acquire lock"))
+                    && attempts_left > 0 =>
             {
                 attempts_left -= 1;
                 std::thread::sleep(Duration::from_millis(20));
