@@ -383,7 +383,7 @@ impl Node {
             }
         }
         write_identity(&cfg)?;
-        let log_store = LogStore::open(&db, &cfg.data_dir)?;
+        let log_store = LogStore::open(&db, &cfg.data_dir)?.with_node(cfg.id);
         let committed = log_store.committed_index();
         let storage_use = StorageUse {
             log_bytes: log_store.log_bytes(),
@@ -404,6 +404,7 @@ impl Node {
         // Watches that resume before the in-memory history read the MVCC store.
         watch_hub.set_older(Arc::new(view.clone()));
         let log_store = log_store.with_receipts(lease_hub.clone());
+        state_machine.apply_when_durable(log_store.durable_view());
         let state_machine_dropped = state_machine.dropped();
 
         let faults = peers.faults();
@@ -411,7 +412,7 @@ impl Node {
         let raft = Raft::new(
             cfg.id,
             raft_config,
-            NetworkFactory::new(peers.clone()),
+            NetworkFactory::new(peers.clone()).with_durability(log_store.durable_view()),
             log_store,
             state_machine,
         )

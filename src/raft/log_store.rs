@@ -46,6 +46,7 @@ use openraft::{EntryPayload, OptionalSend, RaftLogReader, StorageIOError, Vote};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
+use super::durability::{Durability, DurableView, may_acknowledge_early};
 use super::segment_log::{LogFileError, SegmentLog};
 use super::{Entry, LogId, NodeId, StorageError, TypeConfig, any_err};
 use crate::storage::TREE_RAFT;
@@ -87,6 +88,12 @@ pub struct LogStore {
     log_bytes: Arc<AtomicU64>,
     receipts: Option<Arc<dyn LogReceipts>>,
     syncer: Syncer,
+    /// This node, once known ([`LogStore::with_node`]): only then may it acknowledge its own
+    /// appends before they are synced ([`super::durability`]).
+    me: Option<NodeId>,
+    /// The vote as last saved.
+    vote: Arc<std::sync::Mutex<Option<Vote<NodeId>>>>,
+    durability: Durability,
     /// Started on the first purge; shared by clones.
     purger: Arc<std::sync::OnceLock<tokio::sync::mpsc::Sender<LogId>>>,
     /// The latest purge asked for: entries up to it are gone for every reader at once, even
@@ -99,17 +106,27 @@ pub struct LogStore {
 const SYNC_QUEUE: usize = 4096;
 
 /// Completes appends once a sync covers them: one thread per log store, which takes every
-/// waiting callback, syncs once, and completes them in order. A plain thread rather than a
-/// task: an fdatasync blocks, and a blocking-pool hop per sync costs two more wake-ups. It ends
-/// when every clone of the log store is dropped, after completing what is queued.
+/// waiting append, syncs once, raises the durable mark and completes the callbacks in order. A
+/// plain thread rather than a task: an fdatasync blocks, and a blocking-pool hop per sync costs
+/// two more wake-ups. It ends when every clone of the log store is dropped, after completing
+/// what is queued.
 #[derive(Clone)]
 struct Syncer {
-    queue: tokio::sync::mpsc::Sender<LogFlushed<TypeConfig>>,
+    queue: tokio::sync::mpsc::Sender<SyncJob>,
+}
+
+/// One append waiting for its sync.
+struct SyncJob {
+    /// `None` when the append was acknowledged early (the leader's own entries).
+    callback: Option<LogFlushed<TypeConfig>>,
+    /// Its last entry, and the log's generation when it was written.
+    last: Option<LogId>,
+    generation: u64,
 }
 
 impl Syncer {
-    fn start(entries: Arc<SegmentLog>) -> Result<Syncer, std::io::Error> {
-        let (queue, mut waiting) = tokio::sync::mpsc::channel::<LogFlushed<TypeConfig>>(SYNC_QUEUE);
+    fn start(entries: Arc<SegmentLog>, durability: Durability) -> Result<Syncer, std::io::Error> {
+        let (queue, mut waiting) = tokio::sync::mpsc::channel::<SyncJob>(SYNC_QUEUE);
         std::thread::Builder::new()
             .name(SYNC_THREAD.into())
             .spawn(move || {
@@ -120,12 +137,27 @@ impl Syncer {
                         batch.push(more);
                     }
                     let synced = entries.sync();
-                    for callback in batch.drain(..) {
+                    match &synced {
+                        Ok(()) => {
+                            for job in &batch {
+                                if let Some(last) = job.last {
+                                    durability.synced(last, job.generation);
+                                }
+                            }
+                        }
+                        Err(e) => {
+                            tracing::error!(error = %e, "syncing the raft log failed");
+                            durability.failed();
+                        }
+                    }
+                    for job in batch.drain(..) {
                         let result = match &synced {
                             Ok(()) => Ok(()),
                             Err(e) => Err(std::io::Error::new(e.kind(), e.to_string())),
                         };
-                        callback.log_io_completed(result);
+                        if let Some(callback) = job.callback {
+                            callback.log_io_completed(result);
+                        }
                     }
                 }
             })?;
@@ -162,11 +194,20 @@ impl LogStore {
         }
         let entries =
             Arc::new(SegmentLog::open(&log_dir, purged.map(|p| p.index)).map_err(file_err)?);
-        let syncer =
-            Syncer::start(entries.clone()).map_err(|e| crate::storage::StorageError::Corrupt {
-                what: "raft log sync thread".into(),
-                detail: e.to_string(),
-            })?;
+        let corrupt = |what: &str, detail: String| crate::storage::StorageError::Corrupt {
+            what: what.into(),
+            detail,
+        };
+        // The open synced what it found: all of it is durable.
+        let durability = Durability::new(
+            last_entry_id(&entries).map_err(|e| corrupt("raft log", e.to_string()))?,
+        );
+        let vote: Option<Vote<NodeId>> = match tree.get(KEY_VOTE)? {
+            Some(b) => serde_json::from_slice(&b).map_err(|e| corrupt("vote", e.to_string()))?,
+            None => None,
+        };
+        let syncer = Syncer::start(entries.clone(), durability.clone())
+            .map_err(|e| corrupt("raft log sync thread", e.to_string()))?;
         Ok(LogStore {
             db: db.clone(),
             tree,
@@ -175,6 +216,9 @@ impl LogStore {
             committed: Arc::new(AtomicU64::new(0)),
             receipts: None,
             syncer,
+            me: None,
+            vote: Arc::new(std::sync::Mutex::new(vote)),
+            durability,
             purger: Arc::new(std::sync::OnceLock::new()),
             purge_asked: Arc::new(std::sync::Mutex::new(None)),
         })
@@ -184,6 +228,18 @@ impl LogStore {
     pub fn with_receipts(mut self, receipts: Arc<dyn LogReceipts>) -> Self {
         self.receipts = Some(receipts);
         self
+    }
+
+    /// This node's id: from now on it acknowledges the entries it appends as leader before
+    /// they are synced ([`super::durability`] says why that is safe).
+    pub fn with_node(mut self, me: NodeId) -> Self {
+        self.me = Some(me);
+        self
+    }
+
+    /// How far the log is durable.
+    pub fn durable_view(&self) -> DurableView {
+        self.durability.view()
     }
 
     /// Bytes of the stored entries (shared; updated as the log changes).
@@ -207,11 +263,7 @@ impl LogStore {
     }
 
     fn last_entry_id(&self) -> Result<Option<LogId>, StorageError> {
-        let Some((_, last)) = self.entries.span() else {
-            return Ok(None);
-        };
-        let found = self.read_entries(last, last + 1, usize::MAX)?;
-        Ok(found.last().map(|e| e.log_id))
+        last_entry_id(&self.entries)
     }
 
     /// The first index a reader may see: past the latest purge asked for.
@@ -235,6 +287,7 @@ impl LogStore {
             .truncate(index)
             .map_err(|e| StorageIOError::write_logs(any_err(&e)))?;
         forget(&self.log_bytes, removed);
+        self.durability.truncated(index, self.last_entry_id()?);
         Ok(())
     }
 
@@ -245,6 +298,20 @@ impl LogStore {
             .read(from, to, budget)
             .map_err(|e| StorageIOError::read_logs(any_err(&e)))?;
         raw.iter().map(|bytes| decode_entry(bytes)).collect()
+    }
+}
+
+/// The id of the last entry in `entries`.
+fn last_entry_id(entries: &SegmentLog) -> Result<Option<LogId>, StorageError> {
+    let Some((_, last)) = entries.span() else {
+        return Ok(None);
+    };
+    let raw = entries
+        .read(last, last + 1, usize::MAX)
+        .map_err(|e| StorageIOError::read_logs(any_err(&e)))?;
+    match raw.last() {
+        Some(bytes) => Ok(Some(decode_entry(bytes)?.log_id)),
+        None => Ok(None),
     }
 }
 
@@ -318,6 +385,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             .flush_async()
             .await
             .map_err(|e| StorageIOError::write_vote(any_err(&e)))?;
+        *self.vote.lock().unwrap_or_else(|p| p.into_inner()) = Some(*vote);
         Ok(())
     }
 
@@ -362,16 +430,21 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         I: IntoIterator<Item = Entry> + OptionalSend,
         I::IntoIter: OptionalSend,
     {
+        let entries: Vec<Entry> = entries.into_iter().collect();
+        let early = self.me.is_some_and(|me| {
+            let vote = self.vote.lock().unwrap_or_else(|p| p.into_inner());
+            may_acknowledge_early(me, vote.as_ref(), &entries)
+        });
         let mut records = Vec::new();
         let mut stamps = Vec::new();
-        for entry in entries {
+        for entry in &entries {
             let index = entry.log_id.index;
             if let EntryPayload::Normal(cmd) = &entry.payload
                 && let Some(stamp) = cmd.lease_clock_stamp()
             {
                 stamps.push((index, stamp));
             }
-            records.push((index, encode_entry(&entry)?));
+            records.push((index, encode_entry(entry)?));
         }
         if let (Some(receipts), Some((first, _)), Some((last, _))) =
             (&self.receipts, records.first(), records.last())
@@ -408,13 +481,36 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             .append(&records)
             .map_err(|e| StorageIOError::write_logs(any_err(&e)))?;
         self.log_bytes.fetch_add(added, Ordering::Relaxed);
-        if let Err(closed) = self.syncer.queue.send(callback).await {
+        let last = records
+            .last()
+            .and_then(|(index, _)| entries.iter().rev().find(|e| e.log_id.index == *index))
+            .map(|e| e.log_id);
+        let callback = match early {
+            true => {
+                callback.log_io_completed(Ok(()));
+                None
+            }
+            false => Some(callback),
+        };
+        let job = SyncJob {
+            callback,
+            last,
+            generation: self.durability.generation(),
+        };
+        if let Err(closed) = self.syncer.queue.send(job).await {
             // The sync thread is gone only if it panicked: sync here instead.
             let entries = self.entries.clone();
             let synced = tokio::task::spawn_blocking(move || entries.sync())
                 .await
                 .unwrap_or_else(|e| Err(std::io::Error::other(e.to_string())));
-            closed.0.log_io_completed(synced);
+            match (&synced, closed.0.last) {
+                (Ok(()), Some(last)) => self.durability.synced(last, closed.0.generation),
+                (Err(_), _) => self.durability.failed(),
+                _ => {}
+            }
+            if let Some(callback) = closed.0.callback {
+                callback.log_io_completed(synced);
+            }
         }
         Ok(())
     }

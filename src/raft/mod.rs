@@ -13,6 +13,7 @@
 
 pub mod backup;
 pub mod consensus;
+pub mod durability;
 pub mod log_store;
 pub mod mvcc_store;
 pub mod network;

@@ -47,6 +47,7 @@ use openraft::{BasicNode, EntryPayload, OptionalSend, Snapshot, Vote};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
+use super::durability::DurableView;
 use super::{Entry, NodeId, SnapshotMeta, TypeConfig};
 use crate::domain::peer_link::{LinkPolicy, LinkReport, PeerLink};
 use crate::domain::peer_trust::SENDER_HEADER;
@@ -495,11 +496,22 @@ pub fn decode_snapshot_frame(
 #[derive(Clone)]
 pub struct NetworkFactory {
     client: PeerClient,
+    durable: Option<DurableView>,
 }
 
 impl NetworkFactory {
     pub fn new(client: PeerClient) -> Self {
-        NetworkFactory { client }
+        NetworkFactory {
+            client,
+            durable: None,
+        }
+    }
+
+    /// Tell followers a commit no higher than this node's durable log (the leader
+    /// acknowledges its own appends before their sync: `super::durability`).
+    pub fn with_durability(mut self, durable: DurableView) -> Self {
+        self.durable = Some(durable);
+        self
     }
 }
 
@@ -511,6 +523,7 @@ impl RaftNetworkFactory<TypeConfig> for NetworkFactory {
             client: self.client.clone(),
             target,
             addr: node.addr.clone(),
+            durable: self.durable.clone(),
         }
     }
 }
@@ -520,6 +533,7 @@ pub struct PeerConnection {
     client: PeerClient,
     target: NodeId,
     addr: String,
+    durable: Option<DurableView>,
 }
 
 impl PeerConnection {
@@ -571,6 +585,9 @@ impl RaftNetwork<TypeConfig> for PeerConnection {
         mut rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId>>> {
+        if let Some(durable) = &self.durable {
+            rpc.leader_commit = durable.cap_commit(rpc.leader_commit);
+        }
         let cut = cut_to_budget(&mut rpc.entries);
         let last_sent = rpc.entries.last().map(|e| e.log_id);
         let body =

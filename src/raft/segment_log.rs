@@ -279,6 +279,16 @@ impl SegmentLog {
                 file: Arc::new(file),
             });
         }
+        // What a crashed process wrote may still be only in the page cache: sync it, so that
+        // every entry found here counts as durable.
+        for seg in &inner.segments {
+            seg.file
+                .sync_data()
+                .map_err(LogFileError::io("syncing", &seg.path))?;
+        }
+        File::open(dir)
+            .and_then(|d| d.sync_all())
+            .map_err(LogFileError::io("syncing", dir))?;
         Ok(SegmentLog {
             dir: dir.to_path_buf(),
             inner: Mutex::new(inner),

@@ -151,6 +151,9 @@ pub struct StateMachine {
     written: Written,
     /// Distinguishes snapshots built at the same log id.
     snapshot_seq: u64,
+    /// How far this node's log is durable: an entry is applied only once it is
+    /// ([`super::durability`]). `None` in tests of the state machine alone.
+    durable: Option<super::durability::DurableView>,
     /// Dropped with the state machine: tells [`StateMachine::dropped`]'s receiver that this
     /// handle on sled is gone.
     drop_signal: Option<tokio::sync::oneshot::Sender<()>>,
@@ -164,6 +167,12 @@ impl StateMachine {
         let (tx, rx) = tokio::sync::oneshot::channel();
         self.drop_signal = Some(tx);
         rx
+    }
+
+    /// Apply entries only once the log is durable up to them (the leader acknowledges its
+    /// own appends before their sync).
+    pub fn apply_when_durable(&mut self, view: super::durability::DurableView) {
+        self.durable = Some(view);
     }
 
     /// Load the persisted state from `db`; snapshots live in `dir`.
@@ -278,6 +287,7 @@ impl StateMachine {
                 sweep_limit,
             },
             snapshot_seq: 0,
+            durable: None,
             drop_signal: None,
         };
         Ok((sm, view))
@@ -418,6 +428,10 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         I: IntoIterator<Item = Entry> + OptionalSend,
         I::IntoIter: OptionalSend,
     {
+        let entries: Vec<Entry> = entries.into_iter().collect();
+        if let (Some(view), Some(last)) = (&mut self.durable, entries.last()) {
+            view.wait_for(last.log_id.index).await.map_err(write_err)?;
+        }
         let mut responses = Vec::new();
         let mut events = Vec::new();
         let mut lease_changes = Vec::new();

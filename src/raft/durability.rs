@@ -1,0 +1,277 @@
+//! How far this node's Raft log is durable, and the leader's early acknowledgement of its own
+//! appends.
+//!
+//! openraft 0.9's core awaits the flush of every append before it does anything else. On the
+//! leader that put its own fdatasync and the followers' one after the other, and held the core
+//! (no replication sent, no acknowledgement handled) for the leader's. So the leader
+//! acknowledges its own appends to its core at once and syncs them meanwhile, on the sync
+//! thread; what depends on the commit cannot become visible before its own copy is durable:
+//! - the state machine applies an entry only once the log is durable up to it
+//!   ([`DurableView::wait_for`]): clients are answered, reads served and watches woken only from
+//!   applied state;
+//! - the commit index the leader sends to followers is cut to its durable entry
+//!   ([`DurableView::cap_commit`], in `raft::network`), so no follower applies it before;
+//! - only normal entries that this node wrote as the leader of its current vote are acknowledged
+//!   early ([`may_acknowledge_early`]): blank and membership entries wait for their sync, since
+//!   openraft moves a membership change on when its entry commits, not when it applies.
+//!
+//! An entry therefore becomes visible only once a majority holds it durably: the followers that
+//! acknowledged it (a follower always syncs before it acknowledges) and the leader. A leader
+//! that crashes first may lose it, as it may lose any write it never answered.
+//!
+//! # Invariants
+//! - The durable mark only rises, except when the log is cut ([`Durability::truncated`]):
+//!   then it falls to the last entry kept, and syncs of writes made before the cut no longer
+//!   raise it (a generation, changed under the same lock, tells them apart).
+//! - A failed sync is final: the mark never rises again and every waiter gets an error (after
+//!   a failed fdatasync the kernel may have dropped the data while reporting later syncs fine).
+//!
+//! # What it must not do
+//! Decide what is committed: openraft does. This only holds back what openraft's commit would
+//! expose before the leader's own copy is on disk.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use openraft::{EntryPayload, Vote};
+use tokio::sync::watch;
+
+use super::{Entry, LogId, NodeId};
+
+/// The last entry known to be on disk, and whether a sync ever failed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DurableMark {
+    pub last: Option<LogId>,
+    pub failed: bool,
+}
+
+/// The writer's side: the sync thread and the log store move the mark.
+#[derive(Clone)]
+pub struct Durability {
+    tx: Arc<watch::Sender<DurableMark>>,
+    generation: Arc<AtomicU64>,
+}
+
+impl Durability {
+    /// Everything up to `last` is on disk (a log just opened and synced).
+    pub fn new(last: Option<LogId>) -> Durability {
+        let (tx, _) = watch::channel(DurableMark {
+            last,
+            failed: false,
+        });
+        Durability {
+            tx: Arc::new(tx),
+            generation: Arc::new(AtomicU64::new(0)),
+        }
+    }
+
+    /// A reader's view.
+    pub fn view(&self) -> DurableView {
+        DurableView(self.tx.subscribe())
+    }
+
+    /// The generation a write made now belongs to.
+    pub fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
+    }
+
+    /// Writes of `generation` up to `last` are on disk.
+    pub fn synced(&self, last: LogId, generation: u64) {
+        self.tx.send_if_modified(|mark| {
+            let current = self.generation.load(Ordering::Acquire) == generation;
+            let higher = mark.last.is_none_or(|m| m.index < last.index);
+            if current && higher && !mark.failed {
+                mark.last = Some(last);
+                true
+            } else {
+                false
+            }
+        });
+    }
+
+    /// A sync failed: nothing more is ever durable.
+    pub fn failed(&self) {
+        self.tx.send_modify(|mark| mark.failed = true);
+    }
+
+    /// Entries from `from` on were removed; `kept` is the last one left (if any).
+    pub fn truncated(&self, from: u64, kept: Option<LogId>) {
+        self.tx.send_modify(|mark| {
+            self.generation.fetch_add(1, Ordering::AcqRel);
+            if mark.last.is_some_and(|m| m.index >= from) {
+                mark.last = kept;
+            }
+        });
+    }
+}
+
+/// A reader's side: the state machine and the peer network.
+#[derive(Clone)]
+pub struct DurableView(watch::Receiver<DurableMark>);
+
+/// A sync failed: the log cannot be trusted any more.
+#[derive(Debug, thiserror::Error)]
+#[error("a sync of the raft log failed; this node stops applying")]
+pub struct SyncFailed;
+
+impl DurableView {
+    /// The mark now.
+    pub fn current(&self) -> DurableMark {
+        *self.0.borrow()
+    }
+
+    /// Wait until the log is durable up to `index`.
+    pub async fn wait_for(&mut self, index: u64) -> Result<(), SyncFailed> {
+        let reached = self
+            .0
+            .wait_for(|m| m.failed || m.last.is_some_and(|l| l.index >= index))
+            .await
+            .map_err(|_| SyncFailed)?;
+        if reached.failed {
+            Err(SyncFailed)
+        } else {
+            Ok(())
+        }
+    }
+
+    /// The commit to tell followers: `commit`, cut to the durable entry.
+    pub fn cap_commit(&self, commit: Option<LogId>) -> Option<LogId> {
+        cap_commit(commit, self.current())
+    }
+}
+
+/// `commit`, no higher than the durable entry (and none at all after a failed sync).
+pub fn cap_commit(commit: Option<LogId>, durable: DurableMark) -> Option<LogId> {
+    let commit = commit?;
+    if durable.failed {
+        return None;
+    }
+    match durable.last {
+        Some(d) if d.index >= commit.index => Some(commit),
+        d => d,
+    }
+}
+
+/// Whether this node may acknowledge `entries` to its own core before they are synced: it
+/// wrote them as the leader of its current vote, and they are all normal entries.
+pub fn may_acknowledge_early(me: NodeId, vote: Option<&Vote<NodeId>>, entries: &[Entry]) -> bool {
+    let Some(vote) = vote else {
+        return false;
+    };
+    vote.committed
+        && vote.leader_id.node_id == me
+        && !entries.is_empty()
+        && entries.iter().all(|e| {
+            e.log_id.leader_id == vote.leader_id && matches!(e.payload, EntryPayload::Normal(_))
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::command::Command;
+    use openraft::{CommittedLeaderId, Membership};
+
+    fn id(term: u64, node: NodeId, index: u64) -> LogId {
+        LogId::new(CommittedLeaderId::new(term, node), index)
+    }
+
+    fn normal(term: u64, node: NodeId, index: u64) -> Entry {
+        Entry {
+            log_id: id(term, node, index),
+            payload: EntryPayload::Normal(Command::Delete {
+                key: "k".into(),
+                prev_revision: None,
+            }),
+        }
+    }
+
+    fn leader_vote(term: u64, node: NodeId) -> Vote<NodeId> {
+        let mut v = Vote::new(term, node);
+        v.commit();
+        v
+    }
+
+    #[test]
+    fn only_a_leaders_own_normal_entries_of_its_term_are_acknowledged_early() {
+        let me = 1;
+        let mine = vec![normal(3, me, 10), normal(3, me, 11)];
+        assert!(may_acknowledge_early(me, Some(&leader_vote(3, me)), &mine));
+        // A candidate's vote, another leader's vote, no vote.
+        assert!(!may_acknowledge_early(me, Some(&Vote::new(3, me)), &mine));
+        assert!(!may_acknowledge_early(me, Some(&leader_vote(3, 2)), &mine));
+        assert!(!may_acknowledge_early(me, None, &mine));
+        // Entries this node wrote as leader of an older term, sent back by a newer leader.
+        assert!(!may_acknowledge_early(me, Some(&leader_vote(4, me)), &mine));
+        // A follower of leader 2 appending leader 2's entries.
+        let theirs = vec![normal(3, 2, 10)];
+        assert!(!may_acknowledge_early(
+            me,
+            Some(&leader_vote(3, 2)),
+            &theirs
+        ));
+        // Blank and membership entries wait for their sync.
+        let blank = Entry {
+            log_id: id(3, me, 12),
+            payload: EntryPayload::Blank,
+        };
+        let membership = Entry {
+            log_id: id(3, me, 13),
+            payload: EntryPayload::Membership(Membership::new(vec![[1, 2, 3].into()], None)),
+        };
+        for odd in [blank, membership] {
+            let batch = vec![normal(3, me, 11), odd];
+            assert!(!may_acknowledge_early(
+                me,
+                Some(&leader_vote(3, me)),
+                &batch
+            ));
+        }
+        assert!(!may_acknowledge_early(me, Some(&leader_vote(3, me)), &[]));
+    }
+
+    #[test]
+    fn the_commit_told_to_followers_never_passes_the_durable_entry() {
+        let durable = |last: Option<LogId>| DurableMark {
+            last,
+            failed: false,
+        };
+        let c = Some(id(3, 1, 10));
+        assert_eq!(cap_commit(c, durable(Some(id(3, 1, 12)))), c);
+        assert_eq!(cap_commit(c, durable(Some(id(3, 1, 10)))), c);
+        assert_eq!(cap_commit(c, durable(Some(id(3, 1, 7)))), Some(id(3, 1, 7)));
+        assert_eq!(cap_commit(c, durable(None)), None);
+        assert_eq!(cap_commit(None, durable(Some(id(3, 1, 12)))), None);
+        let failed = DurableMark {
+            last: Some(id(3, 1, 12)),
+            failed: true,
+        };
+        assert_eq!(cap_commit(c, failed), None);
+    }
+
+    #[tokio::test]
+    async fn a_cut_lowers_the_mark_and_syncs_of_writes_before_it_no_longer_count() {
+        let d = Durability::new(Some(id(1, 1, 5)));
+        let mut view = d.view();
+        let before_cut = d.generation();
+        d.truncated(4, Some(id(1, 1, 3)));
+        assert_eq!(view.current().last, Some(id(1, 1, 3)));
+        // The sync thread reports writes of entries 4..=6 made before the cut: ignored.
+        d.synced(id(1, 1, 6), before_cut);
+        assert_eq!(view.current().last, Some(id(1, 1, 3)));
+        d.synced(id(2, 2, 4), d.generation());
+        view.wait_for(4).await.unwrap();
+        // It never goes down otherwise.
+        d.synced(id(2, 2, 2), d.generation());
+        assert_eq!(view.current().last, Some(id(2, 2, 4)));
+        // A failed sync wakes every waiter with an error, and is final.
+        let waiter = {
+            let mut v = d.view();
+            tokio::spawn(async move { v.wait_for(9).await })
+        };
+        d.failed();
+        assert!(waiter.await.unwrap().is_err());
+        d.synced(id(2, 2, 9), d.generation());
+        assert!(view.wait_for(9).await.is_err());
+    }
+}
