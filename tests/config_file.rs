@@ -167,7 +167,8 @@ fn version_names_the_commit_and_the_formats() {
         text.starts_with(&format!("leasecore {} (commit ", env!("CARGO_PKG_VERSION"))),
         "{text}"
     );
-    for part in ["API: v1", "storage format: 3", "backup format: 1"] {
+    let storage = format!("storage format: {}", leasecore::storage::STORAGE_FORMAT);
+    for part in ["API: v1", &storage, "backup format: 1"] {
         assert!(text.contains(part), "{text}");
     }
 }
