@@ -222,6 +222,8 @@ impl From<ConsensusError> for ApiError {
                 ApiError::new(StatusCode::GATEWAY_TIMEOUT, "timeout", message)
             }
             ConsensusError::ShuttingDown => ApiError::new(unavailable, "shutting_down", message),
+            // Nothing was done (the forwarding node falls back before a client sees this).
+            ConsensusError::Unsupported { .. } => ApiError::new(unavailable, "no_leader", message),
             ConsensusError::InvalidMembership { .. } => ApiError::invalid(message),
             ConsensusError::NodeNotFound { id } => {
                 ApiError::not_found("node_not_found", message).with("id", id)

@@ -281,6 +281,12 @@ pub fn route_table() -> Vec<RouteSpec> {
         spec("POST", routes::VOTE, Peer, post(peer::vote)),
         spec("POST", routes::SNAPSHOT, Peer, post(peer::snapshot)),
         spec("POST", routes::PROPOSE, Peer, post(peer::propose)),
+        spec(
+            "POST",
+            routes::PROPOSE_BATCH,
+            Peer,
+            post(peer::propose_batch),
+        ),
         spec("POST", routes::READ_INDEX, Peer, post(peer::read_index)),
         spec("POST", routes::ADMIN, Peer, post(peer::admin)),
         spec(

@@ -135,6 +135,28 @@ pub async fn propose(
     Ok(Json(state.consensus.propose_here(cmd).await))
 }
 
+/// Several forwarded proposals (`raft::consensus::forward`), each checked as [`propose`] checks
+/// one, answered in order.
+pub async fn propose_batch(
+    State(state): State<AppState>,
+    Extension(PeerSender(sender)): Extension<PeerSender>,
+    ApiJson(cmds): ApiJson<Vec<Command>>,
+) -> Result<Json<Result<Vec<Result<Response, ConsensusError>>, ConsensusError>>, ApiError> {
+    let max = crate::raft::consensus::MAX_FORWARD_COMMANDS;
+    if cmds.is_empty() || cmds.len() > max {
+        let e = ApiError::invalid(format!("a forwarded batch holds 1 to {max} commands"));
+        return Err(invalid(&state, sender, routes::PROPOSE_BATCH, e));
+    }
+    for cmd in &cmds {
+        if !matches!(cmd, Command::Guarded { .. }) {
+            let e = ApiError::invalid("a forwarded command must be guarded (on behalf of a user)");
+            return Err(invalid(&state, sender, routes::PROPOSE_BATCH, e));
+        }
+        admit(&state, cmd).map_err(|e| invalid(&state, sender, routes::PROPOSE_BATCH, e))?;
+    }
+    Ok(Json(state.consensus.propose_batch_here(cmds).await))
+}
+
 pub async fn read_index(State(state): State<AppState>) -> Json<Result<u64, ConsensusError>> {
     Json(state.consensus.read_index_here().await)
 }

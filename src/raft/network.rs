@@ -92,6 +92,8 @@ pub mod routes {
     pub const VOTE: &str = "/raft/vote";
     pub const SNAPSHOT: &str = "/raft/snapshot";
     pub const PROPOSE: &str = "/raft/propose";
+    /// Several forwarded proposals in one request (`raft::consensus::forward`).
+    pub const PROPOSE_BATCH: &str = "/raft/propose_batch";
     pub const READ_INDEX: &str = "/raft/read_index";
     pub const ADMIN: &str = "/raft/admin";
     pub const LEASE_REFRESH: &str = "/raft/lease_refresh";
@@ -112,6 +114,10 @@ pub enum PeerError {
     /// The request may have been delivered, but no usable answer came back.
     #[error("peer {addr}: {detail}")]
     Transport { addr: String, detail: String },
+    /// The peer has no such route (a build older than this one): no handler ran, nothing
+    /// was done.
+    #[error("peer {addr} does not serve {path} (an older build?)")]
+    NoRoute { addr: String, path: String },
 }
 
 impl PeerError {
@@ -120,6 +126,7 @@ impl PeerError {
         match self {
             PeerError::Unreachable { source, .. } => crate::transport::cause(source),
             PeerError::Transport { detail, .. } => detail.clone(),
+            PeerError::NoRoute { path, .. } => format!("no route {path}"),
         }
     }
 
@@ -454,6 +461,13 @@ impl PeerClient {
             .bytes()
             .await
             .map_err(|e| transport(crate::transport::cause(&e)))?;
+        // An unknown route answers 404 with no body; every route of ours answers with one.
+        if status == reqwest::StatusCode::NOT_FOUND && body.is_empty() {
+            return Err(PeerError::NoRoute {
+                addr: addr.to_string(),
+                path: path.to_string(),
+            });
+        }
         if !status.is_success() {
             return Err(transport(format!(
                 "status {status}: {}",
@@ -575,7 +589,9 @@ impl PeerConnection {
 fn to_rpc_error<E: std::error::Error>(e: &PeerError) -> RPCError<NodeId, BasicNode, E> {
     match e {
         PeerError::Unreachable { .. } => RPCError::Unreachable(Unreachable::new(e)),
-        PeerError::Transport { .. } => RPCError::Network(NetworkError::new(e)),
+        PeerError::Transport { .. } | PeerError::NoRoute { .. } => {
+            RPCError::Network(NetworkError::new(e))
+        }
     }
 }
 

@@ -51,7 +51,7 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, oneshot, watch};
 
-use super::network::{PeerClient, routes};
+use super::network::{PeerClient, PeerError, routes};
 use super::state_machine::StateView;
 use super::{NodeId, Raft};
 use crate::domain::command::{Command, Response};
@@ -60,10 +60,12 @@ use crate::domain::resources::Quota;
 use crate::runtime::batch::{RoundBatcher, RoundFuture};
 use crate::runtime::election::ElectionPort;
 
+mod forward;
 mod membership;
 mod queue;
 mod status;
 
+pub use forward::MAX_FORWARD_COMMANDS;
 pub use queue::ProposalQueue;
 
 /// Why a consensus operation did not complete. Also the peer-wire error of forwarded calls.
@@ -115,6 +117,11 @@ pub enum ConsensusError {
         "the storage quota is exhausted ({used_bytes} of {quota_bytes} bytes): delete keys or revoke leases to write again"
     )]
     QuotaExceeded { used_bytes: u64, quota_bytes: u64 },
+    /// The leader does not serve this request (it runs an older build): nothing was done.
+    /// Produced on the forwarding node only, which then falls back to a request the leader
+    /// knows (`forward`).
+    #[error("the leader does not serve this request (an older build): {detail}")]
+    Unsupported { detail: String },
 }
 
 /// What the storage quota counts (the log's bytes; the state's come from the view), and the
@@ -220,6 +227,8 @@ struct Inner {
     /// its lease clock stamp.
     lease_tracking: std::sync::OnceLock<watch::Receiver<u64>>,
     storage: StorageUse,
+    /// Proposals this node forwards to the leader, batched (started on the first).
+    forwards: std::sync::OnceLock<mpsc::Sender<Proposal>>,
 }
 
 /// A proposal waiting in the queue, with where its applied result goes.
@@ -375,6 +384,7 @@ impl Consensus {
                 lease_stamper: std::sync::OnceLock::new(),
                 lease_tracking: std::sync::OnceLock::new(),
                 storage,
+                forwards: std::sync::OnceLock::new(),
             }),
         };
         (consensus, ProposalQueue { raft, queue })
@@ -609,10 +619,7 @@ impl Consensus {
         if matches!(leader_ref(&self.inner.raft, self.inner.id), LeaderRef::Me) {
             return self.propose_here(cmd).await.map_err(no_leader_for_clients);
         }
-        self.on_leader(routes::PROPOSE, &cmd, Delivery::AtMostOnce, || {
-            self.propose_here(cmd.clone())
-        })
-        .await
+        self.forward(cmd).await
     }
 
     /// Run an operation on the leader: `here` if this node leads, otherwise forwarded to the
@@ -661,6 +668,11 @@ impl Consensus {
                         Ok(result) => return result,
                         Err(e) if e.not_delivered() || delivery == Delivery::Retryable => {
                             stale = Some(id)
+                        }
+                        Err(e @ PeerError::NoRoute { .. }) => {
+                            return Err(E::from(ConsensusError::Unsupported {
+                                detail: e.to_string(),
+                            }));
                         }
                         Err(e) => {
                             return Err(E::from(ConsensusError::OutcomeUnknown {

@@ -1,0 +1,138 @@
+//! Forwarded proposals, batched: a follower sends the proposals waiting to go to the leader in
+//! one request (`/raft/propose_batch`) instead of one request each.
+//!
+//! Each forwarded write used to cost the leader a whole HTTP request of its own, about as much
+//! as the write itself; under load a follower now sends a few requests carrying many
+//! proposals, which the leader proposes together (and its proposal queue then commits as
+//! one log entry).
+//!
+//! # Invariants
+//! - Every proposal gets exactly the answer it would have had alone: its own response, or the
+//!   batch's failure. A batch whose delivery is uncertain is never resent
+//!   ([`Consensus::on_leader`] with `AtMostOnce`): each of its proposals answers
+//!   `OutcomeUnknown`.
+//! - A proposal the leader did not take (it stopped leading before proposing it) answers
+//!   `NoLeader`: nothing was done.
+//! - At most [`FORWARDS_IN_FLIGHT`] batches are in flight, each of at most
+//!   [`MAX_FORWARD_COMMANDS`] proposals and about [`MAX_FORWARD_BYTES`]; the queue in front of
+//!   them is bounded ([`FORWARD_QUEUE`]): a full queue makes proposers wait.
+//! - A leader of an older build, which has no batch route, gets the proposals one by one as
+//!   before (its 404 means it did nothing).
+//!
+//! # What it must not do
+//! Decide anything about a proposal: the leader does; this only carries them.
+
+use super::*;
+
+/// Batches in flight at once: while they are answered, new proposals gather into the next.
+const FORWARDS_IN_FLIGHT: usize = 4;
+/// The most proposals, and about the most bytes, in one batch (at least one proposal).
+pub const MAX_FORWARD_COMMANDS: usize = 256;
+const MAX_FORWARD_BYTES: usize = 1 << 20;
+/// Proposals waiting for a batch before proposers wait.
+const FORWARD_QUEUE: usize = 8192;
+
+impl Consensus {
+    /// Send `cmd` to the leader with the other proposals waiting to go there.
+    pub(super) async fn forward(&self, cmd: Command) -> Result<Response, ConsensusError> {
+        let queue = self.inner.forwards.get_or_init(|| {
+            let (queue, waiting) = mpsc::channel(FORWARD_QUEUE);
+            tokio::spawn(run_forwards(Arc::downgrade(&self.inner), waiting));
+            queue
+        });
+        let (reply, answer) = oneshot::channel();
+        queue
+            .send((cmd, reply))
+            .await
+            .map_err(|_| ConsensusError::ShuttingDown)?;
+        answer.await.map_err(|_| ConsensusError::ShuttingDown)?
+    }
+
+    /// Propose each of `cmds` on this node only (the target of forwarded batches): `NotLeader`
+    /// for the whole batch if this node is not the leader.
+    pub async fn propose_batch_here(
+        &self,
+        cmds: Vec<Command>,
+    ) -> Result<Vec<Result<Response, ConsensusError>>, ConsensusError> {
+        if !self.is_leader() {
+            return Err(ConsensusError::NotLeader);
+        }
+        let proposed = cmds.into_iter().map(|cmd| self.propose_here(cmd));
+        Ok(futures::future::join_all(proposed).await)
+    }
+
+    /// One batch to the leader, and each proposal's answer.
+    async fn forward_batch(&self, cmds: Vec<Command>) -> Vec<Result<Response, ConsensusError>> {
+        let n = cmds.len();
+        let t = self.inner.timeouts.request;
+        let sent = self.on_leader(routes::PROPOSE_BATCH, &cmds, Delivery::AtMostOnce, || {
+            self.propose_batch_here(cmds.clone())
+        });
+        let answer = match tokio::time::timeout(t, sent).await {
+            Ok(answer) => answer,
+            Err(_) => Err(ConsensusError::Timeout {
+                ms: t.as_millis() as u64,
+            }),
+        };
+        match answer {
+            Ok(results) if results.len() == n => results.into_iter().map(taken).collect(),
+            Ok(results) => {
+                let e = ConsensusError::OutcomeUnknown {
+                    detail: format!("the leader answered {} of {n} proposals", results.len()),
+                };
+                vec![Err(e); n]
+            }
+            Err(ConsensusError::Unsupported { .. }) => {
+                // An older leader: nothing was done; one request each, as it knows.
+                let single = cmds.into_iter().map(|cmd| async move {
+                    let here = || self.propose_here(cmd.clone());
+                    self.on_leader(routes::PROPOSE, &cmd, Delivery::AtMostOnce, here)
+                        .await
+                });
+                futures::future::join_all(single).await
+            }
+            Err(e) => vec![Err(no_leader_for_clients(e)); n],
+        }
+    }
+}
+
+/// A proposal the leader did not take was not done: to the client, there is no leader.
+fn taken(result: Result<Response, ConsensusError>) -> Result<Response, ConsensusError> {
+    result.map_err(no_leader_for_clients)
+}
+
+/// Gather waiting proposals into batches and send them, until the handle is gone.
+async fn run_forwards(inner: std::sync::Weak<Inner>, mut waiting: mpsc::Receiver<Proposal>) {
+    let in_flight = Arc::new(tokio::sync::Semaphore::new(FORWARDS_IN_FLIGHT));
+    loop {
+        let Ok(permit) = in_flight.clone().acquire_owned().await else {
+            return;
+        };
+        let Some(first) = waiting.recv().await else {
+            return;
+        };
+        let mut bytes = first.0.approx_bytes();
+        let mut batch = vec![first];
+        while batch.len() < MAX_FORWARD_COMMANDS && bytes < MAX_FORWARD_BYTES {
+            match waiting.try_recv() {
+                Ok(p) => {
+                    bytes += p.0.approx_bytes();
+                    batch.push(p);
+                }
+                Err(_) => break,
+            }
+        }
+        let Some(inner) = inner.upgrade() else {
+            return;
+        };
+        tokio::spawn(async move {
+            let consensus = Consensus { inner };
+            let (cmds, replies): (Vec<Command>, Vec<_>) = batch.into_iter().unzip();
+            let results = consensus.forward_batch(cmds).await;
+            for (reply, result) in replies.into_iter().zip(results) {
+                let _ = reply.send(result);
+            }
+            drop(permit);
+        });
+    }
+}
