@@ -304,6 +304,9 @@ async fn malformed_peer_messages_are_refused_without_harming_the_node() {
             ),
             ("/raft/snapshot", [&2u64.to_be_bytes()[..], b"{}"].concat()),
             ("/raft/propose", b"{\"op\": \"explode\"}".to_vec()),
+            ("/raft/propose_batch", b"{\"op\": \"explode\"}".to_vec()),
+            ("/raft/propose_batch", b"[{\"op\": \"explode\"}]".to_vec()),
+            ("/raft/propose_batch", b"[]".to_vec()),
             ("/raft/admin", b"{\"op\": \"add_node\"}".to_vec()),
             ("/raft/add_learner", b"{\"id\": 7}".to_vec()),
             (
