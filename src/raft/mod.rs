@@ -5,7 +5,9 @@
 //! decides nothing: every rule it needs lives in `domain`.
 //!
 //! # Layout
-//! - [`log_store`]: `RaftLogStorage` on sled; an append is acknowledged only after a flush.
+//! - [`log_store`]: `RaftLogStorage`: entries in [`segment_log`] files, marks in sled; a
+//!   follower's append is acknowledged only after its fdatasync, the leader's own at once
+//!   ([`durability`] says what holds back the commit until it is durable).
 //! - [`state_machine`]: `RaftStateMachine` on sled, mirrored in memory for reads.
 //! - [`network`]: the peer client (append, vote, snapshot, forwarded proposals and reads).
 //! - [`consensus`]: [`Consensus`](consensus::Consensus), the handle the HTTP layer and the drivers use: propose a
