@@ -213,3 +213,50 @@ async fn a_format_3_log_moves_out_of_sled_when_opened() {
         drop(db);
     }
 }
+
+/// The leader acknowledges its own appends before their sync (`raft::durability`), so the state
+/// machine must hold an entry back until the log is durable up to it, and refuse for good once
+/// a sync failed. On a paused clock: the wait is on the durable mark alone, never on time.
+#[tokio::test(start_paused = true)]
+async fn entries_apply_only_once_the_log_is_durable_up_to_them() {
+    use leasecore::domain::command::Command;
+    use leasecore::raft::durability::Durability;
+    use openraft::storage::RaftStateMachine;
+    use openraft::{CommittedLeaderId, Entry, EntryPayload, LogId};
+
+    let id = |index| LogId::new(CommittedLeaderId::new(1, 1), index);
+    let put = move |index: u64| Entry::<TypeConfig> {
+        log_id: id(index),
+        payload: EntryPayload::Normal(Command::Put {
+            key: format!("k{index}"),
+            value: "v".into(),
+            lease: None,
+            prev_revision: None,
+        }),
+    };
+    let dir = TempDir::new().unwrap();
+    let db = open_db(dir.path(), 8 << 20).unwrap();
+    let (mut sm, view) = StateMachine::open(&db, dir.path(), Arc::new(DiscardEvents)).unwrap();
+    let durability = Durability::new(None);
+    sm.apply_when_durable(durability.view());
+
+    let applying = tokio::spawn(async move { sm.apply([put(1), put(2)]).await.map(|_| sm) });
+    // A virtual second: the clock only moves once every task waits.
+    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    assert!(
+        !applying.is_finished(),
+        "applied before the log was durable"
+    );
+    durability.synced(id(1), durability.generation());
+    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    assert!(!applying.is_finished(), "applied 2 with only 1 durable");
+    assert_eq!(view.applied().log_index, 0);
+    durability.synced(id(2), durability.generation());
+    let mut sm = applying.await.unwrap().unwrap();
+    assert_eq!(view.applied().log_index, 2);
+
+    // After a failed sync nothing more applies: the node stops (a storage error).
+    durability.failed();
+    assert!(sm.apply([put(3)]).await.is_err());
+    assert_eq!(view.applied().log_index, 2);
+}

@@ -84,8 +84,6 @@ pub struct LogStore {
     entries: Arc<SegmentLog>,
     /// The latest committed index this node was told of, for status reports.
     committed: Arc<AtomicU64>,
-    /// Bytes of the stored entries.
-    log_bytes: Arc<AtomicU64>,
     receipts: Option<Arc<dyn LogReceipts>>,
     syncer: Syncer,
     /// This node, once known ([`LogStore::with_node`]): only then may it acknowledge its own
@@ -179,39 +177,29 @@ impl LogStore {
         dir: &std::path::Path,
     ) -> Result<Self, crate::storage::StorageError> {
         let tree = db.open_tree(TREE_RAFT)?;
-        let purged: Option<LogId> = match tree.get(KEY_PURGED)? {
-            Some(b) => {
-                serde_json::from_slice(&b).map_err(|e| crate::storage::StorageError::Corrupt {
-                    what: "log purge mark".into(),
-                    detail: e.to_string(),
-                })?
-            }
-            None => None,
+        let corrupt = |what: &str, detail: String| crate::storage::StorageError::Corrupt {
+            what: what.into(),
+            detail,
         };
+        let purged: Option<LogId> =
+            read_mark(&tree, KEY_PURGED).map_err(|e| corrupt("log purge mark", e.to_string()))?;
+        let vote: Option<Vote<NodeId>> =
+            read_mark(&tree, KEY_VOTE).map_err(|e| corrupt("vote", e.to_string()))?;
         let log_dir = dir.join(LOG_DIR);
         if tree.scan_prefix([ENTRY]).next().is_some() {
             move_entries_out_of_sled(db, &tree, &log_dir, purged)?;
         }
         let entries =
             Arc::new(SegmentLog::open(&log_dir, purged.map(|p| p.index)).map_err(file_err)?);
-        let corrupt = |what: &str, detail: String| crate::storage::StorageError::Corrupt {
-            what: what.into(),
-            detail,
-        };
         // The open synced what it found: all of it is durable.
         let durability = Durability::new(
             last_entry_id(&entries).map_err(|e| corrupt("raft log", e.to_string()))?,
         );
-        let vote: Option<Vote<NodeId>> = match tree.get(KEY_VOTE)? {
-            Some(b) => serde_json::from_slice(&b).map_err(|e| corrupt("vote", e.to_string()))?,
-            None => None,
-        };
         let syncer = Syncer::start(entries.clone(), durability.clone())
             .map_err(|e| corrupt("raft log sync thread", e.to_string()))?;
         Ok(LogStore {
             db: db.clone(),
             tree,
-            log_bytes: Arc::new(AtomicU64::new(entries.bytes())),
             entries,
             committed: Arc::new(AtomicU64::new(0)),
             receipts: None,
@@ -244,7 +232,7 @@ impl LogStore {
 
     /// Bytes of the stored entries (shared; updated as the log changes).
     pub fn log_bytes(&self) -> Arc<AtomicU64> {
-        self.log_bytes.clone()
+        self.entries.bytes_counter()
     }
 
     /// The committed index as last saved (shared; updated as openraft saves it).
@@ -253,13 +241,7 @@ impl LogStore {
     }
 
     fn read_mark<T: DeserializeOwned>(&self, key: &[u8]) -> Result<Option<T>, StorageError> {
-        let raw = self
-            .tree
-            .get(key)
-            .map_err(|e| StorageIOError::read_logs(any_err(&e)))?;
-        raw.map(|bytes| serde_json::from_slice(&bytes))
-            .transpose()
-            .map_err(|e| StorageIOError::read_logs(any_err(&e)).into())
+        read_mark(&self.tree, key)
     }
 
     fn last_entry_id(&self) -> Result<Option<LogId>, StorageError> {
@@ -277,16 +259,13 @@ impl LogStore {
             db: self.db.clone(),
             tree: self.tree.clone(),
             entries: self.entries.clone(),
-            log_bytes: self.log_bytes.clone(),
         }
     }
 
     fn truncate_from(&self, index: u64) -> Result<(), StorageError> {
-        let removed = self
-            .entries
+        self.entries
             .truncate(index)
             .map_err(|e| StorageIOError::write_logs(any_err(&e)))?;
-        forget(&self.log_bytes, removed);
         self.durability.truncated(index, self.last_entry_id()?);
         Ok(())
     }
@@ -299,6 +278,19 @@ impl LogStore {
             .map_err(|e| StorageIOError::read_logs(any_err(&e)))?;
         raw.iter().map(|bytes| decode_entry(bytes)).collect()
     }
+}
+
+/// A mark (a small JSON document) of `tree`, if it is there.
+fn read_mark<T: DeserializeOwned>(
+    tree: &sled::Tree,
+    key: &[u8],
+) -> Result<Option<T>, StorageError> {
+    let raw = tree
+        .get(key)
+        .map_err(|e| StorageIOError::read_logs(any_err(&e)))?;
+    raw.map(|bytes| serde_json::from_slice(&bytes))
+        .transpose()
+        .map_err(|e| StorageIOError::read_logs(any_err(&e)).into())
 }
 
 /// The id of the last entry in `entries`.
@@ -476,11 +468,9 @@ impl RaftLogStorage<TypeConfig> for LogStore {
                     .map_err(|e| StorageIOError::write_logs(any_err(&e)))??;
             }
         }
-        let added: u64 = records.iter().map(|(_, bytes)| bytes.len() as u64).sum();
         self.entries
             .append(&records)
             .map_err(|e| StorageIOError::write_logs(any_err(&e)))?;
-        self.log_bytes.fetch_add(added, Ordering::Relaxed);
         let last = records
             .last()
             .and_then(|(index, _)| entries.iter().rev().find(|e| e.log_id.index == *index))
@@ -562,7 +552,6 @@ struct PurgeParts {
     db: sled::Db,
     tree: sled::Tree,
     entries: Arc<SegmentLog>,
-    log_bytes: Arc<AtomicU64>,
 }
 
 impl PurgeParts {
@@ -574,12 +563,7 @@ impl PurgeParts {
         let started = std::time::Instant::now();
         let write_err =
             |e: sled::Error| StorageError::from(StorageIOError::write_logs(any_err(&e)));
-        let mark: Option<LogId> = match self.tree.get(KEY_PURGED).map_err(write_err)? {
-            Some(b) => {
-                serde_json::from_slice(&b).map_err(|e| StorageIOError::write_logs(any_err(&e)))?
-            }
-            None => None,
-        };
+        let mark: Option<LogId> = read_mark(&self.tree, KEY_PURGED)?;
         if mark.is_none_or(|m| m.index < upto.index) {
             self.tree
                 .insert(KEY_PURGED, encode(&upto)?)
@@ -590,7 +574,6 @@ impl PurgeParts {
             .entries
             .purge(upto.index)
             .map_err(|e| StorageIOError::write_logs(any_err(&e)))?;
-        forget(&self.log_bytes, removed);
         tracing::debug!(
             upto = upto.index,
             bytes = removed,
@@ -599,13 +582,6 @@ impl PurgeParts {
         );
         Ok(())
     }
-}
-
-/// Entries of `bytes` left the log: never below zero, even if a count was missed.
-fn forget(log_bytes: &AtomicU64, bytes: u64) {
-    let _ = log_bytes.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |b| {
-        Some(b.saturating_sub(bytes))
-    });
 }
 
 /// Move the entries of a data directory of format 3 or older from sled to the segment files:
