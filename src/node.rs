@@ -405,6 +405,7 @@ impl Node {
         watch_hub.set_older(Arc::new(view.clone()));
         let log_store = log_store.with_receipts(lease_hub.clone());
         state_machine.apply_when_durable(log_store.durable_view());
+        let durable_view = log_store.durable_view();
         let state_machine_dropped = state_machine.dropped();
 
         let faults = peers.faults();
@@ -430,6 +431,23 @@ impl Node {
 
         let tasks = TaskTracker::new();
         tasks.spawn(proposal_queue.run(cancel.clone()));
+        // A commit the leader told its followers cut to its durable log (`raft::durability`)
+        // is told again as soon as the log catches up.
+        tasks.spawn({
+            let (raft, cancel) = (consensus.raft().clone(), cancel.clone());
+            let recommit = durable_view.recommit_when_durable(move || {
+                let raft = raft.clone();
+                async move {
+                    let _ = raft.trigger().heartbeat().await;
+                }
+            });
+            async move {
+                tokio::select! {
+                    _ = cancel.cancelled() => {}
+                    _ = recommit => {}
+                }
+            }
+        });
         tasks.spawn(
             LogCompactor {
                 raft: consensus.raft().clone(),

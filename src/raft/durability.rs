@@ -31,7 +31,7 @@
 //! expose before the leader's own copy is on disk.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use openraft::{EntryPayload, Vote};
 use tokio::sync::watch;
@@ -50,6 +50,7 @@ pub struct DurableMark {
 pub struct Durability {
     tx: Arc<watch::Sender<DurableMark>>,
     generation: Arc<AtomicU64>,
+    capped: Arc<AtomicBool>,
 }
 
 impl Durability {
@@ -62,12 +63,16 @@ impl Durability {
         Durability {
             tx: Arc::new(tx),
             generation: Arc::new(AtomicU64::new(0)),
+            capped: Arc::new(AtomicBool::new(false)),
         }
     }
 
     /// A reader's view.
     pub fn view(&self) -> DurableView {
-        DurableView(self.tx.subscribe())
+        DurableView {
+            rx: self.tx.subscribe(),
+            capped: self.capped.clone(),
+        }
     }
 
     /// The generation a write made now belongs to.
@@ -107,7 +112,12 @@ impl Durability {
 
 /// A reader's side: the state machine and the peer network.
 #[derive(Clone)]
-pub struct DurableView(watch::Receiver<DurableMark>);
+pub struct DurableView {
+    rx: watch::Receiver<DurableMark>,
+    /// Set when a commit told to followers was cut: once the mark rises, tell them again
+    /// ([`DurableView::recommit_when_durable`]) rather than at the next heartbeat.
+    capped: Arc<AtomicBool>,
+}
 
 /// A sync failed: the log cannot be trusted any more.
 #[derive(Debug, thiserror::Error)]
@@ -117,13 +127,13 @@ pub struct SyncFailed;
 impl DurableView {
     /// The mark now.
     pub fn current(&self) -> DurableMark {
-        *self.0.borrow()
+        *self.rx.borrow()
     }
 
     /// Wait until the log is durable up to `index`.
     pub async fn wait_for(&mut self, index: u64) -> Result<(), SyncFailed> {
         let reached = self
-            .0
+            .rx
             .wait_for(|m| m.failed || m.last.is_some_and(|l| l.index >= index))
             .await
             .map_err(|_| SyncFailed)?;
@@ -136,7 +146,26 @@ impl DurableView {
 
     /// The commit to tell followers: `commit`, cut to the durable entry.
     pub fn cap_commit(&self, commit: Option<LogId>) -> Option<LogId> {
-        cap_commit(commit, self.current())
+        let capped = cap_commit(commit, self.current());
+        if capped != commit {
+            self.capped.store(true, Ordering::Release);
+        }
+        capped
+    }
+
+    /// Each time the mark rises after a commit was cut, call `tell` (the leader's heartbeat,
+    /// which carries the commit): followers learn it within a sync, not a heartbeat interval
+    /// later. Ends when the writer side is gone.
+    pub async fn recommit_when_durable<F, Fut>(mut self, mut tell: F)
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = ()>,
+    {
+        while self.rx.changed().await.is_ok() {
+            if self.capped.swap(false, Ordering::AcqRel) {
+                tell().await;
+            }
+        }
     }
 }
 
