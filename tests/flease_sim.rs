@@ -9,7 +9,9 @@
 //!
 //! A tenure runs from the grant to the holder's `valid_until` on its monotonic clock, or to its
 //! release or crash; renewals extend it. A failing seed is printed; rerun one with
-//! `FLEASE_SEED=<seed> FLEASE_NODES=<n>` (and `FLEASE_PROTO=paxoslease`). Negative runs break the
+//! `FLEASE_SEED=<seed> FLEASE_NODES=<n>` (and `FLEASE_PROTO=paxoslease`); search another range of
+//! seeds with `FLEASE_SEEDS=<from>..<to>`. Every iteration order is fixed (no hash maps are
+//! iterated), so a seed replays exactly. Negative runs break the
 //! skew bound (Flease) or the rate-drift bound (PaxosLease) and must be caught.
 //!
 //! PaxosLease runs with wall clocks far apart (up to 8 eps, where Flease fails; and up to an hour
@@ -17,7 +19,7 @@
 //! monotonic clocks running up to 1% fast or slow.
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::{BTreeMap, BinaryHeap, HashMap};
 
 use leasecore::domain::flease::proposer::RoundEvent;
 use leasecore::domain::flease::{
@@ -68,10 +70,10 @@ struct Node {
     rate_ppm: i64,
     acceptor: Acceptor,
     ballots: BallotGen,
-    rounds: HashMap<(String, String), Round>,
-    holding: HashMap<(String, String), Holding>,
+    rounds: BTreeMap<(String, String), Round>,
+    holding: BTreeMap<(String, String), Holding>,
     /// (resource, owner) -> true time before which no new round starts.
-    next_try: HashMap<(String, String), u64>,
+    next_try: BTreeMap<(String, String), u64>,
     seen: Ballot,
 }
 
@@ -153,9 +155,9 @@ impl Sim {
                     rate_ppm,
                     acceptor: Acceptor::for_protocol(p.proto, *id, CFG, past),
                     ballots: BallotGen::new(*id, now.wall.0, CFG.ballot_era_ms),
-                    rounds: HashMap::new(),
-                    holding: HashMap::new(),
-                    next_try: HashMap::new(),
+                    rounds: BTreeMap::new(),
+                    holding: BTreeMap::new(),
+                    next_try: BTreeMap::new(),
                     seen: Ballot::default(),
                 }
             })
@@ -464,7 +466,7 @@ impl Sim {
             48..50 if self.nodes[i].alive && self.nodes.iter().filter(|n| n.alive).count() > 1 => {
                 let n = &mut self.nodes[i];
                 n.alive = false;
-                for (_, h) in n.holding.drain() {
+                for (_, h) in std::mem::take(&mut n.holding) {
                     self.tenures[h.tenure].end = self.tenures[h.tenure].end.min(self.now);
                 }
                 n.rounds.clear();
@@ -520,6 +522,14 @@ fn run_seeds(p: Params, seeds: std::ops::Range<u64>) -> u64 {
             return run(seed.parse().unwrap(), p).max(u64::MAX / 2);
         }
     }
+    // FLEASE_SEEDS=<from>..<to> runs another range of seeds (a search for failing ones).
+    let seeds = match std::env::var("FLEASE_SEEDS")
+        .ok()
+        .and_then(|r| r.split_once("..").map(|(a, b)| (a.parse(), b.parse())))
+    {
+        Some((Ok(from), Ok(to))) => from..to,
+        _ => seeds,
+    };
     let mut grants = 0;
     for seed in seeds {
         match std::panic::catch_unwind(|| run(seed, p)) {

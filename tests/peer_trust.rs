@@ -600,3 +600,61 @@ async fn forwarded_batches_are_checked_command_by_command_and_answered_in_order(
     }
     c.shutdown().await;
 }
+
+/// A leadership-transfer call (`/raft/transfer`) holds a follower's elections only on its
+/// leader's word, in its term, and no longer than the call lasts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn transfer_calls_hold_elections_only_for_the_leader_and_only_while_they_last() {
+    let c = TestCluster::start(3).await;
+    let leader = c.leader().await;
+    let target = other_member(&c, &[leader]);
+    let bystander = other_member(&c, &[leader, target]);
+    let term = c.nodes[&target].consensus().cluster_view().term;
+    let call = |term: u64, to: NodeId| {
+        serde_json::to_vec(&serde_json::json!({"term": term, "target": to, "hold_ms": 60_000}))
+            .unwrap()
+    };
+
+    // From a member that does not lead, or from the leader in another term: refused at once.
+    for (sender, term) in [(bystander, term), (leader, term + 1), (leader, term - 1)] {
+        let (status, answer) = peer_post(
+            &c,
+            target,
+            "/raft/transfer",
+            Some(&sender.to_string()),
+            "application/json",
+            call(term, bystander),
+        )
+        .await;
+        assert_eq!(status, 200);
+        let doc: Value = serde_json::from_slice(&answer).unwrap();
+        assert_eq!(doc["Err"]["code"], "not_leader", "{doc}");
+        assert!(!c.nodes[&target].consensus().elections_held());
+    }
+
+    // The leader's own call holds the elections, for as long as the call lasts.
+    let url = format!("{}/raft/transfer", c.peer_url(target));
+    let held = tokio::spawn(
+        reqwest::Client::new()
+            .post(url)
+            .header("content-type", "application/json")
+            .header(SENDER, leader.to_string())
+            .timeout(Duration::from_millis(1500))
+            .body(call(term, bystander))
+            .send(),
+    );
+    eventually(Duration::from_secs(5), "elections held", || async {
+        c.nodes[&target].consensus().elections_held().then_some(())
+    })
+    .await;
+    assert!(
+        held.await.unwrap().is_err(),
+        "the call ended before its timeout"
+    );
+    eventually(Duration::from_secs(5), "elections released", || async {
+        (!c.nodes[&target].consensus().elections_held()).then_some(())
+    })
+    .await;
+    assert_eq!(c.leader().await, leader);
+    c.shutdown().await;
+}

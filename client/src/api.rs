@@ -83,6 +83,13 @@ pub struct AddNodeRequest {
     pub address: String,
 }
 
+/// Body of `POST /v1/cluster/leader`: the node that is to lead.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MoveLeaderRequest {
+    pub id: NodeId,
+}
+
 /// Answer of `POST /v1/cluster/nodes`: the cluster view after the change, whether the node is
 /// a voter, and (when it stayed a learner: status 202) why.
 #[derive(Clone, Debug, Serialize, Deserialize)]

@@ -68,8 +68,8 @@ use crate::api::RefreshAck;
 use crate::api::{
     AddNodeRequest, Credentials, DeleteResponse, ErrorBody, GetResponse, Heartbeat, LeaseGranted,
     LeaseInfo, LeaseList, LeaseRevoked, ListResponse, MemberLeft, MemberList, MemberRegistered,
-    PutRequest, PutResponse, RegisterLeaseRequest, RegisterMemberRequest, TokenResponse,
-    WatchResponse,
+    MoveLeaderRequest, PutRequest, PutResponse, RegisterLeaseRequest, RegisterMemberRequest,
+    TokenResponse, WatchResponse,
 };
 
 /// Characters escaped in a key path segment. `/` stays literal: keys may contain it.
@@ -634,6 +634,16 @@ impl Client {
 
     pub async fn cluster_status(&self) -> Result<ClusterView, ClientError> {
         self.call(Method::GET, "/v1/cluster", None::<&()>).await
+    }
+
+    /// Hand the leadership to node `id` (a voter); answers once it leads.
+    pub async fn move_leader(&self, id: NodeId) -> Result<ClusterView, ClientError> {
+        self.call(
+            Method::POST,
+            "/v1/cluster/leader",
+            Some(&MoveLeaderRequest { id }),
+        )
+        .await
     }
 
     /// Add a node (as learner, then voter).

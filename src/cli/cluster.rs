@@ -28,6 +28,12 @@ pub enum ClusterCmd {
         /// The id of the node to remove.
         id: NodeId,
     },
+    /// Hand the leadership to a voter (before restarting the leader, say); returns once it
+    /// leads. Takes about one election timeout.
+    MoveLeader {
+        /// The id of the voter that is to lead.
+        id: NodeId,
+    },
 }
 
 pub async fn run(cmd: ClusterCmd, conn: &ConnArgs) -> Result<(), ClientError> {
@@ -41,6 +47,7 @@ pub async fn run(cmd: ClusterCmd, conn: &ConnArgs) -> Result<(), ClientError> {
             return cluster_health::add(&client, conn.json, id, &address).await;
         }
         ClusterCmd::Remove { id } => client.remove_node(id).await?,
+        ClusterCmd::MoveLeader { id } => client.move_leader(id).await?,
     };
     if conn.json {
         print_json(&view);

@@ -26,8 +26,8 @@
 //! /v1/snapshot`): `etcdctl snapshot save` stores it, `leasecore snapshot restore` seeds a
 //! cluster from it. It is not a bbolt file: `etcdctl snapshot status|restore` cannot read it.
 //!
-//! # What is not here
-//! `MoveLeader` answers `Unimplemented`: at once, never a hang.
+//! `MoveLeader` hands the leadership over (`raft::consensus::transfer`), root only as in
+//! etcd; unlike etcd, any node serves it (a follower forwards it to the leader).
 
 use std::pin::Pin;
 use std::time::Duration;
@@ -78,12 +78,6 @@ impl Etcd {
             })
             .collect()
     }
-}
-
-fn unimplemented(what: &str, instead: &str) -> Status {
-    Status::unimplemented(format!(
-        "leasecore does not implement {what} on the etcd API yet; use {instead}"
-    ))
 }
 
 /// etcd's answers about members.
@@ -485,12 +479,21 @@ impl Maintenance for Etcd {
 
     async fn move_leader(
         &self,
-        _req: Request<MoveLeaderRequest>,
+        req: Request<MoveLeaderRequest>,
     ) -> Result<Response<MoveLeaderResponse>, Status> {
-        Err(unimplemented(
-            "MoveLeader",
-            "a restart of the leader (a new one is elected within the election timeout)",
-        ))
+        // etcd asks for the root user, as for every maintenance call that changes the cluster.
+        let caller = self.caller(&req)?;
+        require_root(&self.state, &caller).map_err(EtcdError::from)?;
+        let target = req.into_inner().target_id;
+        // Any node serves it (etcd's only the leader): followers forward to the leader.
+        self.state
+            .consensus
+            .move_leader(target)
+            .await
+            .map_err(EtcdError::from)?;
+        Ok(Response::new(MoveLeaderResponse {
+            header: self.header(),
+        }))
     }
 }
 

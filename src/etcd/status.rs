@@ -98,6 +98,11 @@ fn from_api(e: ApiError) -> Status {
             (Code::ResourceExhausted, "too many requests".into())
         }
         "no_leader" => (Code::Unavailable, "no leader".into()),
+        "bad_leader_transferee" => (Code::FailedPrecondition, "bad leader transferee".into()),
+        "leader_transfer_failed" => (
+            Code::Unavailable,
+            "request timed out, leader transfer took too long".into(),
+        ),
         // etcd's ErrTimeout: the request may or may not have taken effect.
         "outcome_unknown" | "timeout" => (Code::Unavailable, "request timed out".into()),
         "no_quorum" | "shutting_down" => (Code::Unavailable, e.message),

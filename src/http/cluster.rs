@@ -20,7 +20,7 @@ use super::extract::{ApiJson, ApiPath};
 use crate::domain::health::NotReady;
 use crate::raft::consensus::{AdminOutcome, AdminRequest, ClusterView};
 use crate::runtime::auth::Caller;
-use crate::wire::{AddNodeRequest, AddNodeResponse};
+use crate::wire::{AddNodeRequest, AddNodeResponse, MoveLeaderRequest};
 use axum::http::StatusCode;
 
 /// How long `/readyz` lets a node that is only behind on apply catch up before judging it.
@@ -68,6 +68,22 @@ pub async fn add_node(
             message,
         }),
     ))
+}
+
+/// Hand the leadership to a voter (root only, as etcd's `MoveLeader`): answers the cluster
+/// view once this node knows the new leader.
+pub async fn move_leader(
+    State(state): State<AppState>,
+    caller: Caller,
+    ApiJson(req): ApiJson<MoveLeaderRequest>,
+) -> Result<Json<ClusterView>, ApiError> {
+    super::auth::require_root(&state, &caller)?;
+    let leader = state.consensus.move_leader(req.id).await?;
+    let view = state
+        .consensus
+        .view_once(|v| v.leader_id == Some(leader))
+        .await;
+    Ok(Json(view))
 }
 
 pub async fn remove_node(

@@ -235,6 +235,16 @@ impl From<ConsensusError> for ApiError {
                 "membership_change_in_progress",
                 message,
             ),
+            ConsensusError::BadTransferee { id } => {
+                ApiError::new(StatusCode::BAD_REQUEST, "bad_leader_transferee", message)
+                    .with("id", id)
+            }
+            ConsensusError::TransferInProgress => {
+                ApiError::new(StatusCode::CONFLICT, "leader_transfer_in_progress", message)
+            }
+            ConsensusError::TransferFailed { .. } => {
+                ApiError::new(unavailable, "leader_transfer_failed", message)
+            }
             ConsensusError::QuotaExceeded {
                 used_bytes,
                 quota_bytes,
@@ -284,7 +294,8 @@ impl From<LeaseError> for ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let retryable = self.status == StatusCode::SERVICE_UNAVAILABLE
-            || self.code == "membership_change_in_progress";
+            || self.code == "membership_change_in_progress"
+            || self.code == "leader_transfer_in_progress";
         let body = ErrorBody {
             error: ErrorDetail {
                 code: self.code.to_string(),

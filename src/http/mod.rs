@@ -215,6 +215,12 @@ pub fn route_table() -> Vec<RouteSpec> {
         spec("GET", "/v1/snapshot", Public, get(snapshot::save)),
         spec("POST", "/v1/cluster/nodes", Public, post(cluster::add_node)),
         spec(
+            "POST",
+            "/v1/cluster/leader",
+            Public,
+            post(cluster::move_leader),
+        ),
+        spec(
             "DELETE",
             "/v1/cluster/nodes/{id}",
             Public,
@@ -289,6 +295,8 @@ pub fn route_table() -> Vec<RouteSpec> {
         ),
         spec("POST", routes::READ_INDEX, Peer, post(peer::read_index)),
         spec("POST", routes::ADMIN, Peer, post(peer::admin)),
+        spec("POST", routes::MOVE_LEADER, Peer, post(peer::move_leader)),
+        spec("POST", routes::TRANSFER, Peer, post(peer::transfer)),
         spec(
             "POST",
             crate::etcd::learner::ROUTE,

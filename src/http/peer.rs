@@ -28,7 +28,9 @@ use super::kv::{MAX_LIST_LIMIT, admit};
 use super::peer_trust::{PeerSender, record, refuse, vote_context};
 use crate::domain::command::{Command, Response};
 use crate::domain::peer_trust::{Refusal, check_claim, disruptive_vote};
-use crate::raft::consensus::{AdminOutcome, AdminRequest, ConsensusError};
+use crate::raft::consensus::{
+    AdminOutcome, AdminRequest, ConsensusError, TransferAnswer, TransferRequest,
+};
 use crate::raft::network::{decode_snapshot_frame, routes};
 use crate::raft::{NodeId, TypeConfig};
 use crate::runtime::lease::{LeaseError, RefreshAck};
@@ -203,4 +205,33 @@ pub async fn lease_remaining(
             .map_err(|e| invalid(&state, sender, route, e.into()))?;
     }
     Ok(Json(state.leases.remaining_here(&names).await))
+}
+
+/// A leadership transfer forwarded by a follower (`Consensus::move_leader`).
+pub async fn move_leader(
+    State(state): State<AppState>,
+    ApiJson(target): ApiJson<NodeId>,
+) -> Json<Result<NodeId, ConsensusError>> {
+    Json(state.consensus.move_leader_here(target).await)
+}
+
+/// The leader's call during a leadership transfer: hold elections, or campaign as the
+/// transferee (`raft::consensus::transfer`). Only the leader this node follows, in its term,
+/// is heeded, and never for longer than `MAX_HOLD`.
+pub async fn transfer(
+    State(state): State<AppState>,
+    Extension(PeerSender(sender)): Extension<PeerSender>,
+    ApiJson(req): ApiJson<TransferRequest>,
+) -> Json<Result<TransferAnswer, ConsensusError>> {
+    let answer = state.consensus.transfer_here(sender, req).await;
+    if let Err(e) = &answer {
+        record(
+            &state,
+            Refusal::InvalidRequest,
+            Some(sender),
+            routes::TRANSFER,
+            &e.to_string(),
+        );
+    }
+    Json(answer)
 }

@@ -98,6 +98,10 @@ pub mod routes {
     pub const ADMIN: &str = "/raft/admin";
     pub const LEASE_REFRESH: &str = "/raft/lease_refresh";
     pub const LEASE_REMAINING: &str = "/raft/lease_remaining";
+    /// A leadership transfer asked of the leader (`raft::consensus::transfer`).
+    pub const MOVE_LEADER: &str = "/raft/move_leader";
+    /// The leader's call to a voter during a transfer: hold elections, or campaign.
+    pub const TRANSFER: &str = "/raft/transfer";
     /// This node's view of the cluster (`GET /v1/cluster`'s document), for the start-up probe.
     pub const STATUS: &str = "/raft/status";
 }

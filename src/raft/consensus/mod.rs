@@ -64,9 +64,11 @@ mod forward;
 mod membership;
 mod queue;
 mod status;
+mod transfer;
 
 pub use forward::MAX_FORWARD_COMMANDS;
 pub use queue::ProposalQueue;
+pub use transfer::{MAX_HOLD, TransferAnswer, TransferRequest};
 
 /// Why a consensus operation did not complete. Also the peer-wire error of forwarded calls.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
@@ -122,6 +124,16 @@ pub enum ConsensusError {
     /// knows (`forward`).
     #[error("the leader does not serve this request (an older build): {detail}")]
     Unsupported { detail: String },
+    /// A leadership transfer named a node that is not a voter: nothing was done.
+    #[error("node {id} cannot take over leadership: it is not a voter of the cluster")]
+    BadTransferee { id: NodeId },
+    /// Another leadership transfer is under way: nothing was done; retry once it has ended.
+    #[error("a leadership transfer is already under way; retry when it has ended")]
+    TransferInProgress,
+    /// The transferee did not take over in time (no data changed; the old leader, or another
+    /// node, leads).
+    #[error("the leadership transfer did not complete: {detail}")]
+    TransferFailed { detail: String },
 }
 
 /// What the storage quota counts (the log's bytes; the state's come from the view), and the
@@ -229,6 +241,10 @@ struct Inner {
     storage: StorageUse,
     /// Proposals this node forwards to the leader, batched (started on the first).
     forwards: std::sync::OnceLock<mpsc::Sender<Proposal>>,
+    /// Closed while this leader hands its leadership over (`transfer`).
+    intake: transfer::Intake,
+    /// Elections this node holds for a leadership transfer (`transfer`).
+    holds: transfer::Holds,
 }
 
 /// A proposal waiting in the queue, with where its applied result goes.
@@ -299,8 +315,17 @@ fn from_write_error(e: RaftError<NodeId, ClientWriteError<NodeId, BasicNode>>) -
 }
 
 /// One leader-side read round: confirm leadership with a quorum, return the read index.
-fn local_read_round(raft: Raft) -> RoundFuture<u64, ConsensusError> {
+/// During a leadership transfer the round waits for its end and says `NotLeader` (a
+/// confirmation would refresh the lease the transfer waits out).
+fn local_read_round(
+    raft: Raft,
+    mut leaving: watch::Receiver<bool>,
+) -> RoundFuture<u64, ConsensusError> {
     Box::pin(async move {
+        if *leaving.borrow() {
+            transfer::until_settled(&mut leaving).await;
+            return Err(ConsensusError::NotLeader);
+        }
         let (read_log_id, _applied) = raft.get_read_log_id().await.map_err(from_check_error)?;
         Ok(read_log_id.map(|l| l.index).unwrap_or(0))
     })
@@ -313,12 +338,25 @@ fn any_read_round(
     peers: PeerClient,
     timeouts: ConsensusTimeouts,
     cut_off: Arc<AtomicBool>,
+    leaving: watch::Receiver<bool>,
 ) -> RoundFuture<u64, ConsensusError> {
     Box::pin(async move {
         let mut stale = None;
+        // A leader that handed its leadership over: the round goes to the next one.
+        let mut after_transfer = false;
         loop {
             match leader_ref(&raft, me) {
-                LeaderRef::Me => return local_read_round(raft.clone()).await,
+                LeaderRef::Me => match local_read_round(raft.clone(), leaving.clone()).await {
+                    Err(ConsensusError::NotLeader) if !after_transfer => {
+                        after_transfer = true;
+                        if !matches!(leader_ref(&raft, me), LeaderRef::Me) {
+                            stale = Some(me);
+                        } else {
+                            continue;
+                        }
+                    }
+                    result => return result,
+                },
                 LeaderRef::Other { id, addr } => {
                     let answer: Result<Result<u64, ConsensusError>, _> = peers
                         .post_json(&addr, routes::READ_INDEX, &(), timeouts.request)
@@ -331,7 +369,7 @@ fn any_read_round(
                     }
                 }
                 LeaderRef::Unknown if cut_off.load(Ordering::Relaxed) => {
-                    return Err(ConsensusError::NoQuorum);
+                    return Err(cut_off_error(&raft, me, &peers, timeouts.election_timeout));
                 }
                 LeaderRef::Unknown => {}
             }
@@ -355,17 +393,29 @@ impl Consensus {
     ) -> (Self, ProposalQueue) {
         let (proposals, queue) = mpsc::unbounded_channel();
         let cut_off = Arc::new(AtomicBool::new(false));
+        let intake = transfer::Intake::default();
         let reads = {
             let (raft, peers, cut_off) = (raft.clone(), peers.clone(), cut_off.clone());
+            let leaving = intake.subscribe();
             RoundBatcher::new(
-                move || any_read_round(raft.clone(), id, peers.clone(), timeouts, cut_off.clone()),
+                move || {
+                    any_read_round(
+                        raft.clone(),
+                        id,
+                        peers.clone(),
+                        timeouts,
+                        cut_off.clone(),
+                        leaving.clone(),
+                    )
+                },
                 ConsensusError::ShuttingDown,
             )
         };
         let leader_reads = {
             let raft = raft.clone();
+            let leaving = intake.subscribe();
             RoundBatcher::new(
-                move || local_read_round(raft.clone()),
+                move || local_read_round(raft.clone(), leaving.clone()),
                 ConsensusError::ShuttingDown,
             )
         };
@@ -385,6 +435,8 @@ impl Consensus {
                 lease_tracking: std::sync::OnceLock::new(),
                 storage,
                 forwards: std::sync::OnceLock::new(),
+                intake,
+                holds: transfer::Holds::default(),
             }),
         };
         (consensus, ProposalQueue { raft, queue })
@@ -447,10 +499,15 @@ impl Consensus {
         &self,
         cmd: Command,
     ) -> impl Future<Output = Result<Response, ConsensusError>> + Send + 'static {
+        // A leader handing its leadership over takes nothing new: the proposal waits for the
+        // transfer's end and is then refused, never proposed (its caller goes to the next
+        // leader).
+        let mut leaving = self.inner.intake.subscribe();
+        let transferring = *leaving.borrow_and_update();
         let cmd = self.stamp(cmd);
         // A leader cut off from its quorum could never commit it: say so now, having done
         // nothing, rather than time out with the outcome in doubt.
-        let gated = self.quorum_lost();
+        let gated = !transferring && self.quorum_lost();
         // The term this node leads in now: a proposal outlives it only as `outcome_unknown`.
         // (Server metrics change with the role and vote only, not with every applied entry.)
         let mut role = self.inner.raft.server_metrics();
@@ -459,9 +516,13 @@ impl Consensus {
             (m.state == ServerState::Leader).then_some(m.vote.leader_id().term)
         };
         let (tx, rx) = oneshot::channel();
-        let sent = !gated && self.inner.proposals.send((cmd, tx)).is_ok();
+        let sent = !gated && !transferring && self.inner.proposals.send((cmd, tx)).is_ok();
         let t = self.inner.timeouts.request;
         async move {
+            if transferring {
+                let _ = tokio::time::timeout(t, transfer::until_settled(&mut leaving)).await;
+                return Err(ConsensusError::NotLeader);
+            }
             if gated {
                 return Err(ConsensusError::NoQuorum);
             }
@@ -615,6 +676,10 @@ impl Consensus {
     }
 
     async fn propose_anywhere(&self, cmd: Command) -> Result<Response, ConsensusError> {
+        if self.transferring() {
+            // This leader hands over: propose to whichever node leads once it has.
+            transfer::until_settled(&mut self.inner.intake.subscribe()).await;
+        }
         // The common case moves the command straight into the log, without a copy.
         if matches!(leader_ref(&self.inner.raft, self.inner.id), LeaderRef::Me) {
             return self.propose_here(cmd).await.map_err(no_leader_for_clients);
@@ -682,7 +747,12 @@ impl Consensus {
                     }
                 }
                 LeaderRef::Unknown if inner.cut_off.load(Ordering::Relaxed) => {
-                    return Err(E::from(ConsensusError::NoQuorum));
+                    return Err(E::from(cut_off_error(
+                        &inner.raft,
+                        inner.id,
+                        &inner.peers,
+                        inner.timeouts.election_timeout,
+                    )));
                 }
                 LeaderRef::Unknown => {}
             }
@@ -789,6 +859,20 @@ fn leaderless(
         }
     } else {
         ConsensusError::NoLeader
+    }
+}
+
+/// Why a node that stepped down for lack of a quorum cannot serve: the quorum is lost (with
+/// how many voters it hears, when it still hears too few), or at least no quorum answered it.
+fn cut_off_error(
+    raft: &Raft,
+    me: NodeId,
+    peers: &PeerClient,
+    election_timeout: Duration,
+) -> ConsensusError {
+    match leaderless(raft, me, peers, election_timeout) {
+        ConsensusError::NoLeader => ConsensusError::NoQuorum,
+        lost => lost,
     }
 }
 

@@ -246,6 +246,11 @@ impl crate::runtime::quorum::QuorumPort for Consensus {
     }
 
     fn step_down(&self) -> Pin<Box<dyn Future<Output = bool> + Send + '_>> {
+        // A leader handing its leadership over goes quiet on purpose (its transfer is
+        // bounded, and stepping down would vote for a node other than the transferee).
+        if self.transferring() {
+            return Box::pin(std::future::ready(false));
+        }
         Box::pin(Consensus::step_down(self))
     }
 
@@ -281,6 +286,10 @@ impl ElectionPort for Consensus {
 
     fn elect(&self) -> Pin<Box<dyn Future<Output = ()> + Send + '_>> {
         Box::pin(async move {
+            // A leadership transfer is under way: the transferee campaigns, nobody else.
+            if self.elections_held() {
+                return;
+            }
             let _ = self.inner.raft.trigger().elect().await;
         })
     }
