@@ -867,17 +867,53 @@ async fn txn_compares_branches_and_concurrent_cas_increments() {
         ("v2".into(), 2, r2)
     );
 
-    // A range at a past revision inside a txn: leasecore's apply reads only the present, and
-    // once answered it silently with the present (v2 here, where etcd answers v1). It is
-    // refused now, before anything in the txn applies; a plain range reads the past.
+    // A range at a past revision inside a txn that writes, through a follower: etcd's answer
+    // (v1, the past), while the txn's own put applies; a nested one too. The txn applies
+    // everywhere; the member that answers reads the past from its history.
     let t = Txn::new().and_then([
-        TxnOp::put("touched", "no", None),
+        TxnOp::put("touched", "yes", None),
         TxnOp::get("cfg", Some(GetOptions::new().with_revision(r1))),
+        TxnOp::txn(
+            Txn::new().and_then([TxnOp::get("cfg", Some(GetOptions::new().with_revision(r1)))]),
+        ),
     ]);
-    let refused = grpc(on_f2.txn(t).await.expect_err("a past range inside a txn"));
-    assert_eq!(refused.code(), tonic::Code::Unimplemented, "{refused:?}");
-    assert!(refused.message().contains("past revision"), "{refused:?}");
-    assert!(on_leader.read("touched", None).await.kvs().is_empty());
+    let resp = on_f2
+        .txn(t)
+        .await
+        .expect("a past range inside a writing txn");
+    let r3 = rev(resp.header());
+    let ops = resp.op_responses();
+    assert_eq!(pairs(txn_get(&ops[1]).kvs()), owned(&[("cfg", "v1")]));
+    match &ops[2] {
+        TxnOpResponse::Txn(inner) => {
+            assert_eq!(
+                pairs(txn_get(&inner.op_responses()[0]).kvs()),
+                owned(&[("cfg", "v1")])
+            );
+        }
+        other => panic!("expected a txn response, got {other:?}"),
+    }
+    assert_eq!(
+        pairs(on_leader.read("touched", None).await.kvs()),
+        owned(&[("touched", "yes")])
+    );
+    // A revision after the txn's own fails it whole, with etcd's error; nothing applies.
+    let t = Txn::new().and_then([
+        TxnOp::put("touched", "again", None),
+        TxnOp::get("cfg", Some(GetOptions::new().with_revision(r3 + 5))),
+    ]);
+    let refused = grpc(on_f1.txn(t).await.expect_err("a future range inside a txn"));
+    assert_eq!(refused.code(), tonic::Code::OutOfRange, "{refused:?}");
+    assert!(
+        refused
+            .message()
+            .contains("required revision is a future revision"),
+        "{refused:?}"
+    );
+    assert_eq!(
+        pairs(on_leader.read("touched", None).await.kvs()),
+        owned(&[("touched", "yes")])
+    );
     let past = on_f2
         .read("cfg", Some(GetOptions::new().with_revision(r1)))
         .await;
@@ -899,7 +935,7 @@ async fn txn_compares_branches_and_concurrent_cas_increments() {
         .or_else([TxnOp::get("cfg", None)]);
     let resp = on_f1.txn(t).await.unwrap();
     assert!(resp.succeeded());
-    assert_eq!(rev(resp.header()), r2, "a read writes nothing");
+    assert_eq!(rev(resp.header()), r3, "a read writes nothing");
     let ops = resp.op_responses();
     assert_eq!(pairs(txn_get(&ops[0]).kvs()), owned(&[("cfg", "v1")]));
     assert_eq!(pairs(txn_get(&ops[1]).kvs()), owned(&[("cfg", "v2")]));
@@ -926,7 +962,7 @@ async fn txn_compares_branches_and_concurrent_cas_increments() {
         .or_else([TxnOp::get("cfg", None)]);
     let resp = on_f2.txn(t).await.unwrap();
     assert!(!resp.succeeded());
-    assert_eq!(rev(resp.header()), r2, "a failed compare writes nothing");
+    assert_eq!(rev(resp.header()), r3, "a failed compare writes nothing");
     assert_eq!(
         pairs(txn_get(&resp.op_responses()[0]).kvs()),
         owned(&[("cfg", "v2")])

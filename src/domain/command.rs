@@ -189,7 +189,7 @@ fn txn_bytes(txn: &Txn) -> usize {
                 key, value, lease, ..
             } => 16 + key.len() + value.len() + lease.as_ref().map_or(0, String::len),
             TxnOp::DeleteRange { range: r, .. } => 16 + range(r),
-            TxnOp::Range { spec } => 64 + range(&spec.range),
+            TxnOp::Range { spec, .. } => 64 + range(&spec.range),
             TxnOp::Txn { txn } => 16 + txn_bytes(txn),
         })
         .sum();

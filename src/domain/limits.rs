@@ -163,7 +163,7 @@ impl Limits {
                     }
                 }
                 TxnOp::DeleteRange { range: r, .. } => range(r)?,
-                TxnOp::Range { spec } => range(&spec.range)?,
+                TxnOp::Range { spec, .. } => range(&spec.range)?,
                 TxnOp::Txn { txn } => self.check_txn_sizes(txn)?,
             }
         }

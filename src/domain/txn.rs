@@ -133,6 +133,12 @@ pub enum TxnOp {
     },
     Range {
         spec: RangeSpec,
+        /// Read at this revision rather than the transaction's (etcd's `RequestRange` with a
+        /// `revision`). At or below the store revision before the transaction, the result is
+        /// left to the serving node ([`OpResult::Range::deferred`]): a past revision is
+        /// immutable history, which the state machine's in-memory state does not hold.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        at: Option<Revision>,
     },
     Txn {
         txn: Txn,
@@ -167,6 +173,10 @@ pub enum OpResult {
     },
     Range {
         result: RangeResult,
+        /// The range reads this past revision, not yet read: [`fill_deferred`] does it from the
+        /// history, on the node that answers (`result` is empty until then).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        deferred: Option<Revision>,
     },
     Txn {
         result: TxnResult,
@@ -242,7 +252,7 @@ fn check_shape(txn: &Txn, max_ops: usize) -> Result<(), TxnInvalid> {
             TxnOp::DeleteRange { range, .. } if range.start.is_empty() => {
                 return Err(TxnInvalid::EmptyKey);
             }
-            TxnOp::Range { spec } if spec.range.start.is_empty() => {
+            TxnOp::Range { spec, .. } if spec.range.start.is_empty() => {
                 return Err(TxnInvalid::EmptyKey);
             }
             TxnOp::Txn { txn } => check_shape(txn, max_ops)?,
@@ -302,6 +312,19 @@ struct Path {
 }
 
 impl Txn {
+    /// The revisions its ranges read at, other than the transaction's own (nested ones too).
+    pub fn read_revisions(&self) -> Vec<Revision> {
+        let mut out = Vec::new();
+        for op in self.success.iter().chain(&self.failure) {
+            match op {
+                TxnOp::Range { at: Some(at), .. } => out.push(*at),
+                TxnOp::Txn { txn } => out.extend(txn.read_revisions()),
+                _ => {}
+            }
+        }
+        out
+    }
+
     /// The operations a path runs.
     fn branch(&self, succeeded: bool) -> &[TxnOp] {
         if succeeded {
@@ -316,9 +339,10 @@ impl KvState {
     /// Apply a transaction: choose the path, check it, run it. One revision for every change.
     pub(super) fn apply_txn(&mut self, txn: &Txn) -> Result<(TxnResult, Vec<Event>), KvError> {
         let path = self.choose(txn);
-        self.precheck(txn, &path)?;
+        self.precheck(txn, &path, &mut false)?;
+        let begin = self.revision();
         let mut events = Vec::new();
-        let result = self.run(txn, &path, &mut events);
+        let result = self.run(txn, &path, begin, &mut events);
         Ok((result, events))
     }
 
@@ -339,7 +363,9 @@ impl KvState {
     }
 
     /// What could refuse the transaction, on its path, against the state before it.
-    fn precheck(&self, txn: &Txn, path: &Path) -> Result<(), KvError> {
+    /// `changed`: whether an operation before this point of the path changes the store (then
+    /// a range may read at the transaction's own revision, as in etcd).
+    fn precheck(&self, txn: &Txn, path: &Path, changed: &mut bool) -> Result<(), KvError> {
         let mut nested = path.nested.iter();
         for op in txn.branch(path.succeeded) {
             match op {
@@ -360,19 +386,42 @@ impl KvState {
                             lease: lease.clone(),
                         });
                     }
+                    *changed = true;
                 }
                 TxnOp::Txn { txn } => {
                     if let Some(p) = nested.next() {
-                        self.precheck(txn, p)?;
+                        self.precheck(txn, p, changed)?;
                     }
                 }
-                TxnOp::DeleteRange { .. } | TxnOp::Range { .. } => {}
+                // No key is written twice on a path (`check`): the state before the
+                // transaction says whether this delete removes anything.
+                TxnOp::DeleteRange { range, .. } => {
+                    *changed |= self.range(range).next().is_some();
+                }
+                TxnOp::Range { at: Some(at), .. } => {
+                    let newest = Revision(self.revision().0 + u64::from(*changed));
+                    if *at > newest {
+                        return Err(KvError::FutureRevision {
+                            revision: *at,
+                            current: newest,
+                        });
+                    }
+                    self.check_revision((*at).min(self.revision()))?;
+                }
+                TxnOp::Range { at: None, .. } => {}
             }
         }
         Ok(())
     }
 
-    fn run(&mut self, txn: &Txn, path: &Path, events: &mut Vec<Event>) -> TxnResult {
+    /// Run the path; `begin` is the store revision before the transaction.
+    fn run(
+        &mut self,
+        txn: &Txn,
+        path: &Path,
+        begin: Revision,
+        events: &mut Vec<Event>,
+    ) -> TxnResult {
         let mut nested = path.nested.iter();
         let mut results = Vec::new();
         for op in txn.branch(path.succeeded) {
@@ -413,12 +462,22 @@ impl KvState {
                         prev: if *prev_kv { doomed } else { Vec::new() },
                     }
                 }
-                TxnOp::Range { spec } => OpResult::Range {
+                // Before the transaction's own changes, at its start or earlier: history.
+                TxnOp::Range { at: Some(at), .. }
+                    if *at < begin || (*at == begin && !events.is_empty()) =>
+                {
+                    OpResult::Range {
+                        result: RangeResult::default(),
+                        deferred: Some(*at),
+                    }
+                }
+                TxnOp::Range { spec, .. } => OpResult::Range {
                     result: evaluate(spec, self.range(&spec.range)),
+                    deferred: None,
                 },
                 TxnOp::Txn { txn } => match nested.next() {
                     Some(p) => OpResult::Txn {
-                        result: self.run(txn, p, events),
+                        result: self.run(txn, p, begin, events),
                     },
                     None => OpResult::Txn {
                         result: TxnResult::default(),
@@ -477,7 +536,10 @@ impl ReadTxn {
         fn ops(ops: &[ReadOp]) -> Vec<TxnOp> {
             ops.iter()
                 .map(|op| match op {
-                    ReadOp::Range { spec, .. } => TxnOp::Range { spec: spec.clone() },
+                    ReadOp::Range { spec, at } => TxnOp::Range {
+                        spec: spec.clone(),
+                        at: *at,
+                    },
                     ReadOp::Txn { txn } => TxnOp::Txn { txn: txn.as_txn() },
                 })
                 .collect()
@@ -522,6 +584,7 @@ pub fn evaluate_read_only<E>(
                 let kvs = read(&spec.range, at.unwrap_or(now))?;
                 OpResult::Range {
                     result: evaluate(spec, kvs.iter().map(|(k, v)| (k.as_str(), v))),
+                    deferred: None,
                 }
             }
             ReadOp::Txn { txn } => OpResult::Txn {
@@ -530,6 +593,38 @@ pub fn evaluate_read_only<E>(
         });
     }
     Ok(TxnResult { succeeded, results })
+}
+
+/// Whether a logged transaction's result still has ranges at a past revision to read.
+pub fn has_deferred(result: &TxnResult) -> bool {
+    result.results.iter().any(|r| match r {
+        OpResult::Range { deferred, .. } => deferred.is_some(),
+        OpResult::Txn { result } => has_deferred(result),
+        _ => false,
+    })
+}
+
+/// Read the ranges a logged transaction deferred ([`OpResult::Range::deferred`]) through
+/// `read(range, revision)` (the live keys of `range` at `revision`, from the history), so that
+/// `result` answers as if the state machine had read them.
+pub fn fill_deferred<E>(
+    txn: &Txn,
+    result: &mut TxnResult,
+    read: &mut dyn FnMut(&KeyRange, Revision) -> Result<KeysAt, E>,
+) -> Result<(), E> {
+    for (op, r) in txn.branch(result.succeeded).iter().zip(&mut result.results) {
+        match (op, r) {
+            (TxnOp::Range { spec, .. }, OpResult::Range { result, deferred }) => {
+                if let Some(at) = deferred.take() {
+                    let kvs = read(&spec.range, at)?;
+                    *result = evaluate(spec, kvs.iter().map(|(k, v)| (k.as_str(), v)));
+                }
+            }
+            (TxnOp::Txn { txn }, OpResult::Txn { result }) => fill_deferred(txn, result, read)?,
+            _ => {}
+        }
+    }
+    Ok(())
 }
 
 /// The number of operations a transaction may run when no limit is configured (etcd's
@@ -646,6 +741,118 @@ mod tests {
         TxnOp::DeleteRange { range, prev_kv }
     }
 
+    /// A range at `at` (None: the txn's own revision) of one key.
+    fn get_at(key: &str, at: Option<u64>) -> TxnOp {
+        TxnOp::Range {
+            spec: RangeSpec::all(KeyRange::key(key)),
+            at: at.map(Revision),
+        }
+    }
+
+    #[test]
+    fn ranges_at_a_past_revision_in_a_writing_txn_are_checked_on_apply_and_read_after() {
+        let mut kv = KvState::new();
+        for v in ["v1", "v2", "v3"] {
+            apply(
+                &mut kv,
+                Txn {
+                    success: vec![put("k", v)],
+                    ..Txn::default()
+                },
+            );
+        }
+        // The store is at 3. A past range is left to the answering node, checked; the txn's
+        // own revision (after its put) and its start (before any change) read the present.
+        let t = Txn {
+            success: vec![
+                get_at("k", Some(1)),
+                get_at("k", Some(3)),
+                put("other", "x"),
+                get_at("k", Some(3)),
+                get_at("other", Some(4)),
+            ],
+            ..Txn::default()
+        };
+        let (rev, mut out, _) = apply(&mut kv, t.clone());
+        assert_eq!(rev, Revision(4));
+        assert!(has_deferred(&out));
+        let value = |r: &OpResult| match r {
+            OpResult::Range { result, deferred } => {
+                (result.kvs.first().map(|(_, v)| v.value.clone()), *deferred)
+            }
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(value(&out.results[0]), (None, Some(Revision(1))));
+        assert_eq!(value(&out.results[1]), (Some("v3".into()), None));
+        assert_eq!(value(&out.results[3]), (None, Some(Revision(3))));
+        assert_eq!(value(&out.results[4]), (Some("x".into()), None));
+        // The answering node reads the deferred ones from its history.
+        let mut asked = Vec::new();
+        fill_deferred(&t, &mut out, &mut |range, at| {
+            asked.push(at);
+            let value = if at == Revision(1) { "v1" } else { "v3" };
+            let key = String::from_utf8(range.start.clone()).unwrap();
+            Ok::<_, ()>(vec![(key, v(value, 1, at.0, at.0, None))])
+        })
+        .unwrap();
+        assert_eq!(asked, [Revision(1), Revision(3)]);
+        assert!(!has_deferred(&out));
+        assert_eq!(value(&out.results[0]), (Some("v1".into()), None));
+        assert_eq!(value(&out.results[3]), (Some("v3".into()), None));
+
+        // The store is at 4. A future revision fails the txn whole (6 is ahead even after its
+        // put, which makes 5), as does a revision below the compaction mark; nothing changes.
+        let before = kv.revision();
+        for (at, refused) in [(6, "after a put"), (7, "after a put")] {
+            let applied = kv.apply(&crate::domain::command::Command::Txn {
+                txn: Txn {
+                    success: vec![put("z", "1"), get_at("k", Some(at))],
+                    ..Txn::default()
+                },
+            });
+            assert!(
+                matches!(
+                    applied.response,
+                    crate::domain::command::Response::Rejected {
+                        error: KvError::FutureRevision { .. }
+                    }
+                ),
+                "{refused}: {:?}",
+                applied.response
+            );
+        }
+        // Without a change before it, the txn's own revision is the store's: 5 is ahead.
+        let applied = kv.apply(&crate::domain::command::Command::Txn {
+            txn: Txn {
+                success: vec![get_at("k", Some(5)), put("z", "1")],
+                ..Txn::default()
+            },
+        });
+        assert!(matches!(
+            applied.response,
+            crate::domain::command::Response::Rejected {
+                error: KvError::FutureRevision { .. }
+            }
+        ));
+        kv.apply(&crate::domain::command::Command::Compact {
+            revision: Revision(2),
+        });
+        let applied = kv.apply(&crate::domain::command::Command::Txn {
+            txn: Txn {
+                success: vec![put("z", "1"), get_at("k", Some(1))],
+                ..Txn::default()
+            },
+        });
+        assert!(matches!(
+            applied.response,
+            crate::domain::command::Response::Rejected {
+                error: KvError::Compacted { .. }
+            }
+        ));
+        assert_eq!(kv.revision(), before);
+        assert!(kv.get("z").is_none());
+    }
+
     #[test]
     fn one_revision_for_every_change_and_one_event_per_key() {
         let mut kv = KvState::new();
@@ -691,6 +898,7 @@ mod tests {
             success: vec![put(key, "new")],
             failure: vec![TxnOp::Range {
                 spec: RangeSpec::all(KeyRange::key(key)),
+                at: None,
             }],
         };
         let (_, out, _) = apply(&mut kv, create("k"));
@@ -703,7 +911,7 @@ mod tests {
             Revision(1),
             "a txn that changes nothing takes no revision"
         );
-        let OpResult::Range { result } = &out.results[0] else {
+        let OpResult::Range { result, .. } = &out.results[0] else {
             panic!()
         };
         assert_eq!(result.kvs[0].1.value, "new");
@@ -777,7 +985,7 @@ mod tests {
             target: CompareTarget::Value(value.as_bytes().to_vec()),
         };
         let values = |r: &OpResult| match r {
-            OpResult::Range { result } => result
+            OpResult::Range { result, .. } => result
                 .kvs
                 .iter()
                 .map(|(_, v)| v.value.clone())

@@ -4,8 +4,10 @@
 //! `/v1` writes are, then proposed (followers forward). Reads are linearizable unless the
 //! request is `serializable`, and are served from this node's applied state: the current
 //! one, or its MVCC history for a range at a past revision. A Txn that only reads and asks
-//! for a past revision somewhere is a read too ([`ReadTxn`]): a logged transaction reads the
-//! state it applies to, which holds no past. `Compact` is a replicated [`Command::Compact`].
+//! for a past revision somewhere is a read too ([`ReadTxn`]). In a Txn that writes, such a
+//! range is checked where the txn applies (compacted, future: the txn fails whole, as in
+//! etcd) and read from this member's history once the txn applied here (`read_deferred`):
+//! the state machine holds only the present. `Compact` is a replicated [`Command::Compact`].
 
 use leasecore_etcd_api::etcdserverpb::kv_server::Kv;
 use leasecore_etcd_api::etcdserverpb::{
@@ -21,7 +23,7 @@ use crate::domain::command::{Command, Response as Applied};
 use crate::domain::range::{RangeResult, RangeSpec, SortOrder, SortTarget, evaluate};
 use crate::domain::txn::{
     Compare, CompareOp, CompareTarget, OpResult, ReadOp, ReadTxn, Txn, TxnOp, TxnResult,
-    evaluate_read_only,
+    evaluate_read_only, fill_deferred, has_deferred,
 };
 use crate::domain::types::Revision;
 use crate::http::auth::{check, guard};
@@ -71,6 +73,39 @@ impl Etcd {
         Ok(self.txn_response(now, result))
     }
 
+    /// Read the ranges at a past revision that the applied transaction `t` left to this node
+    /// ([`fill_deferred`]), once this node has applied it. The transaction has applied: a
+    /// failure now cannot say that nothing was done, so it is etcd's "request timed out"
+    /// (outcome unknown to the client), naming the revision it applied at.
+    async fn read_deferred(
+        &self,
+        t: &Txn,
+        revision: Revision,
+        out: &mut TxnResult,
+    ) -> Result<(), EtcdError> {
+        if !has_deferred(out) {
+            return Ok(());
+        }
+        let view = self.state.consensus.view();
+        let applied_here = view
+            .wait_revision(revision, std::time::Duration::from_secs(10))
+            .await;
+        let filled = if applied_here {
+            fill_deferred(t, out, &mut |range, at| {
+                view.range_at(range, Some(at)).map(|(_, kvs)| kvs)
+            })
+            .map_err(|e| e.to_string())
+        } else {
+            Err("this member did not apply it in time".to_string())
+        };
+        filled.map_err(|why| {
+            EtcdError::Status(Status::unavailable(format!(
+                "etcdserver: request timed out: the txn applied at revision {revision}, but \
+                 its range at a past revision could not be read on this member ({why})"
+            )))
+        })
+    }
+
     /// One operation as a transaction of its own (etcd's Put and DeleteRange), and its result.
     async fn write_one<T>(
         &self,
@@ -112,7 +147,7 @@ impl Etcd {
                             prev_kvs: prev.iter().map(|(k, v)| key_value(k, v)).collect(),
                         })
                     }
-                    OpResult::Range { result } => {
+                    OpResult::Range { result, .. } => {
                         response_op::Response::ResponseRange(self.range_response(revision, result))
                     }
                     OpResult::Txn { result } => {
@@ -242,17 +277,12 @@ fn ops(ops: Vec<RequestOp>) -> Result<Vec<TxnOp>, EtcdError> {
         .map(|op| match op.request {
             Some(request_op::Request::RequestPut(p)) => put_op(p),
             Some(request_op::Request::RequestDeleteRange(d)) => delete_op(d),
-            // A logged txn's ranges are evaluated on the state as it applies: one at a past
-            // revision would silently answer with the present, so it is refused. (A txn that
-            // only reads is served as a read, past revisions included: `read_only`.)
-            Some(request_op::Request::RequestRange(r)) if r.revision > 0 => {
-                Err(EtcdError::Status(Status::unimplemented(
-                    "etcdserver: leasecore cannot read a past revision inside a txn that \
-                     writes (use a Range at that revision, or a txn that only reads)",
-                )))
-            }
+            // A range at a past revision is checked where the txn applies (compacted, future)
+            // and read from the history by the member that answers (`read_deferred`). (A txn
+            // that only reads is served as a read: `read_only`.)
             Some(request_op::Request::RequestRange(r)) => Ok(TxnOp::Range {
                 spec: range_spec(&r)?,
+                at: (r.revision > 0).then_some(Revision(r.revision as u64)),
             }),
             Some(request_op::Request::RequestTxn(t)) => Ok(TxnOp::Txn { txn: txn(t)? }),
             None => Err(EtcdError::invalid("a txn operation is empty")),
@@ -395,7 +425,22 @@ impl Kv for Etcd {
             ));
         }
         let t = txn(req.get_ref().clone())?;
-        let (revision, out) = self.write(&req, t).await?;
+        let past = t.read_revisions();
+        if past.is_empty() {
+            let (revision, out) = self.write(&req, t).await?;
+            return Ok(Response::new(self.txn_response(revision, out)));
+        }
+        // A range at a revision this member no longer holds: refused before anything is
+        // proposed. (The compaction mark is checked again where the txn applies.)
+        let floor = self.state.consensus.view().history_floor();
+        if past.iter().any(|at| *at < floor) {
+            return Err(EtcdError::compacted(crate::domain::history::Compacted {
+                compacted: floor,
+            })
+            .into());
+        }
+        let (revision, mut out) = self.write(&req, t.clone()).await?;
+        self.read_deferred(&t, revision, &mut out).await?;
         Ok(Response::new(self.txn_response(revision, out)))
     }
 

@@ -235,7 +235,7 @@ fn op(o: OpJson) -> Result<TxnOp, ApiError> {
             spec.limit = g.limit;
             spec.keys_only = g.keys_only;
             spec.count_only = g.count_only;
-            TxnOp::Range { spec }
+            TxnOp::Range { spec, at: None }
         }
         OpJson::Txn(t) => TxnOp::Txn { txn: txn(t)? },
     })
@@ -301,7 +301,7 @@ fn results(r: TxnResult) -> Vec<OpResultJson> {
                 deleted,
                 prev: kvs(prev),
             },
-            OpResult::Range { result } => OpResultJson::Get {
+            OpResult::Range { result, .. } => OpResultJson::Get {
                 items: kvs(result.kvs),
                 more: result.more,
                 count: result.count,

@@ -175,6 +175,19 @@ impl StateView {
         matches!(tokio::time::timeout(timeout, reached).await, Ok(Ok(_)))
     }
 
+    /// Wait until the applied store revision reaches `revision`; false on timeout or shutdown.
+    pub async fn wait_revision(&self, revision: Revision, timeout: Duration) -> bool {
+        let mut rx = self.applied.clone();
+        let reached = rx.wait_for(|m| m.revision >= revision);
+        matches!(tokio::time::timeout(timeout, reached).await, Ok(Ok(_)))
+    }
+
+    /// The lowest revision this node's history can be read at (the compaction mark, or where
+    /// its history starts when it began from a snapshot).
+    pub fn history_floor(&self) -> Revision {
+        self.bounds().0
+    }
+
     /// A receiver of applied marks (for drivers that follow progress).
     pub fn subscribe(&self) -> watch::Receiver<AppliedMark> {
         self.applied.clone()

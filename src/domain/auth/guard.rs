@@ -63,7 +63,7 @@ fn txn_allowed(kv: &KvState, user: &str, txn: &Txn) -> bool {
                         .is_none_or(|l| lease_keys_allowed(kv, auth, user, l, Access::Write))
             }
             TxnOp::DeleteRange { range, .. } => auth.allowed(user, Access::Write, range),
-            TxnOp::Range { spec } => auth.allowed(user, Access::Read, &spec.range),
+            TxnOp::Range { spec, .. } => auth.allowed(user, Access::Read, &spec.range),
             TxnOp::Txn { txn } => txn_allowed(kv, user, txn),
         })
 }

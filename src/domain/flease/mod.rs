@@ -71,7 +71,11 @@
 //!   another owner's unexpired value the answer is "busy" (nothing is written back). Safety is
 //!   Paxos' intersection argument: a chosen value is held by a majority until their timers fire,
 //!   and every later read quorum meets one of them;
-//! - extension: the holder re-proposes when the quorum answered "empty" or "its own value";
+//! - extension: the holder re-proposes when the quorum answered "empty" or "its own value"; it
+//!   keeps its epoch unless a later write in the quorum ended its tenure (an expired or
+//!   released copy under a higher ballot that remembers an epoch at least the tenure's:
+//!   ballots alone cannot order writes across acceptor restarts, their eras come from wall
+//!   clocks);
 //!   release: as for Flease, the holder stops, then the acceptors holding its ballot forget it;
 //! - no message is dropped for its wall-clock stamp (clocks are not comparable across nodes), and
 //!   a restarted acceptor stays silent for the restart wait, which exceeds the lease time.

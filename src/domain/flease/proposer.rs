@@ -283,7 +283,22 @@ impl Round {
     ) -> RoundEvent {
         let mut emax: Epoch = 0;
         let mut other: Option<(String, u64, Epoch)> = None;
-        // The most recent write the quorum knows of, and whether it is this owner's live value.
+        // This owner's live value with the highest write ballot, if the quorum holds one.
+        let own_live = acks
+            .values()
+            .filter_map(|(k, slot, _)| match slot {
+                Slot::Span { owner, epoch, .. } if *owner == self.owner => Some((*k, *epoch)),
+                _ => None,
+            })
+            .max();
+        // The most recent write the quorum knows of that could end this owner's tenure, and
+        // whether it is this owner's live value. A copy that is not (expired, released,
+        // someone else's) ends it, unless it remembers no epoch as high as the tenure's: a
+        // later tenure starts above every epoch its read quorum knows, and that quorum met
+        // this tenure's. Ballots alone cannot say "later": after acceptors restart, a
+        // committed write may carry a lower ballot than an older, expired one (wall clocks set
+        // ballot eras). On a tie an expired copy wins: the holder's timer ran out before any
+        // acceptor's.
         let mut latest: Option<(Ballot, Option<Epoch>)> = None;
         for (write_k, slot, epoch) in acks.into_values() {
             emax = emax.max(epoch).max(slot.epoch());
@@ -291,8 +306,10 @@ impl Round {
                 Slot::Span { owner, epoch, .. } if *owner == self.owner => Some(*epoch),
                 _ => None,
             };
-            // On a tie an expired copy wins: the holder's timer ran out before any acceptor's.
-            if latest.is_none_or(|(k, o)| write_k > k || (write_k == k && o.is_some())) {
+            let could_end =
+                own.is_some() || own_live.is_none_or(|(_, e)| epoch.max(slot.epoch()) >= e);
+            if could_end && latest.is_none_or(|(k, o)| write_k > k || (write_k == k && o.is_some()))
+            {
                 latest = Some((write_k, own));
             }
             if let Slot::Span {
@@ -306,7 +323,7 @@ impl Round {
                 other = Some((owner, span_ms, epoch));
             }
         }
-        // This owner's tenure goes on only if the latest write is its value, still timed;
+        // This owner's tenure goes on only if the latest such write is its value, still timed;
         // otherwise (released, expired, or a later tenure of someone else) it starts anew.
         let own = latest.and_then(|(_, own)| own);
         if let Some((owner, span_ms, epoch)) = other {
@@ -949,6 +966,53 @@ mod tests {
             panic!("not granted")
         };
         assert_eq!(g.epoch, BOB + 1);
+    }
+
+    #[test]
+    fn a_live_own_value_beside_an_older_expired_write_with_a_higher_ballot_is_renewed() {
+        // Found by the simulation (FLEASE_SEED=6186, wall clocks an hour apart): acceptor 2
+        // accepted bob's write long ago with a ballot of a far-ahead wall clock (era 9); it
+        // expired there. Acceptors 1 and 3 restarted since, and alice's tenure (epoch 7) was
+        // written to them with era-1 ballots. Her renewal reads acceptors 1 and 2: her live
+        // value under a lower ballot, and bob's expired write under a higher one. Her tenure
+        // goes on (epoch 7): nobody held the resource since.
+        let mut acc = paxos_acceptors();
+        let write = |to: NodeId, owner: &str, b: Ballot, epoch: u64| Envelope {
+            proto: Protocol::PaxosLease,
+            resource: "r".into(),
+            from: 1,
+            to,
+            sent_at: WallMillis(0),
+            body: Msg::Write {
+                k: b,
+                value: Slot::Span {
+                    owner: owner.into(),
+                    span_ms: 2000,
+                    epoch,
+                },
+            },
+        };
+        let far_ahead = Ballot { era: 9, ..k(2, 1) };
+        acc[1].on_message(&write(2, "bob", far_ahead, 6), at(3000));
+        for to in [1, 3] {
+            acc[(to - 1) as usize].on_message(&write(to, "alice", k(1, 3), 7), at(5500));
+        }
+        let (mut r, msgs) = Round::start_in(
+            Protocol::PaxosLease,
+            Intent::Acquire,
+            1,
+            "r",
+            "alice",
+            &[1, 2, 3],
+            Ballot { era: 10, ..k(1, 4) },
+            CFG,
+            at(6000),
+        );
+        let msgs = msgs.into_iter().filter(|m| m.to != 3).collect();
+        let RoundEvent::Granted(g) = run(&mut r, &mut acc, msgs, 6000) else {
+            panic!("not granted")
+        };
+        assert_eq!((g.epoch, g.renewal), (7, true));
     }
 
     #[test]
