@@ -12,19 +12,23 @@ fn script(dir: &Path, base_port: u16, args: &[&str]) -> Output {
         .env("LEASECORE_BIN", env!("CARGO_BIN_EXE_leasecore"))
         .env("LEASECORE_CLUSTER_DIR", dir)
         .env("LEASECORE_BASE_PORT", base_port.to_string())
+        // No etcd listener: its ports (client port + 2000) are not among those checked free.
+        .env("LEASECORE_ETCD_BASE_PORT", "0")
         .output()
         .expect("run scripts/cluster.sh")
 }
 
 /// A base port with `n` free consecutive client ports after it, and their peer ports (+1000).
 /// Each call draws from its own part of the range, so the tests of this file (which run in
-/// parallel in one process) never pick the same ports.
+/// parallel in one process) never pick the same ports. The range stays below Linux's
+/// ephemeral ports (32768 and up): a port checked free there could be taken by any outgoing
+/// connection before the node binds it.
 fn free_range(n: u16) -> u16 {
     static CALLS: std::sync::atomic::AtomicU16 = std::sync::atomic::AtomicU16::new(0);
     let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let seed = (std::process::id() as u16).wrapping_add(call.wrapping_mul(4_999));
     for attempt in 0..200u16 {
-        let base = 20_000 + (seed.wrapping_add(attempt.wrapping_mul(97)) % 30_000);
+        let base = 20_000 + (seed.wrapping_add(attempt.wrapping_mul(97)) % 11_000);
         let held: Vec<_> = (0..n)
             .flat_map(|i| [base + i, base + 1000 + i])
             .map_while(|port| std::net::TcpListener::bind(("127.0.0.1", port)).ok())
