@@ -917,14 +917,9 @@ mod tests {
         assert!(b.epoch > g.epoch);
     }
 
-    #[test]
-    fn a_stale_own_value_after_another_tenure_starts_a_new_epoch() {
-        // Alice's write reached acceptor 3 late (at 3500), after Bob's tenure was written to
-        // acceptors 1 and 2 at 3000: her value outlives his by 500 ms there. (Bob's epoch is
-        // above any wall-clock fallback here, so only the rule under test can pass it.)
-        const BOB: u64 = 1 << 40;
-        let mut acc = paxos_acceptors();
-        let write = |to: NodeId, owner: &str, b: Ballot, epoch: u64| Envelope {
+    /// A PaxosLease write of `owner`'s value (2 s, `epoch`) at ballot `b`, to acceptor `to`.
+    fn span_write(to: NodeId, owner: &str, b: Ballot, epoch: u64) -> Envelope {
+        Envelope {
             proto: Protocol::PaxosLease,
             resource: "r".into(),
             from: 1,
@@ -938,12 +933,21 @@ mod tests {
                     epoch,
                 },
             },
-        };
+        }
+    }
+
+    #[test]
+    fn a_stale_own_value_after_another_tenure_starts_a_new_epoch() {
+        // Alice's write reached acceptor 3 late (at 3500), after Bob's tenure was written to
+        // acceptors 1 and 2 at 3000: her value outlives his by 500 ms there. (Bob's epoch is
+        // above any wall-clock fallback here, so only the rule under test can pass it.)
+        const BOB: u64 = 1 << 40;
+        let mut acc = paxos_acceptors();
         for to in [1, 2] {
-            acc[(to - 1) as usize].on_message(&write(to, "bob", k(2, 2), BOB), at(3000));
+            acc[(to - 1) as usize].on_message(&span_write(to, "bob", k(2, 2), BOB), at(3000));
         }
         // Alice's round (ballot k(1, 1)) started before Bob's.
-        acc[2].on_message(&write(3, "alice", k(1, 1), 5), at(3500));
+        acc[2].on_message(&span_write(3, "alice", k(1, 1), 5), at(3500));
         // While Bob's value lives, Alice is refused.
         let ev = paxos(&mut acc, Intent::Acquire, 1, "alice", k(1, 5), 3100);
         assert!(matches!(ev, RoundEvent::Busy { .. }), "{ev:?}");
@@ -974,28 +978,14 @@ mod tests {
         // accepted bob's write long ago with a ballot of a far-ahead wall clock (era 9); it
         // expired there. Acceptors 1 and 3 restarted since, and alice's tenure (epoch 7) was
         // written to them with era-1 ballots. Her renewal reads acceptors 1 and 2: her live
-        // value under a lower ballot, and bob's expired write under a higher one. Her tenure
-        // goes on (epoch 7): nobody held the resource since.
+        // value under a lower ballot, and bob's expired write under a higher one, which
+        // remembers epoch 6, below hers: it cannot be a later tenure (that would have started
+        // above 7). Her tenure goes on (epoch 7).
         let mut acc = paxos_acceptors();
-        let write = |to: NodeId, owner: &str, b: Ballot, epoch: u64| Envelope {
-            proto: Protocol::PaxosLease,
-            resource: "r".into(),
-            from: 1,
-            to,
-            sent_at: WallMillis(0),
-            body: Msg::Write {
-                k: b,
-                value: Slot::Span {
-                    owner: owner.into(),
-                    span_ms: 2000,
-                    epoch,
-                },
-            },
-        };
         let far_ahead = Ballot { era: 9, ..k(2, 1) };
-        acc[1].on_message(&write(2, "bob", far_ahead, 6), at(3000));
+        acc[1].on_message(&span_write(2, "bob", far_ahead, 6), at(3000));
         for to in [1, 3] {
-            acc[(to - 1) as usize].on_message(&write(to, "alice", k(1, 3), 7), at(5500));
+            acc[(to - 1) as usize].on_message(&span_write(to, "alice", k(1, 3), 7), at(5500));
         }
         let (mut r, msgs) = Round::start_in(
             Protocol::PaxosLease,
