@@ -49,11 +49,16 @@ impl Consensus {
     }
 
     /// Propose each of `cmds` on this node only (the target of forwarded batches): `NotLeader`
-    /// for the whole batch if this node is not the leader.
+    /// for the whole batch if this node is not the leader, also once a leadership transfer it
+    /// waited for has made another node the leader (the forwarding node then sends the batch
+    /// there, rather than answering each write "no leader").
     pub async fn propose_batch_here(
         &self,
         cmds: Vec<Command>,
     ) -> Result<Vec<Result<Response, ConsensusError>>, ConsensusError> {
+        if self.transferring() {
+            super::transfer::until_settled(&mut self.inner.intake.subscribe()).await;
+        }
         if !self.is_leader() {
             return Err(ConsensusError::NotLeader);
         }
