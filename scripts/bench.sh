@@ -440,7 +440,11 @@ fi
 if wanted watch; then
   for w in $WATCHERS; do
     # Three ways to follow: a long poll per watcher, an SSE stream per watcher, and the
-    # watchers spread over 10 multi-watch streams (POST /v1/watches; etcd's model).
+    # watchers spread over 10 multi-watch streams (POST /v1/watches; etcd's model). A
+    # connection per watcher needs a connection cap above the default 4,096 (the nodes evict
+    # the longest-idle connection at the cap): LEASECORE_MAX_CONNECTIONS for these clusters.
+    export LEASECORE_MAX_CONNECTIONS=$((w + 1000))
+    echo "leasecore watch clusters at $w watchers: LEASECORE_MAX_CONNECTIONS=$LEASECORE_MAX_CONNECTIONS" >>"$RUN_DIR/flags.txt"
     fresh_lc "leasecore-watch-$w"
     run_lcbench "watch-$w" 1 "$LEADER" watch --watchers "$w" --events "$WATCH_EVENTS" || true
     fresh_lc "leasecore-watch-sse-$w"
@@ -448,6 +452,7 @@ if wanted watch; then
     fresh_lc "leasecore-watch-streams-$w"
     run_lcbench "watch-streams-$w" 1 "$LEADER" watch --streams 10 --watchers "$w" --events "$WATCH_EVENTS" || true
   done
+  unset LEASECORE_MAX_CONNECTIONS
 fi
 if wanted flease-memory; then
   if "$BIN" bench --help 2>&1 | grep -q -- '--resources'; then
