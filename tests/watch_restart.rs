@@ -57,11 +57,14 @@ fn compact_revision(r: Result<Vec<Event>, ClientError>) -> u64 {
 
 /// The store revision of the snapshot in a (stopped) node's data dir.
 fn snapshot_revision(dir: &Path) -> u64 {
-    let (_, data) = SnapshotFile::new(dir)
-        .read()
-        .unwrap()
-        .expect("the node took a snapshot");
-    decode_payload(&data).unwrap().revision.0
+    snapshot_on_disk(dir).expect("the node took a snapshot")
+}
+
+/// The store revision of the snapshot in a node's data dir, if it has one (the file is
+/// replaced whole, so a running node's can be read too).
+fn snapshot_on_disk(dir: &Path) -> Option<u64> {
+    let (_, data) = SnapshotFile::new(dir).read().ok()??;
+    Some(decode_payload(&data).ok()?.revision.0)
 }
 
 fn summary(events: &[Event]) -> Vec<(u64, String, EventKind)> {
@@ -240,14 +243,25 @@ async fn a_killed_binary_rebuilds_its_watch_history_on_restart() {
     let data = tmp.path().join("node-1");
     let client = Client::new(&[format!("http://{addr}")]).unwrap();
     let mut node = serve(&addr, &data, &tmp.path().join("run-1.log"));
+    // Writes until a snapshot is on disk (the compaction driver looks every 200 ms), then 10
+    // more: the next snapshot is not due for 50 entries, so the node dies with its snapshot
+    // behind its last write (one being built when it was seen is behind it too).
     let mut last = 0;
-    for i in 0..130 {
+    let mut stop_at = None;
+    for i in 0..2000 {
+        if stop_at.is_none() {
+            stop_at = snapshot_on_disk(&data).map(|s| s + 10);
+        }
+        if stop_at.is_some_and(|end| last >= end) {
+            break;
+        }
         let put = eventually(Duration::from_secs(20), "the node takes writes", || async {
-            client.put(&format!("k/{i:03}"), "v", None, None).await.ok()
+            client.put(&format!("k/{i:04}"), "v", None, None).await.ok()
         })
         .await;
         last = put.revision.0;
     }
+    assert!(stop_at.is_some(), "no snapshot after {last} writes");
     let want = events_from(&client, 1, last).await.unwrap();
     assert_eq!(want.len() as u64, last);
     node.0.kill().unwrap();
