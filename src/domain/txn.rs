@@ -13,6 +13,10 @@
 //! - When no key is present: a compare on the value fails (there is no value to compare), and
 //!   the other targets compare against zero (version 0, revision 0, no lease), so
 //!   `mod_revision == 0` means "does not exist", as etcd clients use it to create.
+//! - A range at a past revision (`TxnOp::Range::at`) fails the whole transaction when it is
+//!   below the compaction mark or after the transaction's own revision (etcd's `ErrCompacted`,
+//!   `ErrFutureRev`); the state holds only the present, so the apply leaves the read to the node
+//!   that answers ([`OpResult::Range::deferred`], [`fill_deferred`]).
 //!
 //! # What it must not do
 //! [`holds`] never reads the state itself: the caller hands in the versions present in the
@@ -494,8 +498,9 @@ impl KvState {
 }
 
 /// A transaction that only reads, whose ranges may ask for a past revision (etcd's Txn with a
-/// `RequestRange` at `revision`). It is served where reads are, not through the log: a range
-/// in a logged transaction reads the state it applies to, which holds no past.
+/// `RequestRange` at `revision`). It is served where reads are, not through the log (a logged
+/// transaction's past ranges are only checked where it applies, then read by the node that
+/// answers: [`fill_deferred`]).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ReadTxn {
     pub compares: Vec<Compare>,
