@@ -197,8 +197,25 @@ impl Tenure {
     }
 }
 
+/// Whether the transferee of a leadership transfer may campaign: its leader (whose heartbeats
+/// stopped for the transfer) has been silent, as this node saw it, for longer than openraft's
+/// leader lease (`lease_ms`, the largest election timeout) plus `margin_ms` (the other voters
+/// accepted the last append a little later). Before that every voter refuses the vote; a node
+/// that never heard a leader (`None`) holds no lease against it.
+pub fn transferee_may_campaign(led_age_ms: Option<u64>, lease_ms: u64, margin_ms: u64) -> bool {
+    led_age_ms.is_none_or(|age| age >= lease_ms.saturating_add(margin_ms))
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_transferee_campaigns_only_once_the_lease_and_margin_have_passed() {
+        assert!(!transferee_may_campaign(Some(0), 1000, 100));
+        assert!(!transferee_may_campaign(Some(1099), 1000, 100));
+        assert!(transferee_may_campaign(Some(1100), 1000, 100));
+        assert!(transferee_may_campaign(None, 1000, 100));
+        assert!(!transferee_may_campaign(Some(u64::MAX - 1), u64::MAX, 100));
+    }
     use super::*;
 
     const ET: u64 = 1000;

@@ -824,6 +824,19 @@ mod tests {
         ballot: Ballot,
         t: u64,
     ) -> RoundEvent {
+        paxos_reaching(acc, intent, node, owner, ballot, t, &[1, 2, 3])
+    }
+
+    /// A PaxosLease round whose messages reach only the acceptors in `reached`.
+    fn paxos_reaching(
+        acc: &mut [Acceptor],
+        intent: Intent,
+        node: NodeId,
+        owner: &str,
+        ballot: Ballot,
+        t: u64,
+        reached: &[NodeId],
+    ) -> RoundEvent {
         let (mut r, msgs) = Round::start_in(
             Protocol::PaxosLease,
             intent,
@@ -835,6 +848,10 @@ mod tests {
             CFG,
             at(t),
         );
+        let msgs = msgs
+            .into_iter()
+            .filter(|m| reached.contains(&m.to))
+            .collect();
         run(&mut r, acc, msgs, t)
     }
 
@@ -954,19 +971,16 @@ mod tests {
         // At 5000 Bob's value expired; read by acceptors 2 and 3 only, acceptor 3 still reports
         // Alice's (epoch 5) beside Bob's later write remembered by acceptor 2: a new tenure
         // above Bob's epoch, not a renewal of 5.
-        let (mut r, msgs) = Round::start_in(
-            Protocol::PaxosLease,
+        let ev = paxos_reaching(
+            &mut acc,
             Intent::Acquire,
             1,
-            "r",
             "alice",
-            &[1, 2, 3],
             k(1, 7),
-            CFG,
-            at(5000),
+            5000,
+            &[2, 3],
         );
-        let msgs = msgs.into_iter().filter(|m| m.to != 1).collect();
-        let RoundEvent::Granted(g) = run(&mut r, &mut acc, msgs, 5000) else {
+        let RoundEvent::Granted(g) = ev else {
             panic!("not granted")
         };
         assert_eq!(g.epoch, BOB + 1);
@@ -987,19 +1001,9 @@ mod tests {
         for to in [1, 3] {
             acc[(to - 1) as usize].on_message(&span_write(to, "alice", k(1, 3), 7), at(5500));
         }
-        let (mut r, msgs) = Round::start_in(
-            Protocol::PaxosLease,
-            Intent::Acquire,
-            1,
-            "r",
-            "alice",
-            &[1, 2, 3],
-            Ballot { era: 10, ..k(1, 4) },
-            CFG,
-            at(6000),
-        );
-        let msgs = msgs.into_iter().filter(|m| m.to != 3).collect();
-        let RoundEvent::Granted(g) = run(&mut r, &mut acc, msgs, 6000) else {
+        let ballot = Ballot { era: 10, ..k(1, 4) };
+        let ev = paxos_reaching(&mut acc, Intent::Acquire, 1, "alice", ballot, 6000, &[1, 2]);
+        let RoundEvent::Granted(g) = ev else {
             panic!("not granted")
         };
         assert_eq!((g.epoch, g.renewal), (7, true));

@@ -502,8 +502,8 @@ impl Consensus {
         // A leader handing its leadership over takes nothing new: the proposal waits for the
         // transfer's end and is then refused, never proposed (its caller goes to the next
         // leader).
-        let mut leaving = self.inner.intake.subscribe();
-        let transferring = *leaving.borrow_and_update();
+        let transferring = self.inner.intake.is_leaving();
+        let mut leaving = transferring.then(|| self.inner.intake.subscribe());
         let cmd = self.stamp(cmd);
         // A leader cut off from its quorum could never commit it: say so now, having done
         // nothing, rather than time out with the outcome in doubt.
@@ -519,8 +519,8 @@ impl Consensus {
         let sent = !gated && !transferring && self.inner.proposals.send((cmd, tx)).is_ok();
         let t = self.inner.timeouts.request;
         async move {
-            if transferring {
-                let _ = tokio::time::timeout(t, transfer::until_settled(&mut leaving)).await;
+            if let Some(leaving) = leaving.as_mut() {
+                let _ = tokio::time::timeout(t, transfer::until_settled(leaving)).await;
                 return Err(ConsensusError::NotLeader);
             }
             if gated {

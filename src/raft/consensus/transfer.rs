@@ -58,6 +58,12 @@ pub(super) struct Holds {
     count: Mutex<usize>,
 }
 
+impl Holds {
+    fn count(&self) -> std::sync::MutexGuard<'_, usize> {
+        self.count.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
 /// The intake gate of a leader that hands its leadership over.
 pub(super) struct Intake {
     leaving: watch::Sender<bool>,
@@ -120,12 +126,7 @@ struct Hold<'a> {
 
 impl<'a> Hold<'a> {
     fn begin(consensus: &'a Consensus) -> Self {
-        let mut count = consensus
-            .inner
-            .holds
-            .count
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
+        let mut count = consensus.inner.holds.count();
         if *count == 0 {
             consensus.inner.raft.runtime_config().elect(false);
         }
@@ -136,13 +137,7 @@ impl<'a> Hold<'a> {
 
 impl Drop for Hold<'_> {
     fn drop(&mut self) {
-        let mut count = self
-            .consensus
-            .inner
-            .holds
-            .count
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
+        let mut count = self.consensus.inner.holds.count();
         *count = count.saturating_sub(1);
         if *count == 0 {
             self.consensus.inner.raft.runtime_config().elect(true);
@@ -153,13 +148,7 @@ impl Drop for Hold<'_> {
 impl Consensus {
     /// Whether this node holds its elections for a transfer (the election watchdog asks).
     pub fn elections_held(&self) -> bool {
-        *self
-            .inner
-            .holds
-            .count
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            > 0
+        *self.inner.holds.count() > 0
     }
 
     /// Whether this node, as leader, is handing its leadership over.
@@ -333,13 +322,12 @@ impl Consensus {
             loop {
                 // Campaign once the leader has been silent for longer than its lease, at
                 // every voter: they accepted its last append at about the time this node did.
-                let silent = self
-                    .inner
-                    .peers
-                    .contacts()
-                    .led_age()
-                    .is_none_or(|age| Duration::from_millis(age) >= lease + margin);
-                if silent {
+                let led_age = self.inner.peers.contacts().led_age();
+                if crate::domain::health::transferee_may_campaign(
+                    led_age,
+                    lease.as_millis() as u64,
+                    margin.as_millis() as u64,
+                ) {
                     tracing::info!(term, "campaigning to take over leadership");
                     let _ = self.inner.raft.trigger().elect().await;
                     let settled = tokio::time::timeout(
