@@ -22,6 +22,7 @@ pub mod network;
 pub mod segment_log;
 pub mod state_machine;
 pub mod state_view;
+pub mod state_writes;
 
 use openraft::BasicNode;
 

@@ -3,9 +3,9 @@
 //! and sweeps what compaction dropped. Layout, encoding and rules: [`crate::domain::mvcc`].
 //!
 //! # Invariants
-//! - Everything is in the state tree, in the state machine's own batches: an applied entry's
-//!   versions and events are durable exactly when the rest of its state is, and a crash never
-//!   leaves one without the other.
+//! - Everything is in the state tree, written with the rest of an applied group's state
+//!   ([`super::state_writes`]): an applied entry's versions and events are durable exactly
+//!   when the rest of its state is, and a crash never leaves one without the other.
 //! - The history is complete above the floor, `max(compact_revision, history_start)`; the
 //!   state machine persists `history_start`. A store of format 2 (values under `k/` beside
 //!   the history) is converted when opened; its history starts again at its current state.
@@ -20,6 +20,7 @@
 
 use std::collections::HashSet;
 
+use super::state_writes::Writes;
 use crate::domain::auth::KeyRange;
 use crate::domain::command::Event;
 use crate::domain::history::{Batch, KeyFilter};
@@ -69,7 +70,7 @@ fn malformed(what: &'static str) -> impl Fn(Malformed) -> StorageError {
 
 /// Add the events of one applied batch (in log order) to `batch`: a version per change,
 /// and one event record for the batch.
-pub fn record(batch: &mut sled::Batch, events: &[Event]) {
+pub fn record(batch: &mut impl Writes, events: &[Event]) {
     let Some(last) = events.last() else {
         return;
     };
@@ -84,7 +85,7 @@ pub fn record(batch: &mut sled::Batch, events: &[Event]) {
 /// older format).
 pub fn restart<'a>(
     tree: &sled::Tree,
-    batch: &mut sled::Batch,
+    batch: &mut impl Writes,
     keys: impl Iterator<Item = (&'a String, &'a Versioned)>,
     revision: Revision,
 ) -> Result<(), StorageError> {
@@ -276,7 +277,7 @@ pub fn events_since(
 /// drops the records. Returns whether anything is left.
 pub fn sweep(
     tree: &sled::Tree,
-    batch: &mut sled::Batch,
+    batch: &mut impl Writes,
     compact: Revision,
     budget: usize,
 ) -> Result<bool, StorageError> {

@@ -2,9 +2,10 @@
 //!
 //! # Invariants
 //! - The keys an entry batch changed, the applied log id, the membership and the store revision
-//!   are written in ONE sled batch on [`TREE_STATE`]: a crash leaves the persisted state at some
-//!   applied index, never between two. On restart openraft re-applies from there up to the
-//!   committed id (the log holds every entry not yet in a snapshot).
+//!   are written as ONE group on [`TREE_STATE`] ([`super::state_writes`]: an intent record,
+//!   then the writes; `open` finishes a group a crash cut): a crash leaves the persisted state
+//!   at some applied index, never between two. On restart openraft re-applies from there up
+//!   to the committed id (the log holds every entry not yet in a snapshot).
 //! - The in-memory `KvState` is the read view (behind a `RwLock` held for a few lines, never
 //!   across an await). It is updated before the applied mark is published, so a reader that sees
 //!   mark `i` reads a state that includes entry `i`.
@@ -34,6 +35,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
 use super::mvcc_store;
+use super::state_writes::{KEY_INTENT, WriteSet, Writes};
 use super::{Entry, LogId, SnapshotMeta, StorageError, StoredMembership, TypeConfig, any_err};
 use crate::domain::command::{Event, LeaseChange, Response};
 use crate::domain::kv::{KeyMap, KvSnapshot, KvState, LeaseRecord, Versioned};
@@ -157,6 +159,8 @@ pub struct StateMachine {
     /// Dropped with the state machine: tells [`StateMachine::dropped`]'s receiver that this
     /// handle on sled is gone.
     drop_signal: Option<tokio::sync::oneshot::Sender<()>>,
+    /// Tests only: make at most this many of a group's writes, then fail (a crash).
+    stop_writes_after: Option<usize>,
 }
 
 impl StateMachine {
@@ -175,6 +179,13 @@ impl StateMachine {
         self.durable = Some(view);
     }
 
+    /// Tests of crash recovery: every later applied group makes at most `writes` of its
+    /// writes after its intent, then fails, as if the process had died there.
+    #[doc(hidden)]
+    pub fn stop_writes_after(&mut self, writes: Option<usize>) {
+        self.stop_writes_after = writes;
+    }
+
     /// Load the persisted state from `db`; snapshots live in `dir`.
     pub fn open(
         db: &sled::Db,
@@ -182,6 +193,9 @@ impl StateMachine {
         observer: Arc<dyn ApplyObserver>,
     ) -> Result<(Self, StateView), crate::storage::StorageError> {
         let state = db.open_tree(TREE_STATE)?;
+        // Before anything is read: a crash may have cut the last applied group.
+        let redone = super::state_writes::redo(&state)?;
+        tracing::debug!(writes = redone, "last applied group's writes made again");
         let snapshots = SnapshotFile::new(dir);
         let corrupt = |what: &str, e: serde_json::Error| crate::storage::StorageError::Corrupt {
             what: what.to_string(),
@@ -241,6 +255,7 @@ impl StateMachine {
                 let keys = legacy_keys(&state)?;
                 let mut batch = sled::Batch::default();
                 mvcc_store::restart(&state, &mut batch, keys.iter(), revision)?;
+                batch.remove(KEY_INTENT);
                 state.apply_batch(batch)?;
                 state.flush()?;
                 sweep_limit = sweep_limit.max(revision);
@@ -289,6 +304,7 @@ impl StateMachine {
             snapshot_seq: 0,
             durable: None,
             drop_signal: None,
+            stop_writes_after: None,
         };
         Ok((sm, view))
     }
@@ -435,7 +451,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         let mut responses = Vec::new();
         let mut events = Vec::new();
         let mut lease_changes = Vec::new();
-        let mut batch = sled::Batch::default();
+        let mut batch = WriteSet::default();
         let mut membership_changed = false;
         let (revision, lease_clock_ms) = {
             let mut kv = self.kv.write().unwrap_or_else(|p| p.into_inner());
@@ -500,11 +516,13 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             batch.insert(KEY_APPLIED, json(&self.last_applied)?);
             batch.insert(KEY_REVISION, json(&revision)?);
             // Written while the state is still locked: a reader that sees revision `r` finds
-            // the history through `r` (sled's batch is in memory, not a disk write).
+            // the history through `r` (sled writes to memory here, not to the disk).
             // Not flushed here: the log holds every applied entry durably (a purge flushes sled
             // before it removes any), and sled recovers a prefix of writes, so a lost tail is
             // re-applied from the log on restart.
-            self.state.apply_batch(batch).map_err(write_err)?;
+            batch
+                .persist(&self.state, self.stop_writes_after)
+                .map_err(write_err)?;
             self.written = Written {
                 compact,
                 lease_clock_ms: lease_clock,
@@ -576,6 +594,8 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         batch.insert(KEY_APPLIED, json(&meta.last_log_id)?);
         batch.insert(KEY_MEMBERSHIP, json(&meta.last_membership)?);
         batch.insert(KEY_REVISION, json(&revision)?);
+        // The last applied group's intent must not be redone over the snapshot's state.
+        batch.remove(KEY_INTENT);
 
         // The tracker (if this node leads, which it does not while installing) re-learns every
         // lease at its next promote; the watch hub learns that history before `revision` is gone.
@@ -741,6 +761,7 @@ pub(crate) fn seed(
     batch.insert(KEY_APPLIED, enc(&meta.last_log_id)?);
     batch.insert(KEY_MEMBERSHIP, enc(&meta.last_membership)?);
     batch.insert(KEY_REVISION, enc(&kv.revision)?);
+    batch.remove(KEY_INTENT);
     state.apply_batch(batch)?;
     SnapshotFile::new(dir)
         .write(&enc(meta)?, payload)
