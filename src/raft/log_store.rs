@@ -47,6 +47,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use super::durability::{Durability, DurableView, may_acknowledge_early};
+use super::entry_cache::{self, EntryCache};
 use super::segment_log::{LogFileError, SegmentLog};
 use super::{Entry, LogId, NodeId, StorageError, TypeConfig, any_err};
 use crate::storage::TREE_RAFT;
@@ -97,6 +98,8 @@ pub struct LogStore {
     /// The latest purge asked for: entries up to it are gone for every reader at once, even
     /// while the purger is still removing them.
     purge_asked: Arc<std::sync::Mutex<Option<LogId>>>,
+    /// The newest entries, decoded: most reads are of entries just appended.
+    cache: Arc<std::sync::Mutex<EntryCache>>,
 }
 
 /// How many appends may wait for a sync before `append` itself waits (back-pressure on the
@@ -209,6 +212,10 @@ impl LogStore {
             durability,
             purger: Arc::new(std::sync::OnceLock::new()),
             purge_asked: Arc::new(std::sync::Mutex::new(None)),
+            cache: Arc::new(std::sync::Mutex::new(EntryCache::new(
+                entry_cache::DEFAULT_MAX_BYTES,
+                entry_cache::DEFAULT_MAX_ENTRIES,
+            ))),
         })
     }
 
@@ -262,7 +269,14 @@ impl LogStore {
         }
     }
 
+    fn cache(&self) -> std::sync::MutexGuard<'_, EntryCache> {
+        self.cache.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     fn truncate_from(&self, index: u64) -> Result<(), StorageError> {
+        // The cache first: no reader may find the removed entries there once the files
+        // have lost them.
+        self.cache().truncate_from(index);
         self.entries
             .truncate(index)
             .map_err(|e| StorageIOError::write_logs(any_err(&e)))?;
@@ -272,6 +286,9 @@ impl LogStore {
 
     fn read_entries(&self, from: u64, to: u64, budget: usize) -> Result<Vec<Entry>, StorageError> {
         let from = self.first_readable(from);
+        if let Some(cached) = self.cache().read(from, to, budget) {
+            return Ok(cached);
+        }
         let raw = self
             .entries
             .read(from, to, budget)
@@ -475,6 +492,11 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             .last()
             .and_then(|(index, _)| entries.iter().rev().find(|e| e.log_id.index == *index))
             .map(|e| e.log_id);
+        // `records` is the suffix of `entries` at or above the floor.
+        let kept = entries.len() - records.len();
+        let sizes = records.iter().map(|(_, bytes)| bytes.len());
+        self.cache()
+            .appended(entries.into_iter().skip(kept).zip(sizes));
         let callback = match early {
             true => {
                 callback.log_io_completed(Ok(()));
@@ -522,6 +544,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
                 *asked = Some(log_id);
             }
         }
+        self.cache().purged_upto(log_id.index);
         let purger = self.purger.get_or_init(|| {
             let (queue, mut waiting) = tokio::sync::mpsc::channel::<LogId>(64);
             // The task holds what a purge needs, never the store (whose sender would keep it,
