@@ -209,7 +209,10 @@ async fn a_node_started_from_a_file_serves_its_version() {
     node.wait().unwrap();
     assert_eq!(version["version"], env!("CARGO_PKG_VERSION"));
     assert_eq!(version["api_version"], "v1");
-    assert_eq!(version["storage_format"], 4);
+    assert_eq!(
+        version["storage_format"],
+        leasecore::storage::STORAGE_FORMAT
+    );
     let commit = version["git_commit"].as_str().unwrap();
     let cli = leasecore().arg("--version").output().unwrap();
     assert!(

@@ -352,9 +352,12 @@ async fn a_crash_inside_an_applied_group_reopens_to_the_whole_group() {
         sm.stop_writes_after(stop_after);
         let cut = sm.apply(groups[1].to_vec()).await.is_err();
         drop(sm);
-        // What a restart finds: every write made before the "crash", nothing after it.
+        // What a restart finds: every write made before the "crash", nothing after it. The
+        // node reads the revision (for its watch history) before it opens the state machine.
+        let early = leasecore::raft::state_machine::persisted_revision(&db).unwrap();
         let (mut sm, view) = StateMachine::open(&db, dir.path(), Arc::new(DiscardEvents)).unwrap();
         let reopened = seen(&view);
+        assert_eq!(early, reopened.0.revision, "the revision read before open");
         sm.apply(groups[2].to_vec()).await.unwrap();
         (cut, reopened, seen(&view))
     }

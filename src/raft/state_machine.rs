@@ -107,9 +107,35 @@ impl ApplyObserver for Observers {
     }
 }
 
+/// Make the last applied group whole if a crash cut it ([`super::state_writes`]): before
+/// anything reads the state tree. An intent whose applied mark is below the stored one is left
+/// over from before newer state and is dropped.
+fn finish_last_group(state: &sled::Tree) -> Result<usize, crate::storage::StorageError> {
+    let applied = |bytes: Option<&[u8]>| -> Result<Option<LogId>, crate::storage::StorageError> {
+        bytes
+            .map(serde_json::from_slice::<Option<LogId>>)
+            .transpose()
+            .map(Option::flatten)
+            .map_err(|e| crate::storage::StorageError::Corrupt {
+                what: "applied".into(),
+                detail: e.to_string(),
+            })
+    };
+    super::state_writes::redo(state, |intent| {
+        let stored = applied(state.get(KEY_APPLIED)?.as_deref())?;
+        let intended = match intent.last_write(KEY_APPLIED) {
+            Some(value) => applied(value.map(|v| &v[..]))?,
+            None => return Ok(false),
+        };
+        Ok(stored.map(|l| l.index) > intended.map(|l| l.index))
+    })
+}
+
 /// The store revision persisted in `db`, without loading the state.
 pub fn persisted_revision(db: &sled::Db) -> Result<Revision, crate::storage::StorageError> {
     let state = db.open_tree(TREE_STATE)?;
+    // The revision is among a group's last writes: a group a crash cut must be finished first.
+    finish_last_group(&state)?;
     match state.get(KEY_REVISION)? {
         Some(b) => serde_json::from_slice(&b).map_err(|e| crate::storage::StorageError::Corrupt {
             what: "revision".into(),
@@ -161,6 +187,8 @@ pub struct StateMachine {
     drop_signal: Option<tokio::sync::oneshot::Sender<()>>,
     /// Tests only: make at most this many of a group's writes, then fail (a crash).
     stop_writes_after: Option<usize>,
+    /// The longest write intent stored inline (`state_writes::WriteSet::persist`).
+    inline_limit: usize,
 }
 
 impl StateMachine {
@@ -194,7 +222,7 @@ impl StateMachine {
     ) -> Result<(Self, StateView), crate::storage::StorageError> {
         let state = db.open_tree(TREE_STATE)?;
         // Before anything is read: a crash may have cut the last applied group.
-        let redone = super::state_writes::redo(&state)?;
+        let redone = finish_last_group(&state)?;
         tracing::debug!(writes = redone, "last applied group's writes made again");
         let snapshots = SnapshotFile::new(dir);
         let corrupt = |what: &str, e: serde_json::Error| crate::storage::StorageError::Corrupt {
@@ -305,6 +333,7 @@ impl StateMachine {
             durable: None,
             drop_signal: None,
             stop_writes_after: None,
+            inline_limit: crate::storage::inline_value_limit(dir),
         };
         Ok((sm, view))
     }
@@ -521,7 +550,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             // before it removes any), and sled recovers a prefix of writes, so a lost tail is
             // re-applied from the log on restart.
             batch
-                .persist(&self.state, self.stop_writes_after)
+                .persist(&self.state, self.inline_limit, self.stop_writes_after)
                 .map_err(write_err)?;
             self.written = Written {
                 compact,

@@ -36,8 +36,11 @@ pub mod snapshot_file;
 /// format-1 or -2 directory is converted when opened (its history starts at its current
 /// state). Format 4 keeps the Raft log's entries in segment files of their own
 /// (`<data dir>/raft-log/`, `raft::segment_log`) instead of sled; older directories have them
-/// moved there when opened.
-pub const STORAGE_FORMAT: u32 = 4;
+/// moved there when opened. Format 5 writes an applied group as an intent record followed by
+/// its writes (`raft::state_writes`), which only a build that redoes the intent on open may
+/// read: an older one would load a group a crash cut, or leave a stale intent behind. A
+/// format-4 directory needs nothing to become format 5.
+pub const STORAGE_FORMAT: u32 = 5;
 /// The oldest format this build upgrades in place.
 const UPGRADABLE_FROM: u32 = 1;
 /// Where the format is recorded.
@@ -167,6 +170,15 @@ pub fn segment_size_for(conf: Option<&str>) -> usize {
     .unwrap_or(SEGMENT_SIZE)
 }
 
+/// The largest value the state machine stores inline in the data dir `dir`: an eighth of its
+/// sled segment, well under the quarter past which sled writes a value to a blob file.
+pub fn inline_value_limit(dir: &Path) -> usize {
+    let conf = std::fs::read(dir.join("conf"))
+        .ok()
+        .map(|bytes| String::from_utf8_lossy(&bytes).into_owned());
+    segment_size_for(conf.as_deref()) / 8
+}
+
 /// A log index as an order-preserving key.
 pub fn index_key(prefix: u8, index: u64) -> [u8; 9] {
     let mut k = [0u8; 9];
@@ -193,7 +205,8 @@ mod tests {
         drop(db);
         match open_db(&dir, 1 << 20) {
             Err(e @ StorageError::Format { found: 99, .. }) => {
-                assert!(e.to_string().contains("this build reads format 4"), "{e}")
+                let expected = format!("this build reads format {STORAGE_FORMAT}");
+                assert!(e.to_string().contains(&expected), "{e}")
             }
             other => panic!("expected a format refusal, got {:?}", other.map(|_| ())),
         }
