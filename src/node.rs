@@ -403,7 +403,9 @@ impl Node {
             StateMachine::open(&db, &cfg.data_dir, Arc::new(observers))?;
         // Watches that resume before the in-memory history read the MVCC store.
         watch_hub.set_older(Arc::new(view.clone()));
-        let log_store = log_store.with_receipts(lease_hub.clone());
+        let log_store = log_store
+            .with_receipts(lease_hub.clone())
+            .with_applied(view.applied_marks());
         state_machine.apply_when_durable(log_store.durable_view());
         let durable_view = log_store.durable_view();
         let state_machine_dropped = state_machine.dropped();

@@ -13,8 +13,9 @@
 //! - sled is no longer flushed by appends. The state machine's writes become durable with
 //!   sled's own periodic flush; after a crash openraft re-applies what the log holds past the
 //!   persisted applied mark. So the log must never lose what the persisted state lacks: a
-//!   purge first writes its mark and flushes sled (the state, applied at least up to the
-//!   snapshot the purge follows, with it), and only then forgets entries and deletes segments.
+//!   purge waits until the state machine has applied up to it (openraft asks for the purge
+//!   of an installed snapshot while the install is still under way), writes its mark and
+//!   flushes sled (the state with it), and only then forgets entries and deletes segments.
 //! - The persisted committed id may run ahead of the durable entries (it is a sled write,
 //!   the entries are not): it is read back no higher than the last entry in the log.
 //! - `save_vote` flushes before returning: a node never votes twice in one term across a crash.
@@ -49,6 +50,7 @@ use serde::de::DeserializeOwned;
 use super::durability::{Durability, DurableView, may_acknowledge_early};
 use super::entry_cache::{self, EntryCache};
 use super::segment_log::{LogFileError, SegmentLog};
+use super::state_machine::AppliedMark;
 use super::{Entry, LogId, NodeId, StorageError, TypeConfig, any_err};
 use crate::storage::TREE_RAFT;
 
@@ -100,6 +102,9 @@ pub struct LogStore {
     purge_asked: Arc<std::sync::Mutex<Option<LogId>>>,
     /// The newest entries, decoded: most reads are of entries just appended.
     cache: Arc<std::sync::Mutex<EntryCache>>,
+    /// How far the state machine has applied, once known ([`LogStore::with_applied`]): a
+    /// purge waits until the state holds what it removes.
+    applied: Option<tokio::sync::watch::Receiver<AppliedMark>>,
 }
 
 /// How many appends may wait for a sync before `append` itself waits (back-pressure on the
@@ -216,7 +221,18 @@ impl LogStore {
                 entry_cache::DEFAULT_MAX_BYTES,
                 entry_cache::DEFAULT_MAX_ENTRIES,
             ))),
+            applied: None,
         })
+    }
+
+    /// Purge only entries the state machine has applied (`marks` are its applied marks).
+    /// openraft asks for the purge a snapshot install covers at the same time as it hands the
+    /// install to the state machine, and a purge flushes sled with its mark: without the
+    /// wait, a crash during the install could leave a log purged past the persisted state,
+    /// which openraft cannot re-apply from.
+    pub fn with_applied(mut self, marks: tokio::sync::watch::Receiver<AppliedMark>) -> Self {
+        self.applied = Some(marks);
+        self
     }
 
     /// Report appended and truncated entries to `receipts` from now on.
@@ -550,8 +566,15 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             // The task holds what a purge needs, never the store (whose sender would keep it,
             // and the database, alive after the node stops).
             let parts = self.purge_parts();
+            let mut applied = self.applied.clone();
             tokio::spawn(async move {
                 while let Some(upto) = waiting.recv().await {
+                    if let Some(marks) = &mut applied
+                        && marks.wait_for(|m| m.log_index >= upto.index).await.is_err()
+                    {
+                        // The state machine is gone (shutdown): purge nothing more.
+                        break;
+                    }
                     let parts = parts.clone();
                     let done = tokio::task::spawn_blocking(move || parts.purge(upto)).await;
                     if !matches!(done, Ok(Ok(()))) {

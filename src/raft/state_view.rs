@@ -168,6 +168,11 @@ impl StateView {
         *self.applied.borrow()
     }
 
+    /// The applied marks as they are published.
+    pub fn applied_marks(&self) -> watch::Receiver<AppliedMark> {
+        self.applied.clone()
+    }
+
     /// Wait until the applied index reaches `index`; false on timeout or shutdown.
     pub async fn wait_applied(&self, index: u64, timeout: Duration) -> bool {
         let mut rx = self.applied.clone();
