@@ -562,26 +562,14 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         }
         self.cache().purged_upto(log_id.index);
         let purger = self.purger.get_or_init(|| {
-            let (queue, mut waiting) = tokio::sync::mpsc::channel::<LogId>(64);
+            let (queue, waiting) = tokio::sync::mpsc::channel::<LogId>(64);
             // The task holds what a purge needs, never the store (whose sender would keep it,
             // and the database, alive after the node stops).
-            let parts = self.purge_parts();
-            let mut applied = self.applied.clone();
-            tokio::spawn(async move {
-                while let Some(upto) = waiting.recv().await {
-                    if let Some(marks) = &mut applied
-                        && marks.wait_for(|m| m.log_index >= upto.index).await.is_err()
-                    {
-                        // The state machine is gone (shutdown): purge nothing more.
-                        break;
-                    }
-                    let parts = parts.clone();
-                    let done = tokio::task::spawn_blocking(move || parts.purge(upto)).await;
-                    if !matches!(done, Ok(Ok(()))) {
-                        tracing::warn!(upto = upto.index, "purging the log failed: {done:?}");
-                    }
-                }
-            });
+            tokio::spawn(run_purger(
+                self.purge_parts(),
+                waiting,
+                self.applied.clone(),
+            ));
             queue
         });
         if purger.send(log_id).await.is_err() {
@@ -589,6 +577,45 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             self.purge_parts().purge(log_id)?;
         }
         Ok(())
+    }
+}
+
+/// The purger: each purge once the state machine has applied up to it (`applied`, when
+/// known). A purge asked while it waits replaces the one it waits for (the later purge covers
+/// the earlier), so its queue never fills and `purge` never holds up the Raft core.
+async fn run_purger(
+    parts: PurgeParts,
+    mut waiting: tokio::sync::mpsc::Receiver<LogId>,
+    mut applied: Option<tokio::sync::watch::Receiver<AppliedMark>>,
+) {
+    while let Some(mut upto) = waiting.recv().await {
+        if let Some(marks) = &mut applied {
+            loop {
+                let target = upto.index;
+                tokio::select! {
+                    // As a bool: the guard `wait_for` returns must not live across an await.
+                    reached = async { marks.wait_for(|m| m.log_index >= target).await.is_ok() } => {
+                        if !reached {
+                            // The state machine is gone (shutdown): purge nothing more, but
+                            // keep taking requests, so that `purge` never purges unguarded.
+                            while waiting.recv().await.is_some() {}
+                            return;
+                        }
+                        break;
+                    }
+                    later = waiting.recv() => match later {
+                        Some(later) if later.index > upto.index => upto = later,
+                        Some(_) => {}
+                        None => return,
+                    },
+                }
+            }
+        }
+        let parts = parts.clone();
+        let done = tokio::task::spawn_blocking(move || parts.purge(upto)).await;
+        if !matches!(done, Ok(Ok(()))) {
+            tracing::warn!(upto = upto.index, "purging the log failed: {done:?}");
+        }
     }
 }
 
