@@ -41,7 +41,7 @@ use crate::domain::command::{Event, LeaseChange, Response};
 use crate::domain::kv::{KeyMap, KvSnapshot, KvState, LeaseRecord, Versioned};
 use crate::domain::types::Revision;
 
-pub use super::state_view::{HistoryError, StateView};
+pub use super::state_view::{HistoryError, HistoryRemovals, StateView};
 use crate::storage::TREE_STATE;
 use crate::storage::snapshot_file::SnapshotFile;
 
@@ -172,6 +172,8 @@ pub struct StateMachine {
     observer: Arc<dyn ApplyObserver>,
     /// Where this node's MVCC history begins (shared with the views).
     history_start: Arc<AtomicU64>,
+    /// Announces removals of history records to the views' history reads.
+    removals: HistoryRemovals,
     /// The revision of the snapshot file on disk (raised by the builder once the file is
     /// durable): the sweep keeps the event records above it, which a restart replays.
     snapshot_revision: Arc<AtomicU64>,
@@ -307,11 +309,13 @@ impl StateMachine {
         let (applied_tx, applied_rx) = watch::channel(mark);
         let kv = Arc::new(RwLock::new(kv));
         let history_start = Arc::new(AtomicU64::new(history_start.0));
+        let removals = HistoryRemovals::default();
         let view = StateView {
             kv: kv.clone(),
             applied: applied_rx,
             tree: state.clone(),
             history_start: history_start.clone(),
+            removals: removals.clone(),
         };
         let sm = StateMachine {
             db: db.clone(),
@@ -323,6 +327,7 @@ impl StateMachine {
             applied_tx: Arc::new(applied_tx),
             observer,
             history_start,
+            removals,
             snapshot_revision: Arc::new(AtomicU64::new(snapshot_revision.0)),
             written: Written {
                 compact: compact_revision,
@@ -517,6 +522,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             // Not past the snapshot on disk: the records after it are what a restart replays.
             let on_disk = Revision(self.snapshot_revision.load(Ordering::Acquire));
             let sweep_to = kv.compact_revision().min(on_disk);
+            let unswept = batch.len();
             if sweep_to > Revision(0) {
                 mvcc_store::sweep(
                     &self.state,
@@ -549,9 +555,11 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             // Not flushed here: the log holds every applied entry durably (a purge flushes sled
             // before it removes any), and sled recovers a prefix of writes, so a lost tail is
             // re-applied from the log on restart.
+            let sweeping = (batch.len() > unswept).then(|| self.removals.begin());
             batch
                 .persist(&self.state, self.inline_limit, self.stop_writes_after)
                 .map_err(write_err)?;
+            drop(sweeping);
             self.written = Written {
                 compact,
                 lease_clock_ms: lease_clock,
@@ -632,6 +640,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         let lease_clock_ms = installed.lease_clock_ms();
         {
             let mut kv = self.kv.write().unwrap_or_else(|p| p.into_inner());
+            let _removing = self.removals.begin();
             self.state.apply_batch(batch).map_err(write_err)?;
             self.written = Written {
                 compact: installed.compact_revision(),

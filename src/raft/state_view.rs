@@ -6,6 +6,11 @@
 //!   writes the history before it releases the state's write lock).
 //! - A history read checks the floor before and after reading: a compaction that applied
 //!   meanwhile makes it answer `compacted`, never a half-swept answer.
+//! - A history read that overlapped the state machine's removal of history records (the
+//!   compaction sweep, a snapshot install) reads again ([`read_unswept`]). sled's scans are
+//!   not snapshots: a scan that read a key's older version just before the sweep removed it,
+//!   and reached the key's tombstone just after, would answer a deleted key as live, at a
+//!   revision the floor still allows.
 //!
 //! # What it must not do
 //! Write anything, or hold its lock across an await.
@@ -32,6 +37,63 @@ pub struct StateView {
     pub(super) tree: sled::Tree,
     /// Where this node's history begins (changed only with the state, under its write lock).
     pub(super) history_start: Arc<AtomicU64>,
+    /// The state machine's removals of history records, for [`read_unswept`].
+    pub(super) removals: HistoryRemovals,
+}
+
+/// Counts the state machine's removals of history records; odd while one is being written.
+/// Removals are written only under the state's write lock, so a reader holding the read lock
+/// always sees an even count.
+#[derive(Clone, Debug, Default)]
+pub struct HistoryRemovals(Arc<AtomicU64>);
+
+impl HistoryRemovals {
+    /// Announce removals about to be written; the window closes when the guard drops (also
+    /// on an error path, so the count is even again).
+    pub fn begin(&self) -> RemovalWindow<'_> {
+        self.0.fetch_add(1, Ordering::SeqCst);
+        RemovalWindow(self)
+    }
+
+    fn stamp(&self) -> u64 {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
+/// An open window of removals ([`HistoryRemovals::begin`]).
+pub struct RemovalWindow<'a>(&'a HistoryRemovals);
+
+impl Drop for RemovalWindow<'_> {
+    fn drop(&mut self) {
+        self.0.0.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+/// Optimistic reads of the history before [`read_unswept`] holds removals off.
+const OPTIMISTIC_READS: usize = 4;
+
+/// Run `read` until one run overlapped no removal of history records. `quiesce` returns a
+/// guard under which no removal can start (the state's read lock); it is held only to take
+/// the count, except after [`OPTIMISTIC_READS`] overlapped runs (a sweep running on every
+/// applied group), when the last run is made under it: a reader is never starved, and apply
+/// waits at most one read.
+pub fn read_unswept<T, E, G>(
+    removals: &HistoryRemovals,
+    quiesce: impl Fn() -> G,
+    mut read: impl FnMut() -> Result<T, E>,
+) -> Result<T, E> {
+    for _ in 0..OPTIMISTIC_READS {
+        let before = {
+            let _held = quiesce();
+            removals.stamp()
+        };
+        let out = read()?;
+        if removals.stamp() == before {
+            return Ok(out);
+        }
+    }
+    let _held = quiesce();
+    read()
 }
 
 /// Why the state at a revision cannot be read.
@@ -149,7 +211,11 @@ impl StateView {
         if revision < floor {
             return Err(HistoryError::Compacted { revision, floor });
         }
-        let kvs = mvcc_store::range_at(&self.tree, range, revision)?;
+        let kvs = read_unswept(
+            &self.removals,
+            || self.kv.read().unwrap_or_else(|p| p.into_inner()),
+            || mvcc_store::range_at(&self.tree, range, revision),
+        )?;
         self.still_held(revision, true)?;
         Ok((current, kvs))
     }
@@ -157,7 +223,12 @@ impl StateView {
     /// The version of `key` before its change at `revision` (a watch's `prev_kv`), if it was
     /// live and is still held.
     pub fn version_before(&self, key: &str, revision: Revision) -> Option<Versioned> {
-        let prev = mvcc_store::version_before(&self.tree, key, revision).ok()?;
+        let prev = read_unswept(
+            &self.removals,
+            || self.kv.read().unwrap_or_else(|p| p.into_inner()),
+            || mvcc_store::version_before(&self.tree, key, revision),
+        )
+        .ok()?;
         self.still_held(Revision(revision.0.saturating_sub(1)), true)
             .ok()?;
         prev
@@ -196,6 +267,67 @@ impl StateView {
     /// A receiver of applied marks (for drivers that follow progress).
     pub fn subscribe(&self) -> watch::Receiver<AppliedMark> {
         self.applied.clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::cell::Cell;
+
+    #[test]
+    fn a_read_that_overlapped_a_removal_reads_again() {
+        let removals = HistoryRemovals::default();
+        let quiesced = Cell::new(0);
+        let quiesce = || quiesced.set(quiesced.get() + 1);
+        let runs = Cell::new(0);
+        let out: Result<u32, ()> = read_unswept(&removals, quiesce, || {
+            runs.set(runs.get() + 1);
+            if runs.get() == 1 {
+                // A sweep's removals, written while this run read.
+                drop(removals.begin());
+                return Ok(1);
+            }
+            Ok(2)
+        });
+        assert_eq!(out, Ok(2), "the overlapped run's answer is dropped");
+        assert_eq!(runs.get(), 2);
+        // A run that overlapped nothing is taken as it is.
+        runs.set(10);
+        assert_eq!(read_unswept(&removals, || (), || Ok::<_, ()>(7)), Ok(7));
+    }
+
+    #[test]
+    fn a_reader_overlapped_every_time_reads_with_removals_held_off() {
+        let removals = HistoryRemovals::default();
+        let held = Cell::new(false);
+        struct Hold<'a>(&'a Cell<bool>);
+        impl Drop for Hold<'_> {
+            fn drop(&mut self) {
+                self.0.set(false);
+            }
+        }
+        let runs = Cell::new(0);
+        let out: Result<bool, ()> = read_unswept(
+            &removals,
+            || {
+                held.set(true);
+                Hold(&held)
+            },
+            || {
+                runs.set(runs.get() + 1);
+                if !held.get() {
+                    drop(removals.begin());
+                }
+                Ok(held.get())
+            },
+        );
+        assert_eq!(out, Ok(true), "the last run is made with removals held off");
+        assert_eq!(runs.get(), OPTIMISTIC_READS + 1);
+        // An error is returned as it is, and leaves the count even.
+        let err: Result<(), &str> = read_unswept(&removals, || (), || Err("io"));
+        assert_eq!(err, Err("io"));
+        assert_eq!(removals.stamp() % 2, 0);
     }
 }
 
