@@ -270,6 +270,34 @@ impl StateView {
     }
 }
 
+impl crate::domain::history::OlderEvents for StateView {
+    fn floor(&self) -> Revision {
+        self.bounds().0
+    }
+
+    fn since(
+        &self,
+        from: Revision,
+        through: Revision,
+        filter: &KeyFilter,
+        limit: usize,
+    ) -> Result<Batch, Compacted> {
+        let compacted = |floor| Compacted { compacted: floor };
+        let (floor, _) = self.bounds();
+        if from <= floor {
+            return Err(compacted(floor));
+        }
+        let batch =
+            mvcc_store::events_since(&self.tree, from, through, filter, limit).map_err(|e| {
+                tracing::error!(error = %e, "reading the history");
+                compacted(through)
+            })?;
+        self.still_held(from, false)
+            .map_err(|_| compacted(self.bounds().0))?;
+        Ok(batch)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -328,33 +356,5 @@ mod tests {
         let err: Result<(), &str> = read_unswept(&removals, || (), || Err("io"));
         assert_eq!(err, Err("io"));
         assert_eq!(removals.stamp() % 2, 0);
-    }
-}
-
-impl crate::domain::history::OlderEvents for StateView {
-    fn floor(&self) -> Revision {
-        self.bounds().0
-    }
-
-    fn since(
-        &self,
-        from: Revision,
-        through: Revision,
-        filter: &KeyFilter,
-        limit: usize,
-    ) -> Result<Batch, Compacted> {
-        let compacted = |floor| Compacted { compacted: floor };
-        let (floor, _) = self.bounds();
-        if from <= floor {
-            return Err(compacted(floor));
-        }
-        let batch =
-            mvcc_store::events_since(&self.tree, from, through, filter, limit).map_err(|e| {
-                tracing::error!(error = %e, "reading the history");
-                compacted(through)
-            })?;
-        self.still_held(from, false)
-            .map_err(|_| compacted(self.bounds().0))?;
-        Ok(batch)
     }
 }
