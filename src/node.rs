@@ -407,6 +407,7 @@ impl Node {
             .with_receipts(lease_hub.clone())
             .with_applied(view.applied_marks());
         state_machine.apply_when_durable(log_store.durable_view());
+        let fill_store = state_machine.fill_store();
         let durable_view = log_store.durable_view();
         let state_machine_dropped = state_machine.dropped();
 
@@ -460,6 +461,13 @@ impl Node {
                     max_log_bytes: cfg.snapshot_log_bytes,
                     gate_cap_bytes: CompactionPolicy::gate_cap_for(cfg.quota),
                 },
+            }
+            .run(cancel.clone()),
+        );
+        tasks.spawn(
+            crate::runtime::history_fill::HistoryFiller {
+                consensus: consensus.clone(),
+                store: fill_store,
             }
             .run(cancel.clone()),
         );

@@ -200,3 +200,140 @@ async fn transactions_past_reads_and_compaction_over_v1() {
     }
     c.shutdown().await;
 }
+
+/// A follower cut off while the leader compacted its log catches up by installing a
+/// snapshot, which carries no history; it then fills the history in from a peer, so that its
+/// local reads at old revisions, and its watches from old revisions, answer as the leader's
+/// (etcd's members all hold the same history).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_follower_that_installed_a_snapshot_fills_in_the_history() {
+    let c = TestCluster::start_with(3, 20).await;
+    let leader = c.leader().await;
+    let lagging = leader % 3 + 1;
+    let http = reqwest::Client::new();
+    let l = c.url(leader);
+    let mut revisions = Vec::new();
+    for i in 0..30 {
+        let (s, put) = call(
+            &http,
+            "PUT",
+            format!("{l}/v1/kv/h/{}", i % 7),
+            Some(json!({"value": format!("v{i}")})),
+        )
+        .await;
+        assert_eq!(s, 200, "{put}");
+        revisions.push(put["revision"].as_u64().unwrap());
+        if i % 5 == 4 {
+            call(&http, "DELETE", format!("{l}/v1/kv/h/{}", i % 7), None).await;
+        }
+    }
+    let compact_at = revisions[3];
+    let (s, e) = call(
+        &http,
+        "POST",
+        format!("{l}/v1/compact"),
+        Some(json!({"revision": compact_at})),
+    )
+    .await;
+    assert_eq!(s, 200, "{e}");
+    c.partition(lagging);
+    for i in 0..120 {
+        let (s, put) = call(
+            &http,
+            "PUT",
+            format!("{l}/v1/kv/later/{}", i % 10),
+            Some(json!({"value": "x"})),
+        )
+        .await;
+        assert_eq!(s, 200, "{put}");
+    }
+    let last = revisions[29];
+    eventually(
+        Duration::from_secs(20),
+        "the leader purges the log the lagging node needs",
+        || async {
+            let m = c.nodes[&leader]
+                .consensus()
+                .raft()
+                .metrics()
+                .borrow()
+                .clone();
+            m.purged.filter(|p| p.index > 40).map(|_| ())
+        },
+    )
+    .await;
+    c.heal();
+    let node = &c.nodes[&lagging];
+    eventually(
+        Duration::from_secs(30),
+        "the lagging node installs a snapshot",
+        || async {
+            let m = node.consensus().raft().metrics().borrow().clone();
+            m.snapshot.filter(|s| s.index > 40).map(|_| ())
+        },
+    )
+    .await;
+    let lagging_url = c.url(lagging);
+    // Until it is filled in, a read there at an old revision is compacted; afterwards it
+    // answers as the leader does, at every revision from the compaction on.
+    eventually(
+        Duration::from_secs(30),
+        "the history to be filled in",
+        || {
+            let (http, url) = (http.clone(), lagging_url.clone());
+            async move {
+                let (s, _) = call(
+                    &http,
+                    "GET",
+                    format!("{url}/v1/kv?prefix=h/&revision={compact_at}&consistency=local"),
+                    None,
+                )
+                .await;
+                (s == 200).then_some(())
+            }
+        },
+    )
+    .await;
+    for r in compact_at..=last + 1 {
+        let list = |url: String| {
+            let http = http.clone();
+            async move {
+                let (s, v) = call(
+                    &http,
+                    "GET",
+                    format!("{url}/v1/kv?prefix=h/&revision={r}&consistency=local"),
+                    None,
+                )
+                .await;
+                assert_eq!(s, 200, "at {r}: {v}");
+                v["items"].clone()
+            }
+        };
+        assert_eq!(
+            list(l.clone()).await,
+            list(lagging_url.clone()).await,
+            "at {r}"
+        );
+    }
+    let watch = |url: String| {
+        let http = http.clone();
+        async move {
+            let (s, v) = call(
+                &http,
+                "GET",
+                format!(
+                    "{url}/v1/watch?prefix=h/&from_revision={}&timeout_ms=1000",
+                    compact_at + 1
+                ),
+                None,
+            )
+            .await;
+            assert_eq!(s, 200, "{v}");
+            v["events"].clone()
+        }
+    };
+    let events = watch(lagging_url.clone()).await;
+    assert!(events.as_array().is_some_and(|e| e.len() > 20), "{events}");
+    assert_eq!(events, watch(l.clone()).await);
+    c.shutdown().await;
+}

@@ -32,6 +32,7 @@ pub mod command;
 pub mod flease;
 pub mod health;
 pub mod history;
+pub mod history_fill;
 pub mod kv;
 pub mod lease;
 pub mod limits;

@@ -299,6 +299,13 @@ pub fn route_table() -> Vec<RouteSpec> {
         spec("POST", routes::TRANSFER, Peer, post(peer::transfer)),
         spec(
             "POST",
+            routes::HISTORY_REACH,
+            Peer,
+            post(peer::history_reach),
+        ),
+        spec("POST", routes::HISTORY_PAGE, Peer, post(peer::history_page)),
+        spec(
+            "POST",
             crate::etcd::learner::ROUTE,
             Peer,
             post(crate::etcd::learner::peer_add),

@@ -27,6 +27,7 @@ use super::extract::ApiJson;
 use super::kv::{MAX_LIST_LIMIT, admit};
 use super::peer_trust::{PeerSender, record, refuse, vote_context};
 use crate::domain::command::{Command, Response};
+use crate::domain::history_fill::{HistoryReach, PageAnswer, PageAsk};
 use crate::domain::peer_trust::{Refusal, check_claim, disruptive_vote};
 use crate::raft::consensus::{
     AdminOutcome, AdminRequest, ConsensusError, TransferAnswer, TransferRequest,
@@ -234,4 +235,45 @@ pub async fn transfer(
         );
     }
     Json(answer)
+}
+
+/// How far back this node's history reaches, for a peer's fill (`domain::history_fill`).
+pub async fn history_reach(State(state): State<AppState>) -> Json<HistoryReach> {
+    Json(state.consensus.view().reach())
+}
+
+/// A page of this node's history, for a peer's fill: bounded by `history_fill::PAGE_BYTES`
+/// and `MAX_PAGE_ITEMS` whatever is asked; a revision this node no longer holds answers as a
+/// client's read would (`compacted`, 4xx).
+pub async fn history_page(
+    State(state): State<AppState>,
+    ApiJson(ask): ApiJson<PageAsk>,
+) -> Result<Json<PageAnswer>, ApiError> {
+    let view = state.consensus.view().clone();
+    // Reads of up to a page of the store: off the async workers.
+    let answer = tokio::task::spawn_blocking(move || match ask {
+        PageAsk::Keys {
+            revision,
+            after,
+            limit,
+        } => view
+            .keys_page(revision, after.as_deref(), limit)
+            .map(PageAnswer::Keys),
+        PageAsk::Events {
+            from,
+            through,
+            limit,
+        } => view
+            .events_page(from, through, limit)
+            .map(PageAnswer::Events),
+    })
+    .await
+    .map_err(|e| {
+        ApiError::new(
+            axum::http::StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            format!("history read failed: {e}"),
+        )
+    })??;
+    Ok(Json(answer))
 }

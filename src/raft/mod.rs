@@ -17,6 +17,7 @@ pub mod backup;
 pub mod consensus;
 pub mod durability;
 pub mod entry_cache;
+pub mod history_fill;
 pub mod log_store;
 pub mod mvcc_store;
 pub mod network;

@@ -19,6 +19,7 @@
 //! Decide what is kept (the domain does) or answer a read below the floor (callers check it).
 
 use std::collections::HashSet;
+use std::ops::Bound;
 
 use super::state_writes::Writes;
 use crate::domain::auth::KeyRange;
@@ -101,6 +102,8 @@ pub fn restart<'a>(
         batch.insert(index_key(key, v.mod_revision), encode_version(Some(v)));
     }
     batch.insert(KEY_HISTORY_START, &revision.0.to_be_bytes());
+    // A fill being adopted filled the history that is gone now: it must not be finished.
+    batch.remove(super::history_fill::KEY_FILL_MOVE);
     // Every record at or below `revision` is gone with the rest of the history.
     batch.insert(KEY_SWEEP_LIMIT, &revision.0.to_be_bytes());
     batch.remove(LEGACY_KEY_SWEPT);
@@ -190,31 +193,80 @@ pub fn range_at(
 ) -> Result<Vec<(String, Versioned)>, StorageError> {
     let end = range.end.as_ref().map_or_else(index_end, |e| index_from(e));
     let start = index_from(&range.start);
+    let (live, _) = live_at(
+        tree,
+        (Bound::Included(start), Bound::Excluded(end)),
+        revision,
+        |_| false,
+    )?;
+    Ok(live)
+}
+
+/// A page of the live keys at `revision`, in key order: those after `after` (from the first
+/// key when `None`), at most `limit` of them, ended early once their keys and values pass
+/// `max_bytes`. `true` with it: no live key comes after the page.
+pub fn range_page(
+    tree: &sled::Tree,
+    after: Option<&str>,
+    revision: Revision,
+    limit: usize,
+    max_bytes: usize,
+) -> Result<(Vec<(String, Versioned)>, bool), StorageError> {
+    let start = match after {
+        // Past every version of `after` (its own revisions sort below this).
+        Some(key) => Bound::Excluded(index_key(key, Revision(u64::MAX))),
+        None => Bound::Included(INDEX_PREFIX.to_vec()),
+    };
+    let mut bytes = 0usize;
+    let full = |page: &[(String, Versioned)]| {
+        if let Some((k, v)) = page.last() {
+            bytes = bytes.saturating_add(k.len() + v.value.len());
+        }
+        page.len() >= limit || bytes >= max_bytes
+    };
+    let (page, stopped) = live_at(tree, (start, Bound::Excluded(index_end())), revision, full)?;
+    Ok((page, !stopped))
+}
+
+/// The live keys at `revision` among the versions in `bounds`, until `full` says the page is
+/// full (asked after each key added). The flag: whether it stopped there.
+fn live_at(
+    tree: &sled::Tree,
+    bounds: (Bound<Vec<u8>>, Bound<Vec<u8>>),
+    revision: Revision,
+    mut full: impl FnMut(&[(String, Versioned)]) -> bool,
+) -> Result<(Vec<(String, Versioned)>, bool), StorageError> {
     let mut out = Vec::new();
     // The newest version at or below `revision` of the key being scanned.
     let mut best: Option<(String, Revision, sled::IVec)> = None;
-    let mut flush = |best: Option<(String, Revision, sled::IVec)>| -> Result<(), StorageError> {
+    // Adds the key's version if it is live; true once the page is full.
+    let mut flush = |out: &mut Vec<(String, Versioned)>,
+                     best: Option<(String, Revision, sled::IVec)>|
+     -> Result<bool, StorageError> {
         if let Some((key, rev, v)) = best
             && let Some(version) = decode_version(rev, &v).map_err(malformed("version"))?
         {
             out.push((key, version));
+            return Ok(full(out));
         }
-        Ok(())
+        Ok(false)
     };
     let mut current: Option<String> = None;
-    for item in tree.range(start..end) {
+    for item in tree.range(bounds) {
         let (k, v) = item?;
         let (key, rev) = parse_index_key(&k).ok_or_else(|| corrupt("version", "bad key"))?;
         if current.as_deref() != Some(key.as_str()) {
-            flush(best.take())?;
+            if flush(&mut out, best.take())? {
+                return Ok((out, true));
+            }
             current = Some(key.clone());
         }
         if rev <= revision {
             best = Some((key, rev, v));
         }
     }
-    flush(best.take())?;
-    Ok(out)
+    flush(&mut out, best.take())?;
+    Ok((out, false))
 }
 
 /// The version of `key` before the change at `revision` (`prev_kv`), if it was live.
@@ -244,7 +296,21 @@ pub fn events_since(
     filter: &KeyFilter,
     limit: usize,
 ) -> Result<Batch, StorageError> {
+    events_page(tree, from, through, filter, limit, usize::MAX)
+}
+
+/// [`events_since`], also ended (at a revision's end) once the keys and values taken pass
+/// `max_bytes`.
+pub fn events_page(
+    tree: &sled::Tree,
+    from: Revision,
+    through: Revision,
+    filter: &KeyFilter,
+    limit: usize,
+    max_bytes: usize,
+) -> Result<Batch, StorageError> {
     let mut events: Vec<Event> = Vec::new();
+    let mut bytes = 0usize;
     for item in tree.range(events_from(from)..) {
         let (k, v) = item?;
         if parse_event_key(&k).is_none() {
@@ -257,13 +323,15 @@ pub fn events_since(
             if e.revision > through {
                 return Ok(Batch { events, through });
             }
-            if events.len() >= limit && events.last().is_none_or(|l| l.revision != e.revision) {
+            let full = events.len() >= limit || bytes >= max_bytes;
+            if full && events.last().is_none_or(|l| l.revision != e.revision) {
                 return Ok(Batch {
                     events,
                     through: Revision(e.revision.0 - 1),
                 });
             }
             if filter.matches(&e.key) {
+                bytes = bytes.saturating_add(e.key.len() + e.value.as_ref().map_or(0, String::len));
                 events.push(e);
             }
         }
@@ -493,6 +561,35 @@ mod tests {
             prop_assert_eq!(replayed, top - snapshot_at);
             prop_assert_eq!(&keys, &load(&t).unwrap());
             prop_assert_eq!(&keys, &states[top]);
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(128))]
+
+        /// Pages of the live keys at a revision, each after the last key of the one before,
+        /// together are the range at that revision, whatever the page size.
+        #[test]
+        fn pages_of_live_keys_make_the_whole_range(
+            ops in proptest::collection::vec((0u8..12, proptest::bool::weighted(0.3)), 1..60),
+            at in 0usize..60,
+            limit in 1usize..5,
+            max_bytes in 1usize..40,
+        ) {
+            let t = tree();
+            let (events, states) = history(&ops);
+            record_in_batches(&t, &events, 3);
+            let at = at.min(ops.len());
+            let mut after: Option<String> = None;
+            let mut pages = Vec::new();
+            for _ in 0..=states[at].len() + 1 {
+                let (page, done) = range_page(&t, after.as_deref(), Revision(at as u64), limit, max_bytes).unwrap();
+                prop_assert!(page.len() <= limit);
+                after = page.last().map(|(k, _)| k.clone()).or(after);
+                pages.extend(page);
+                if done { break; }
+            }
+            prop_assert_eq!(pages, live(&states[at]));
         }
     }
 

@@ -102,6 +102,10 @@ pub mod routes {
     pub const MOVE_LEADER: &str = "/raft/move_leader";
     /// The leader's call to a voter during a transfer: hold elections, or campaign.
     pub const TRANSFER: &str = "/raft/transfer";
+    /// How far back this node's history reaches (`domain::history_fill`).
+    pub const HISTORY_REACH: &str = "/raft/history/reach";
+    /// A page of this node's history, for a peer's fill.
+    pub const HISTORY_PAGE: &str = "/raft/history/page";
     /// This node's view of the cluster (`GET /v1/cluster`'s document), for the start-up probe.
     pub const STATUS: &str = "/raft/status";
 }

@@ -34,9 +34,9 @@ use openraft::{EntryPayload, OptionalSend, RaftSnapshotBuilder, StorageIOError};
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
-use super::mvcc_store;
 use super::state_writes::{KEY_INTENT, WriteSet, Writes};
 use super::{Entry, LogId, SnapshotMeta, StorageError, StoredMembership, TypeConfig, any_err};
+use super::{history_fill, mvcc_store};
 use crate::domain::command::{Event, LeaseChange, Response};
 use crate::domain::kv::{KeyMap, KvSnapshot, KvState, LeaseRecord, Versioned};
 use crate::domain::types::Revision;
@@ -174,6 +174,9 @@ pub struct StateMachine {
     history_start: Arc<AtomicU64>,
     /// Announces removals of history records to the views' history reads.
     removals: HistoryRemovals,
+    /// Shared with the history fill ([`history_fill`]).
+    fill_gate: Arc<history_fill::FillGate>,
+    fill_staging: sled::Tree,
     /// The revision of the snapshot file on disk (raised by the builder once the file is
     /// durable): the sweep keeps the event records above it, which a restart replays.
     snapshot_revision: Arc<AtomicU64>,
@@ -216,6 +219,20 @@ impl StateMachine {
         self.stop_writes_after = writes;
     }
 
+    /// The history fill's handle on this state machine's storage (take it before openraft
+    /// takes the state machine).
+    pub fn fill_store(&self) -> history_fill::FillStore {
+        history_fill::FillStore {
+            db: self.db.clone(),
+            state: self.state.clone(),
+            staging: self.fill_staging.clone(),
+            gate: self.fill_gate.clone(),
+            kv: self.kv.clone(),
+            history_start: self.history_start.clone(),
+            stop_after: None,
+        }
+    }
+
     /// Load the persisted state from `db`; snapshots live in `dir`.
     pub fn open(
         db: &sled::Db,
@@ -226,6 +243,10 @@ impl StateMachine {
         // Before anything is read: a crash may have cut the last applied group.
         let redone = finish_last_group(&state)?;
         tracing::debug!(writes = redone, "last applied group's writes made again");
+        let staging = db.open_tree(history_fill::TREE_FILL)?;
+        if let Some(floor) = history_fill::finish_interrupted(&state, &staging)? {
+            tracing::info!(%floor, "an interrupted history fill finished");
+        }
         let snapshots = SnapshotFile::new(dir);
         let corrupt = |what: &str, e: serde_json::Error| crate::storage::StorageError::Corrupt {
             what: what.to_string(),
@@ -328,6 +349,8 @@ impl StateMachine {
             observer,
             history_start,
             removals,
+            fill_gate: Arc::default(),
+            fill_staging: staging,
             snapshot_revision: Arc::new(AtomicU64::new(snapshot_revision.0)),
             written: Written {
                 compact: compact_revision,
@@ -523,7 +546,8 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             let on_disk = Revision(self.snapshot_revision.load(Ordering::Acquire));
             let sweep_to = kv.compact_revision().min(on_disk);
             let unswept = batch.len();
-            if sweep_to > Revision(0) {
+            // Not while a fill's records move in (`history_fill`).
+            if sweep_to > Revision(0) && !self.fill_gate.sweep_frozen() {
                 mvcc_store::sweep(
                     &self.state,
                     &mut batch,
@@ -613,46 +637,52 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         // state came from is still there to serve to others.
         save_snapshot(&self.snapshots, meta, *snapshot).await?;
 
-        let mut batch = sled::Batch::default();
-        for item in self.state.scan_prefix(LEASE_PREFIX) {
-            let (k, _) = item.map_err(write_err)?;
-            batch.remove(k);
-        }
-        for (name, lease) in &payload.kv.leases {
-            batch.insert(lease_key(name), json(lease)?);
-        }
-        batch.insert(KEY_AUTH, json(&payload.kv.auth)?);
-        batch.insert(KEY_LEASE_CLOCK, json(&payload.kv.lease_clock_ms)?);
-        batch.insert(KEY_COMPACT, json(&payload.kv.compact_revision)?);
-        let revision = payload.kv.revision;
-        // The history of the gap is unknown: it starts again at the snapshot.
-        mvcc_store::restart(&self.state, &mut batch, payload.kv.keys.iter(), revision)
-            .map_err(write_err)?;
-        batch.insert(KEY_APPLIED, json(&meta.last_log_id)?);
-        batch.insert(KEY_MEMBERSHIP, json(&meta.last_membership)?);
-        batch.insert(KEY_REVISION, json(&revision)?);
-        // The last applied group's intent must not be redone over the snapshot's state.
-        batch.remove(KEY_INTENT);
+        // A fill in progress stops; none writes history records until this install is done.
+        let fill_gate = self.fill_gate.clone();
+        let (revision, lease_clock_ms) = {
+            let _fill = fill_gate.install();
+            let mut batch = sled::Batch::default();
+            for item in self.state.scan_prefix(LEASE_PREFIX) {
+                let (k, _) = item.map_err(write_err)?;
+                batch.remove(k);
+            }
+            for (name, lease) in &payload.kv.leases {
+                batch.insert(lease_key(name), json(lease)?);
+            }
+            batch.insert(KEY_AUTH, json(&payload.kv.auth)?);
+            batch.insert(KEY_LEASE_CLOCK, json(&payload.kv.lease_clock_ms)?);
+            batch.insert(KEY_COMPACT, json(&payload.kv.compact_revision)?);
+            let revision = payload.kv.revision;
+            // The history of the gap is unknown: it starts again at the snapshot.
+            mvcc_store::restart(&self.state, &mut batch, payload.kv.keys.iter(), revision)
+                .map_err(write_err)?;
+            batch.insert(KEY_APPLIED, json(&meta.last_log_id)?);
+            batch.insert(KEY_MEMBERSHIP, json(&meta.last_membership)?);
+            batch.insert(KEY_REVISION, json(&revision)?);
+            // The last applied group's intent must not be redone over the snapshot's state.
+            batch.remove(KEY_INTENT);
 
-        // The tracker (if this node leads, which it does not while installing) re-learns every
-        // lease at its next promote; the watch hub learns that history before `revision` is gone.
-        let installed = KvState::from_snapshot(payload.kv);
-        let lease_clock_ms = installed.lease_clock_ms();
-        {
-            let mut kv = self.kv.write().unwrap_or_else(|p| p.into_inner());
-            let _removing = self.removals.begin();
-            self.state.apply_batch(batch).map_err(write_err)?;
-            self.written = Written {
-                compact: installed.compact_revision(),
-                lease_clock_ms: installed.lease_clock_ms(),
-                // `restart` wrote it.
-                sweep_limit: revision,
-            };
-            *kv = installed;
-            self.history_start.store(revision.0, Ordering::Release);
-            // The file saved above is this snapshot.
-            self.snapshot_revision.store(revision.0, Ordering::Release);
-        }
+            // The tracker (if this node leads, which it does not while installing) re-learns every
+            // lease at its next promote; the watch hub learns that history before `revision` is gone.
+            let installed = KvState::from_snapshot(payload.kv);
+            let lease_clock_ms = installed.lease_clock_ms();
+            {
+                let mut kv = self.kv.write().unwrap_or_else(|p| p.into_inner());
+                let _removing = self.removals.begin();
+                self.state.apply_batch(batch).map_err(write_err)?;
+                self.written = Written {
+                    compact: installed.compact_revision(),
+                    lease_clock_ms: installed.lease_clock_ms(),
+                    // `restart` wrote it.
+                    sweep_limit: revision,
+                };
+                *kv = installed;
+                self.history_start.store(revision.0, Ordering::Release);
+                // The file saved above is this snapshot.
+                self.snapshot_revision.store(revision.0, Ordering::Release);
+            }
+            (revision, lease_clock_ms)
+        };
         self.db.flush_async().await.map_err(write_err)?;
         self.last_applied = meta.last_log_id;
         self.membership = meta.last_membership.clone();

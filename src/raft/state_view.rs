@@ -24,6 +24,7 @@ use tokio::sync::watch;
 use super::mvcc_store;
 use super::state_machine::AppliedMark;
 use crate::domain::history::{Batch, Compacted, KeyFilter};
+use crate::domain::history_fill::{EventsPage, HistoryReach, KeysPage, MAX_PAGE_ITEMS, PAGE_BYTES};
 use crate::domain::kv::{KvState, LeaseRecord, Versioned};
 use crate::domain::mvcc;
 use crate::domain::types::Revision;
@@ -262,6 +263,67 @@ impl StateView {
     /// its history starts when it began from a snapshot).
     pub fn history_floor(&self) -> Revision {
         self.bounds().0
+    }
+
+    /// How far back this node's history reaches (a peer's fill asks).
+    pub fn reach(&self) -> HistoryReach {
+        let (floor, revision) = self.bounds();
+        HistoryReach { floor, revision }
+    }
+
+    /// A page of the live keys at `revision` after `after`, for a peer's fill.
+    pub fn keys_page(
+        &self,
+        revision: Revision,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<KeysPage, HistoryError> {
+        let (floor, current) = self.bounds();
+        if revision < floor {
+            return Err(HistoryError::Compacted { revision, floor });
+        }
+        if revision > current {
+            return Err(HistoryError::Future { revision, current });
+        }
+        let limit = limit.clamp(1, MAX_PAGE_ITEMS);
+        let (keys, done) = read_unswept(
+            &self.removals,
+            || self.kv.read().unwrap_or_else(|p| p.into_inner()),
+            || mvcc_store::range_page(&self.tree, after, revision, limit, PAGE_BYTES),
+        )?;
+        self.still_held(revision, true)?;
+        Ok(KeysPage { keys, done })
+    }
+
+    /// A page of every event from `from` through `through`, for a peer's fill.
+    pub fn events_page(
+        &self,
+        from: Revision,
+        through: Revision,
+        limit: usize,
+    ) -> Result<EventsPage, HistoryError> {
+        let (floor, current) = self.bounds();
+        if from <= floor {
+            return Err(HistoryError::Compacted {
+                revision: from,
+                floor,
+            });
+        }
+        if through > current {
+            return Err(HistoryError::Future {
+                revision: through,
+                current,
+            });
+        }
+        let limit = limit.clamp(1, MAX_PAGE_ITEMS);
+        let everything = KeyFilter::Prefix(String::new());
+        let batch =
+            mvcc_store::events_page(&self.tree, from, through, &everything, limit, PAGE_BYTES)?;
+        self.still_held(from, false)?;
+        Ok(EventsPage {
+            events: batch.events,
+            through: batch.through,
+        })
     }
 
     /// A receiver of applied marks (for drivers that follow progress).

@@ -27,6 +27,7 @@ pub mod bootstrap;
 pub mod compaction;
 pub mod election;
 pub mod flease;
+pub mod history_fill;
 pub mod lease;
 pub mod quorum;
 pub mod watch;

@@ -1,0 +1,275 @@
+//! Storage of a history fill ([`crate::domain::history_fill`]): pages are staged in a tree of
+//! their own, checked against this node's state, then adopted into the state tree.
+//!
+//! # Invariants
+//! - The state tree gets no fill record until the whole span is staged and checked: a fill
+//!   cut anywhere before adoption leaves the state tree as it was (the staging tree is
+//!   cleared when the node opens).
+//! - **Adoption is crash-atomic.** A marker ([`KEY_FILL_MOVE`]) is written first, then the
+//!   staged records, then the new history start, then the marker is removed. sled recovers a
+//!   prefix of its writes: a node that opens with the marker finishes the adoption from the
+//!   staging tree (complete, since it was written before the marker) before anything reads.
+//! - **The sweep is frozen while records move in.** The sweep removes a key's versions up to
+//!   its tombstone; a base version moved in after the sweep passed its key would bring a
+//!   deleted key back. [`FillGate::freeze_sweep`] is set, then the state's write lock is taken
+//!   once, so an apply that was sweeping has finished, and every later one sees the freeze.
+//! - **An install wins.** A snapshot install replaces the whole history under the gate and
+//!   bumps its epoch; every fill step checks the epoch under the gate and stops, and the
+//!   install's batch removes the marker ([`super::mvcc_store::restart`]).
+//! - **Reads meanwhile stay right.** Records move newest first, so a history read at or
+//!   above the old start (allowed all along) finds a key's tombstone before any older
+//!   version of it; reads below it are refused until the start is lowered, last.
+//! - Lock order: the gate, then the state's lock (the install and adoption both take them so).
+//!
+//! # What it must not do
+//! Decide what to fetch or trust a page (the domain module does), or write history records
+//! anywhere but through the adoption.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+
+use super::mvcc_store;
+use crate::domain::auth::KeyRange;
+use crate::domain::command::Event;
+use crate::domain::history_fill::LocalHistory;
+use crate::domain::kv::{KvState, Versioned};
+use crate::domain::mvcc::{encode_version, index_key};
+use crate::domain::types::Revision;
+use crate::storage::StorageError;
+
+/// The staging tree of a fill.
+pub const TREE_FILL: &str = "history_fill";
+/// In the state tree while a fill is being adopted: the new start and the old (16 bytes BE).
+pub const KEY_FILL_MOVE: &[u8] = b"m/fill_move";
+/// Records moved per step of an adoption (the gate is held for one step).
+const MOVE_STEP: usize = 1_024;
+
+/// Why a fill stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum FillError {
+    #[error("a snapshot was installed meanwhile")]
+    Superseded,
+    #[error("nothing to fill any more: the compaction passed where the history starts")]
+    NotNeeded,
+    #[error("the history fetched disagrees with this node's state at {at}: {detail}")]
+    Mismatch { at: Revision, detail: String },
+    #[error(transparent)]
+    Storage(#[from] StorageError),
+}
+
+impl From<sled::Error> for FillError {
+    fn from(e: sled::Error) -> Self {
+        FillError::Storage(e.into())
+    }
+}
+
+/// Who may write history records now: shared by the state machine and the fill.
+#[derive(Debug, Default)]
+pub struct FillGate {
+    epoch: Mutex<u64>,
+    sweep_frozen: AtomicBool,
+}
+
+impl FillGate {
+    /// For a snapshot install: hold this across the install's scan and batch. Any fill in
+    /// progress stops at its next step, and the sweep runs again.
+    pub fn install(&self) -> MutexGuard<'_, u64> {
+        let mut epoch = self.lock();
+        *epoch += 1;
+        self.sweep_frozen.store(false, Ordering::SeqCst);
+        epoch
+    }
+
+    /// Whether the apply path must not sweep now (read under the state's write lock).
+    pub fn sweep_frozen(&self) -> bool {
+        self.sweep_frozen.load(Ordering::SeqCst)
+    }
+
+    fn lock(&self) -> MutexGuard<'_, u64> {
+        self.epoch.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The gate, if the epoch is still `epoch`.
+    fn held(&self, epoch: u64) -> Result<MutexGuard<'_, u64>, FillError> {
+        let guard = self.lock();
+        if *guard != epoch {
+            return Err(FillError::Superseded);
+        }
+        Ok(guard)
+    }
+}
+
+/// The fill's handle on storage.
+#[derive(Clone)]
+pub struct FillStore {
+    pub(super) db: sled::Db,
+    pub(super) state: sled::Tree,
+    pub(super) staging: sled::Tree,
+    pub(super) gate: Arc<FillGate>,
+    pub(super) kv: Arc<RwLock<KvState>>,
+    pub(super) history_start: Arc<AtomicU64>,
+    /// Tests of crash recovery: move at most this many records, then fail.
+    pub(super) stop_after: Option<usize>,
+}
+
+impl FillStore {
+    /// This node's history start and compaction mark.
+    pub fn local(&self) -> LocalHistory {
+        let kv = self.kv.read().unwrap_or_else(|p| p.into_inner());
+        LocalHistory {
+            start: Revision(self.history_start.load(Ordering::Acquire)),
+            compacted: kv.compact_revision(),
+        }
+    }
+
+    /// Tests of crash recovery: the next adoption moves at most `records`, then fails as if
+    /// the process had died there.
+    #[doc(hidden)]
+    pub fn stop_after(&mut self, records: Option<usize>) {
+        self.stop_after = records;
+    }
+
+    /// Start a fill: an empty staging tree, and the epoch its steps must still see.
+    pub fn begin(&self) -> Result<u64, FillError> {
+        self.staging.clear()?;
+        Ok(*self.gate.lock())
+    }
+
+    /// Stage live keys at the fill's floor as base versions.
+    pub fn stage_keys(&self, epoch: u64, keys: &[(String, Versioned)]) -> Result<(), FillError> {
+        drop(self.gate.held(epoch)?);
+        let mut batch = sled::Batch::default();
+        for (key, v) in keys {
+            batch.insert(index_key(key, v.mod_revision), encode_version(Some(v)));
+        }
+        self.staging.apply_batch(batch)?;
+        Ok(())
+    }
+
+    /// Stage events as the apply path records them (a version per change, one event record).
+    pub fn stage_events(&self, epoch: u64, events: &[Event]) -> Result<(), FillError> {
+        drop(self.gate.held(epoch)?);
+        let mut batch = sled::Batch::default();
+        mvcc_store::record(&mut batch, events);
+        self.staging.apply_batch(batch)?;
+        Ok(())
+    }
+
+    /// Check the staged history against this node's state at `start`, then adopt it: this
+    /// node's history starts at `floor` afterwards. Blocking (sled scans and writes).
+    pub fn adopt(&self, epoch: u64, floor: Revision, start: Revision) -> Result<(), FillError> {
+        let everything = KeyRange {
+            start: Vec::new(),
+            end: None,
+        };
+        let local = self.local();
+        if local.start != start {
+            return Err(FillError::Superseded);
+        }
+        if local.compacted >= start {
+            return Err(FillError::NotNeeded);
+        }
+        // Below the compaction mark nothing is read; at `start`, this node's base versions.
+        let staged = mvcc_store::range_at(&self.staging, &everything, start)?;
+        let held = mvcc_store::range_at(&self.state, &everything, start)?;
+        if staged != held {
+            let detail = first_difference(&staged, &held);
+            return Err(FillError::Mismatch { at: start, detail });
+        }
+        {
+            let _gate = self.gate.held(epoch)?;
+            self.gate.sweep_frozen.store(true, Ordering::SeqCst);
+            let mut marker = floor.0.to_be_bytes().to_vec();
+            marker.extend_from_slice(&start.0.to_be_bytes());
+            self.state.insert(KEY_FILL_MOVE, marker)?;
+        }
+        // An apply that decided to sweep before the freeze has finished its writes.
+        drop(self.kv.write().unwrap_or_else(|p| p.into_inner()));
+        let mut moved = 0usize;
+        // Newest first (keys descending, each key's versions newest first): a history read
+        // at or above `start`, which may run meanwhile, sees a key's tombstone before any
+        // older version of the key is there, so a key deleted below `start` never shows.
+        let mut records = self.staging.iter().rev();
+        loop {
+            let step: Vec<(sled::IVec, sled::IVec)> =
+                records.by_ref().take(MOVE_STEP).collect::<Result<_, _>>()?;
+            if step.is_empty() {
+                break;
+            }
+            let _gate = self.gate.held(epoch)?;
+            for (k, v) in step {
+                if self.stop_after.is_some_and(|n| moved >= n) {
+                    return Err(StorageError::Corrupt {
+                        what: "fill".into(),
+                        detail: "stopped (test)".into(),
+                    }
+                    .into());
+                }
+                self.state.insert(k, v)?;
+                moved += 1;
+            }
+        }
+        {
+            let _gate = self.gate.held(epoch)?;
+            let _kv = self.kv.write().unwrap_or_else(|p| p.into_inner());
+            self.state
+                .insert(mvcc_store::KEY_HISTORY_START, &floor.0.to_be_bytes())?;
+            self.state.remove(KEY_FILL_MOVE)?;
+            self.history_start.store(floor.0, Ordering::Release);
+            self.gate.sweep_frozen.store(false, Ordering::SeqCst);
+        }
+        self.db.flush()?;
+        self.staging.clear()?;
+        tracing::info!(%floor, %start, records = moved, "history filled in from a peer");
+        Ok(())
+    }
+}
+
+fn first_difference(staged: &[(String, Versioned)], held: &[(String, Versioned)]) -> String {
+    let at = staged
+        .iter()
+        .zip(held)
+        .position(|(a, b)| a != b)
+        .unwrap_or(staged.len().min(held.len()));
+    format!(
+        "{} keys fetched, {} held; first difference: fetched {:?}, held {:?}",
+        staged.len(),
+        held.len(),
+        staged.get(at).map(|(k, _)| k),
+        held.get(at).map(|(k, _)| k)
+    )
+}
+
+/// When the node opens, before anything reads the state: finish an adoption a crash cut
+/// (its marker is there), and drop whatever a cut fill left staged. The start it set, if any.
+pub fn finish_interrupted(
+    state: &sled::Tree,
+    staging: &sled::Tree,
+) -> Result<Option<Revision>, StorageError> {
+    let corrupt = |detail: &str| StorageError::Corrupt {
+        what: "history fill marker".into(),
+        detail: detail.into(),
+    };
+    let finished = match state.get(KEY_FILL_MOVE)? {
+        Some(marker) => {
+            let floor = marker
+                .get(..8)
+                .and_then(|b| <[u8; 8]>::try_from(b).ok())
+                .map(|b| Revision(u64::from_be_bytes(b)))
+                .ok_or_else(|| corrupt("shorter than 8 bytes"))?;
+            for item in staging.iter().rev() {
+                let (k, v) = item?;
+                state.insert(k, v)?;
+            }
+            state.insert(mvcc_store::KEY_HISTORY_START, &floor.0.to_be_bytes())?;
+            state.remove(KEY_FILL_MOVE)?;
+            state.flush()?;
+            Some(floor)
+        }
+        None => None,
+    };
+    if !staging.is_empty() {
+        staging.clear()?;
+    }
+    Ok(finished)
+}

@@ -1,0 +1,173 @@
+//! The history-fill driver: when this node's history starts above its compaction mark (it
+//! installed a snapshot), it asks the other members how far back theirs reaches, fetches the
+//! missing span page by page from the one reaching lowest, and hands each page to storage to
+//! stage, then the whole to adopt (`domain::history_fill` decides, `raft::history_fill`
+//! stores).
+//!
+//! # Invariants
+//! - One fill at a time, one page in flight, every call with a deadline; a failed fill is
+//!   retried with a growing pause (at most [`MAX_PAUSE`]), so a missing or hostile peer costs
+//!   a request now and then, never a loop.
+//! - Blocking storage work runs off the async workers.
+//!
+//! # What it must not do
+//! Decide what to ask or accept (the plan does), or write to storage except through
+//! [`FillStore`].
+
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::domain::history_fill::{FillPlan, HistoryReach, PageAnswer, PageAsk};
+use crate::domain::types::Revision;
+use crate::raft::NodeId;
+use crate::raft::consensus::Consensus;
+use crate::raft::history_fill::{FillError, FillStore};
+use crate::raft::network::routes;
+
+/// How often a node without a gap looks again (an install makes one).
+const IDLE_PAUSE: Duration = Duration::from_secs(2);
+/// The longest pause after failed fills.
+const MAX_PAUSE: Duration = Duration::from_secs(60);
+/// A peer's answer to "how far back" or to a page.
+const CALL_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Why one fill did not finish.
+#[derive(Debug, thiserror::Error)]
+enum Stop {
+    #[error("stopping")]
+    Cancelled,
+    #[error("source {source_id}: {detail}")]
+    Source { source_id: NodeId, detail: String },
+    #[error(transparent)]
+    Store(#[from] FillError),
+    #[error("storage task failed: {0}")]
+    Task(String),
+}
+
+/// Fills this node's history from its peers.
+pub struct HistoryFiller {
+    pub consensus: Consensus,
+    pub store: FillStore,
+}
+
+impl HistoryFiller {
+    pub async fn run(self, cancel: CancellationToken) {
+        let mut pause = IDLE_PAUSE;
+        loop {
+            tokio::select! {
+                _ = cancel.cancelled() => return,
+                _ = tokio::time::sleep(pause) => {}
+            }
+            pause = match self.fill_once(&cancel).await {
+                Ok(None) => IDLE_PAUSE,
+                Ok(Some(floor)) => {
+                    tracing::info!(%floor, "this node's history reaches back as its peers' does");
+                    IDLE_PAUSE
+                }
+                Err(Stop::Cancelled) => return,
+                Err(Stop::Store(FillError::NotNeeded | FillError::Superseded)) => IDLE_PAUSE,
+                Err(e) => {
+                    tracing::warn!(error = %e, "history fill failed; trying again later");
+                    (pause * 2).clamp(IDLE_PAUSE, MAX_PAUSE)
+                }
+            };
+        }
+    }
+
+    /// One fill, if there is a gap and a peer to fill it from: the new floor.
+    async fn fill_once(&self, cancel: &CancellationToken) -> Result<Option<Revision>, Stop> {
+        let local = self.store.local();
+        if !local.has_gap() {
+            return Ok(None);
+        }
+        let peers = self.peers();
+        let mut reaches = Vec::new();
+        for (id, addr) in &peers {
+            match self
+                .call::<_, HistoryReach>(addr, routes::HISTORY_REACH, &())
+                .await
+            {
+                Ok(reach) => reaches.push((*id, reach)),
+                Err(e) => tracing::debug!(peer = id, error = %e, "history reach unknown"),
+            }
+        }
+        let Some(mut plan) = FillPlan::choose(local, &reaches) else {
+            return Ok(None);
+        };
+        let source_id = plan.source;
+        let source = |detail: String| Stop::Source { source_id, detail };
+        let addr = peers
+            .iter()
+            .find(|(id, _)| *id == source_id)
+            .map(|(_, a)| a.clone())
+            .ok_or_else(|| source("not a member any more".into()))?;
+        tracing::info!(
+            source = source_id,
+            floor = %plan.floor,
+            start = %plan.start,
+            "filling in the history an installed snapshot cut off"
+        );
+        let store = self.store.clone();
+        let epoch = blocking(move || store.begin()).await?;
+        while let Some(ask) = plan.ask() {
+            if cancel.is_cancelled() {
+                return Err(Stop::Cancelled);
+            }
+            let answer: PageAnswer = self
+                .call(&addr, routes::HISTORY_PAGE, &ask)
+                .await
+                .map_err(source)?;
+            let store = self.store.clone();
+            match (ask, answer) {
+                (PageAsk::Keys { .. }, PageAnswer::Keys(page)) => {
+                    let keys = plan.on_keys(page).map_err(|e| source(e.to_string()))?;
+                    blocking(move || store.stage_keys(epoch, &keys)).await?;
+                }
+                (PageAsk::Events { .. }, PageAnswer::Events(page)) => {
+                    let events = plan.on_events(page).map_err(|e| source(e.to_string()))?;
+                    blocking(move || store.stage_events(epoch, &events)).await?;
+                }
+                _ => return Err(source("answered another question".into())),
+            }
+        }
+        let (store, floor, start) = (self.store.clone(), plan.floor, plan.start);
+        blocking(move || store.adopt(epoch, floor, start)).await?;
+        Ok(Some(floor))
+    }
+
+    /// The other members and their addresses.
+    fn peers(&self) -> Vec<(NodeId, String)> {
+        let me = self.consensus.id();
+        let metrics = self.consensus.raft().metrics();
+        let m = metrics.borrow();
+        m.membership_config
+            .membership()
+            .nodes()
+            .filter(|(id, _)| **id != me)
+            .map(|(id, node)| (*id, node.addr.clone()))
+            .collect()
+    }
+
+    async fn call<Req: serde::Serialize, Resp: serde::de::DeserializeOwned>(
+        &self,
+        addr: &str,
+        path: &str,
+        body: &Req,
+    ) -> Result<Resp, String> {
+        self.consensus
+            .peers()
+            .post_json(addr, path, body, CALL_TIMEOUT)
+            .await
+            .map_err(|e| e.to_string())
+    }
+}
+
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, FillError> + Send + 'static,
+) -> Result<T, Stop> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| Stop::Task(e.to_string()))?
+        .map_err(Stop::Store)
+}
