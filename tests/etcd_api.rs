@@ -192,6 +192,19 @@ async fn etcdctl_transactions_and_leases() {
     assert!(gone.contains("already expired"), "{gone}");
     let missing = etcdctl_in(&e1, &["lease", "revoke", &id], "").await;
     assert!(String::from_utf8_lossy(&missing.stderr).contains("requested lease not found"));
+    // A put naming a lease that is gone is refused, with or without --prev-kv.
+    for extra in [&[][..], &["--prev-kv"][..]] {
+        let args: Vec<&str> = ["put", "orphan", "v", "--lease", &id]
+            .into_iter()
+            .chain(extra.iter().copied())
+            .collect();
+        let refused = etcdctl_in(&e1, &args, "").await;
+        assert!(
+            String::from_utf8_lossy(&refused.stderr).contains("requested lease not found"),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&refused.stderr)
+        );
+    }
     // A short lease expires by itself, and its key goes with it.
     let short = ok(&e1, &["lease", "grant", "2"]).await;
     let short = short.split_whitespace().nth(1).unwrap().to_string();
