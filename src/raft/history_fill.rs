@@ -29,7 +29,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 use super::mvcc_store;
-use crate::domain::auth::KeyRange;
 use crate::domain::command::Event;
 use crate::domain::history_fill::LocalHistory;
 use crate::domain::kv::{KvState, Versioned};
@@ -158,10 +157,6 @@ impl FillStore {
     /// Check the staged history against this node's state at `start`, then adopt it: this
     /// node's history starts at `floor` afterwards. Blocking (sled scans and writes).
     pub fn adopt(&self, epoch: u64, floor: Revision, start: Revision) -> Result<(), FillError> {
-        let everything = KeyRange {
-            start: Vec::new(),
-            end: None,
-        };
         let local = self.local();
         if local.start != start {
             return Err(FillError::Superseded);
@@ -169,12 +164,24 @@ impl FillStore {
         if local.compacted >= start {
             return Err(FillError::NotNeeded);
         }
-        // Below the compaction mark nothing is read; at `start`, this node's base versions.
-        let staged = mvcc_store::range_at(&self.staging, &everything, start)?;
-        let held = mvcc_store::range_at(&self.state, &everything, start)?;
-        if staged != held {
-            let detail = first_difference(&staged, &held);
-            return Err(FillError::Mismatch { at: start, detail });
+        // At `start`, this node holds its base versions: the staged history must lead there.
+        // Compared as both are read, a key at a time.
+        let mut staged = mvcc_store::live_keys(&self.staging, start);
+        let mut held = mvcc_store::live_keys(&self.state, start);
+        let mut compared = 0usize;
+        loop {
+            match (staged.next().transpose()?, held.next().transpose()?) {
+                (None, None) => break,
+                (a, b) if a == b => compared += 1,
+                (a, b) => {
+                    let detail = format!(
+                        "after {compared} equal keys: fetched {:?}, held {:?}",
+                        a.map(|(k, _)| k),
+                        b.map(|(k, _)| k)
+                    );
+                    return Err(FillError::Mismatch { at: start, detail });
+                }
+            }
         }
         {
             let _gate = self.gate.held(epoch)?;
@@ -223,21 +230,6 @@ impl FillStore {
         tracing::info!(%floor, %start, records = moved, "history filled in from a peer");
         Ok(())
     }
-}
-
-fn first_difference(staged: &[(String, Versioned)], held: &[(String, Versioned)]) -> String {
-    let at = staged
-        .iter()
-        .zip(held)
-        .position(|(a, b)| a != b)
-        .unwrap_or(staged.len().min(held.len()));
-    format!(
-        "{} keys fetched, {} held; first difference: fetched {:?}, held {:?}",
-        staged.len(),
-        held.len(),
-        staged.get(at).map(|(k, _)| k),
-        held.get(at).map(|(k, _)| k)
-    )
 }
 
 /// When the node opens, before anything reads the state: finish an adoption a crash cut

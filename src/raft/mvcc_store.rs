@@ -193,13 +193,22 @@ pub fn range_at(
 ) -> Result<Vec<(String, Versioned)>, StorageError> {
     let end = range.end.as_ref().map_or_else(index_end, |e| index_from(e));
     let start = index_from(&range.start);
-    let (live, _) = live_at(
+    LiveKeys::new(
         tree,
         (Bound::Included(start), Bound::Excluded(end)),
         revision,
-        |_| false,
-    )?;
-    Ok(live)
+    )
+    .collect()
+}
+
+/// Every live key at `revision`, in key order, read as it is consumed (memory: one key's
+/// versions at a time).
+pub fn live_keys(tree: &sled::Tree, revision: Revision) -> LiveKeys {
+    let bounds = (
+        Bound::Included(INDEX_PREFIX.to_vec()),
+        Bound::Excluded(index_end()),
+    );
+    LiveKeys::new(tree, bounds, revision)
 }
 
 /// A page of the live keys at `revision`, in key order: those after `after` (from the first
@@ -217,56 +226,93 @@ pub fn range_page(
         Some(key) => Bound::Excluded(index_key(key, Revision(u64::MAX))),
         None => Bound::Included(INDEX_PREFIX.to_vec()),
     };
+    let mut page = Vec::new();
     let mut bytes = 0usize;
-    let full = |page: &[(String, Versioned)]| {
-        if let Some((k, v)) = page.last() {
-            bytes = bytes.saturating_add(k.len() + v.value.len());
-        }
-        page.len() >= limit || bytes >= max_bytes
-    };
-    let (page, stopped) = live_at(tree, (start, Bound::Excluded(index_end())), revision, full)?;
-    Ok((page, !stopped))
-}
-
-/// The live keys at `revision` among the versions in `bounds`, until `full` says the page is
-/// full (asked after each key added). The flag: whether it stopped there.
-fn live_at(
-    tree: &sled::Tree,
-    bounds: (Bound<Vec<u8>>, Bound<Vec<u8>>),
-    revision: Revision,
-    mut full: impl FnMut(&[(String, Versioned)]) -> bool,
-) -> Result<(Vec<(String, Versioned)>, bool), StorageError> {
-    let mut out = Vec::new();
-    // The newest version at or below `revision` of the key being scanned.
-    let mut best: Option<(String, Revision, sled::IVec)> = None;
-    // Adds the key's version if it is live; true once the page is full.
-    let mut flush = |out: &mut Vec<(String, Versioned)>,
-                     best: Option<(String, Revision, sled::IVec)>|
-     -> Result<bool, StorageError> {
-        if let Some((key, rev, v)) = best
-            && let Some(version) = decode_version(rev, &v).map_err(malformed("version"))?
-        {
-            out.push((key, version));
-            return Ok(full(out));
-        }
-        Ok(false)
-    };
-    let mut current: Option<String> = None;
-    for item in tree.range(bounds) {
+    for item in LiveKeys::new(tree, (start, Bound::Excluded(index_end())), revision) {
         let (k, v) = item?;
-        let (key, rev) = parse_index_key(&k).ok_or_else(|| corrupt("version", "bad key"))?;
-        if current.as_deref() != Some(key.as_str()) {
-            if flush(&mut out, best.take())? {
-                return Ok((out, true));
-            }
-            current = Some(key.clone());
-        }
-        if rev <= revision {
-            best = Some((key, rev, v));
+        bytes = bytes.saturating_add(k.len() + v.value.len());
+        page.push((k, v));
+        if page.len() >= limit || bytes >= max_bytes {
+            return Ok((page, false));
         }
     }
-    flush(&mut out, best.take())?;
-    Ok((out, false))
+    Ok((page, true))
+}
+
+/// The live keys at a revision among the versions in a range of the tree, in key order: for
+/// each key, its newest version at or below the revision, unless that is a tombstone.
+pub struct LiveKeys {
+    versions: sled::Iter,
+    revision: Revision,
+    /// The key being scanned, and its newest version at or below the revision so far.
+    current: Option<String>,
+    best: Option<(String, Revision, sled::IVec)>,
+    done: bool,
+}
+
+impl LiveKeys {
+    fn new(
+        tree: &sled::Tree,
+        bounds: (Bound<Vec<u8>>, Bound<Vec<u8>>),
+        revision: Revision,
+    ) -> Self {
+        LiveKeys {
+            versions: tree.range(bounds),
+            revision,
+            current: None,
+            best: None,
+            done: false,
+        }
+    }
+
+    fn fail(&mut self, e: StorageError) -> Option<Result<(String, Versioned), StorageError>> {
+        self.done = true;
+        Some(Err(e))
+    }
+}
+
+/// A key's newest version, if it is live.
+fn live(
+    (key, rev, bytes): (String, Revision, sled::IVec),
+) -> Option<Result<(String, Versioned), StorageError>> {
+    match decode_version(rev, &bytes) {
+        Ok(version) => version.map(|v| Ok((key, v))),
+        Err(e) => Some(Err(malformed("version")(e))),
+    }
+}
+
+impl Iterator for LiveKeys {
+    type Item = Result<(String, Versioned), StorageError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        while !self.done {
+            let Some(item) = self.versions.next() else {
+                self.done = true;
+                return self.best.take().and_then(live);
+            };
+            let (k, v) = match item {
+                Ok(kv) => kv,
+                Err(e) => return self.fail(e.into()),
+            };
+            let Some((key, rev)) = parse_index_key(&k) else {
+                return self.fail(corrupt("version", "bad key"));
+            };
+            // A new key: the one before it is complete.
+            let finished = if self.current.as_deref() != Some(key.as_str()) {
+                self.current = Some(key.clone());
+                self.best.take()
+            } else {
+                None
+            };
+            if rev <= self.revision {
+                self.best = Some((key, rev, v));
+            }
+            if let Some(out) = finished.and_then(live) {
+                return Some(out);
+            }
+        }
+        None
+    }
 }
 
 /// The version of `key` before the change at `revision` (`prev_kv`), if it was live.
