@@ -465,10 +465,9 @@ impl PeerClient {
                 }
             })?;
         let status = resp.status();
-        let body = resp
-            .bytes()
+        let body = read_bounded(resp, MAX_ANSWER_BYTES)
             .await
-            .map_err(|e| transport(crate::transport::cause(&e)))?;
+            .map_err(transport)?;
         // An unknown route answers 404 with no body; every route of ours answers with one.
         if status == reqwest::StatusCode::NOT_FOUND && body.is_empty() {
             return Err(PeerError::NoRoute {
@@ -484,6 +483,32 @@ impl PeerClient {
         }
         Ok(body)
     }
+}
+
+/// The largest answer taken from a peer: as large as the largest message a peer may send
+/// this node (a peer is validated like a client: its answers are bounded too).
+pub const MAX_ANSWER_BYTES: usize = crate::http::MAX_PEER_BODY_BYTES;
+
+/// Read an answer's body, refusing one longer than `cap` before it is read whole.
+async fn read_bounded(mut resp: reqwest::Response, cap: usize) -> Result<bytes::Bytes, String> {
+    let too_long = |n: u64| format!("answer of {n} bytes exceeds the {cap}-byte limit");
+    if let Some(n) = resp.content_length()
+        && n > cap as u64
+    {
+        return Err(too_long(n));
+    }
+    let mut body = bytes::BytesMut::new();
+    while let Some(chunk) = resp
+        .chunk()
+        .await
+        .map_err(|e| crate::transport::cause(&e))?
+    {
+        if body.len() + chunk.len() > cap {
+            return Err(too_long((body.len() + chunk.len()) as u64));
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(body.freeze())
 }
 
 /// Encode a snapshot for the wire.
@@ -687,5 +712,43 @@ impl RaftNetwork<TypeConfig> for PeerConnection {
             .chain(std::iter::repeat(500))
             .map(Duration::from_millis);
         openraft::network::Backoff::new(steps)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A peer that answers `body` at `/sized` (with its length) and at `/streamed` (chunked,
+    /// no length announced), on loopback.
+    async fn answering(body: &'static [u8]) -> String {
+        use axum::routing::get;
+        let streamed = move || async move {
+            let chunks = body.chunks(7).map(|c| Ok::<_, std::io::Error>(c.to_vec()));
+            axum::body::Body::from_stream(futures::stream::iter(chunks))
+        };
+        let app = axum::Router::new()
+            .route("/sized", get(move || async move { body }))
+            .route("/streamed", get(streamed));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        format!("http://{addr}")
+    }
+
+    #[tokio::test]
+    async fn a_peer_answer_longer_than_the_limit_is_refused() {
+        let base = answering(&[b'x'; 100]).await;
+        let http = reqwest::Client::new();
+        for path in ["/sized", "/streamed"] {
+            let get = || http.get(format!("{base}{path}")).send();
+            let refused = read_bounded(get().await.unwrap(), 99).await.unwrap_err();
+            assert!(
+                refused.contains("exceeds the 99-byte limit"),
+                "{path}: {refused}"
+            );
+            let read = read_bounded(get().await.unwrap(), 100).await.unwrap();
+            assert_eq!(read.len(), 100, "{path}");
+        }
     }
 }
