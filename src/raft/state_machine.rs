@@ -230,6 +230,7 @@ impl StateMachine {
             kv: self.kv.clone(),
             history_start: self.history_start.clone(),
             stop_after: None,
+            inline_limit: self.inline_limit,
         }
     }
 
