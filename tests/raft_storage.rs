@@ -439,3 +439,148 @@ async fn a_purge_waits_until_the_state_machine_has_applied_that_far() {
     .await
     .expect("the purge never ran once applied");
 }
+
+/// A snapshot install is written key by key (a sled batch of a million keys holds gigabytes),
+/// under a marker: cut after any of its writes, as a crash would leave sled, the node opens
+/// to exactly the installed state, reads the installed revision first, and goes on from it.
+#[tokio::test]
+async fn an_install_cut_anywhere_finishes_when_the_node_opens() {
+    use leasecore::domain::auth::KeyRange;
+    use leasecore::domain::command::Command;
+    use leasecore::raft::Entry;
+    use openraft::storage::RaftStateMachine;
+    use openraft::{CommittedLeaderId, EntryPayload, LogId, RaftSnapshotBuilder};
+
+    fn entries(first: u64, cmds: Vec<Command>) -> Vec<Entry> {
+        cmds.into_iter()
+            .enumerate()
+            .map(|(i, cmd)| Entry {
+                log_id: LogId::new(CommittedLeaderId::new(1, 1), first + i as u64),
+                payload: EntryPayload::Normal(cmd),
+            })
+            .collect()
+    }
+    let put = |k: String, v: &str, lease: Option<&str>| Command::Put {
+        key: k,
+        value: v.into(),
+        lease: lease.map(str::to_string),
+        prev_revision: None,
+    };
+    let register = |name: &str| Command::RegisterLease {
+        name: name.into(),
+        ttl_ms: 5_000,
+        clock_ms: Some(10),
+    };
+    // The source: leases with keys, rewrites, deletes; its snapshot is installed.
+    let mut cmds = vec![register("a"), register("b")];
+    for i in 0..30 {
+        cmds.push(put(
+            format!("k{}", i % 9),
+            &format!("s{i}"),
+            (i % 4 == 0).then_some("a"),
+        ));
+        if i % 7 == 6 {
+            cmds.push(Command::Delete {
+                key: format!("k{}", i % 9),
+                prev_revision: None,
+            });
+        }
+    }
+    let source_entries = entries(1, cmds);
+    let next_index = source_entries.len() as u64 + 1;
+    // What the node held before: other keys, another lease, history of its own.
+    let mut own = vec![register("old")];
+    for i in 0..20 {
+        own.push(put(
+            format!("o{}", i % 5),
+            "mine",
+            (i % 3 == 0).then_some("old"),
+        ));
+    }
+    let own_entries = entries(1, own);
+    let after = entries(next_index, vec![put("k1".into(), "after", Some("b"))]);
+
+    let src_dir = TempDir::new().unwrap();
+    let src_db = open_db(src_dir.path(), 8 << 20).unwrap();
+    let (mut source, _) =
+        StateMachine::open(&src_db, src_dir.path(), Arc::new(DiscardEvents)).unwrap();
+    source.apply(source_entries).await.unwrap();
+    let snapshot = source
+        .get_snapshot_builder()
+        .await
+        .build_snapshot()
+        .await
+        .unwrap();
+
+    type Seen = (
+        leasecore::raft::state_machine::AppliedMark,
+        Vec<(String, leasecore::domain::kv::Versioned)>,
+        Vec<(String, leasecore::domain::kv::LeaseRecord)>,
+        Vec<(String, leasecore::domain::kv::Versioned)>,
+        leasecore::domain::types::Revision,
+    );
+    let all = KeyRange {
+        start: Vec::new(),
+        end: None,
+    };
+    let seen = |view: &leasecore::raft::state_machine::StateView, db: &sled::Db| -> Seen {
+        let state = db.open_tree(leasecore::storage::TREE_STATE).unwrap();
+        assert_eq!(
+            leasecore::raft::mvcc_store::load(&state)
+                .unwrap()
+                .into_iter()
+                .collect::<Vec<_>>(),
+            view.list("", usize::MAX).1,
+            "the versions are the state"
+        );
+        let floor = view.history_floor();
+        (
+            view.applied(),
+            view.list("", usize::MAX).1,
+            view.leases().1,
+            view.range_at(&all, Some(floor)).unwrap().1,
+            floor,
+        )
+    };
+    let run = |stop: Option<usize>| {
+        let (snapshot, own_entries, after) = (snapshot.clone(), own_entries.clone(), after.clone());
+        async move {
+            let dir = TempDir::new().unwrap();
+            let db = open_db(dir.path(), 8 << 20).unwrap();
+            let (mut sm, _) = StateMachine::open(&db, dir.path(), Arc::new(DiscardEvents)).unwrap();
+            sm.apply(own_entries).await.unwrap();
+            sm.stop_install_after(stop);
+            let cut = sm
+                .install_snapshot(&snapshot.meta, snapshot.snapshot)
+                .await
+                .is_err();
+            drop(sm);
+            let early = leasecore::raft::state_machine::persisted_revision(&db).unwrap();
+            let (mut sm, view) =
+                StateMachine::open(&db, dir.path(), Arc::new(DiscardEvents)).unwrap();
+            let reopened = seen(&view, &db);
+            assert_eq!(early, reopened.0.revision, "the revision read before open");
+            sm.apply(after).await.unwrap();
+            (cut, reopened, seen(&view, &db))
+        }
+    };
+    let (cut, whole, then) = run(None).await;
+    assert!(!cut);
+    assert!(
+        whole.2.iter().all(|(n, _)| n == "a" || n == "b"),
+        "{:?}",
+        whole.2
+    );
+    assert!(whole.1.iter().all(|(k, _)| k.starts_with('k')));
+    let mut cuts = 0;
+    for stop in 0.. {
+        let (cut, reopened, next) = run(Some(stop)).await;
+        if !cut {
+            break;
+        }
+        cuts += 1;
+        assert_eq!(reopened, whole, "install cut after {stop} writes");
+        assert_eq!(next, then, "the next entry after a cut at {stop}");
+    }
+    assert!(cuts >= 20, "the install made only {cuts} writes");
+}

@@ -133,6 +133,10 @@ fn finish_last_group(state: &sled::Tree) -> Result<usize, crate::storage::Storag
 
 /// The store revision persisted in `db`, without loading the state.
 pub fn persisted_revision(db: &sled::Db) -> Result<Revision, crate::storage::StorageError> {
+    // An install a crash cut is finished when the state machine opens: its revision.
+    if let Some(installing) = installing(&db.open_tree(TREE_STATE)?)? {
+        return Ok(installing.revision);
+    }
     let state = db.open_tree(TREE_STATE)?;
     // The revision is among a group's last writes: a group a crash cut must be finished first.
     finish_last_group(&state)?;
@@ -192,6 +196,11 @@ pub struct StateMachine {
     drop_signal: Option<tokio::sync::oneshot::Sender<()>>,
     /// Tests only: make at most this many of a group's writes, then fail (a crash).
     stop_writes_after: Option<usize>,
+    /// Tests only: make at most this many of an install's writes, then fail (a crash).
+    stop_install_after: Option<usize>,
+    /// Held while the snapshot file is written: a build that finishes after an install must
+    /// not replace the installed (newer) snapshot with its older one.
+    snapshot_writes: Arc<tokio::sync::Mutex<()>>,
     /// The longest write intent stored inline (`state_writes::WriteSet::persist`).
     inline_limit: usize,
 }
@@ -234,6 +243,13 @@ impl StateMachine {
         }
     }
 
+    /// Tests of crash recovery: the next snapshot install makes at most `writes` of its
+    /// writes, then fails, as if the process had died there.
+    #[doc(hidden)]
+    pub fn stop_install_after(&mut self, writes: Option<usize>) {
+        self.stop_install_after = writes;
+    }
+
     /// Load the persisted state from `db`; snapshots live in `dir`.
     pub fn open(
         db: &sled::Db,
@@ -244,11 +260,15 @@ impl StateMachine {
         // Before anything is read: a crash may have cut the last applied group.
         let redone = finish_last_group(&state)?;
         tracing::debug!(writes = redone, "last applied group's writes made again");
+        let snapshots = SnapshotFile::new(dir);
+        if let Some(marker) = installing(&state)? {
+            finish_install(&state, &snapshots, &marker)?;
+            tracing::info!(revision = %marker.revision, "an interrupted snapshot install finished");
+        }
         let staging = db.open_tree(history_fill::TREE_FILL)?;
         if let Some(floor) = history_fill::finish_interrupted(&state, &staging)? {
             tracing::info!(%floor, "an interrupted history fill finished");
         }
-        let snapshots = SnapshotFile::new(dir);
         let corrupt = |what: &str, e: serde_json::Error| crate::storage::StorageError::Corrupt {
             what: what.to_string(),
             detail: e.to_string(),
@@ -362,6 +382,8 @@ impl StateMachine {
             durable: None,
             drop_signal: None,
             stop_writes_after: None,
+            stop_install_after: None,
+            snapshot_writes: Arc::default(),
             inline_limit: crate::storage::inline_value_limit(dir),
         };
         Ok((sm, view))
@@ -449,6 +471,142 @@ fn load_keys(
             Ok(keys)
         }
     }
+}
+
+/// A record as JSON (the encoding of the state tree's marks and leases).
+fn enc<T: Serialize>(v: &T) -> Result<Vec<u8>, crate::storage::StorageError> {
+    serde_json::to_vec(v).map_err(|e| crate::storage::StorageError::Corrupt {
+        what: "record".into(),
+        detail: e.to_string(),
+    })
+}
+
+/// In the state tree while a snapshot install's writes are being made ([`install_writes`]).
+const KEY_INSTALLING: &[u8] = b"m/installing";
+
+/// What an install in progress installs.
+#[derive(Debug, Serialize, Deserialize)]
+struct Installing {
+    last_log_id: Option<LogId>,
+    revision: Revision,
+}
+
+fn installing(state: &sled::Tree) -> Result<Option<Installing>, crate::storage::StorageError> {
+    state
+        .get(KEY_INSTALLING)?
+        .map(|b| {
+            serde_json::from_slice(&b).map_err(|e| crate::storage::StorageError::Corrupt {
+                what: "install marker".into(),
+                detail: e.to_string(),
+            })
+        })
+        .transpose()
+}
+
+/// Finish an install a crash cut, from the snapshot file it saved first.
+fn finish_install(
+    state: &sled::Tree,
+    snapshots: &SnapshotFile,
+    marker: &Installing,
+) -> Result<(), crate::storage::StorageError> {
+    let corrupt = |detail: String| crate::storage::StorageError::Corrupt {
+        what: "interrupted snapshot install".into(),
+        detail,
+    };
+    let (meta, data) = snapshots
+        .read()
+        .map_err(|e| corrupt(e.to_string()))?
+        .ok_or_else(|| corrupt("no snapshot file to finish it from".into()))?;
+    let meta: SnapshotMeta = serde_json::from_slice(&meta).map_err(|e| corrupt(e.to_string()))?;
+    if meta.last_log_id != marker.last_log_id {
+        return Err(corrupt(format!(
+            "the snapshot file is at {:?}, the install was of {:?}",
+            meta.last_log_id, marker.last_log_id
+        )));
+    }
+    let kv = decode_payload(&data).map_err(|e| corrupt(e.to_string()))?;
+    install_writes(state, &meta, &kv, None)?;
+    state.flush()?;
+    Ok(())
+}
+
+/// Writes made straight to a tree, one by one, counted; the first error stops the rest.
+struct DirectWrites<'a> {
+    tree: &'a sled::Tree,
+    made: usize,
+    stop_after: Option<usize>,
+    error: Option<sled::Error>,
+}
+
+impl DirectWrites<'_> {
+    fn write(&mut self, f: impl FnOnce(&sled::Tree) -> sled::Result<Option<sled::IVec>>) {
+        if self.error.is_some() {
+            return;
+        }
+        if self.stop_after.is_some_and(|n| self.made >= n) {
+            self.error = Some(sled::Error::Unsupported(format!(
+                "stopped after {} writes (a simulated crash)",
+                self.made
+            )));
+            return;
+        }
+        match f(self.tree) {
+            Ok(_) => self.made += 1,
+            Err(e) => self.error = Some(e),
+        }
+    }
+
+    fn finish(self) -> sled::Result<()> {
+        self.error.map_or(Ok(()), Err)
+    }
+}
+
+impl Writes for DirectWrites<'_> {
+    fn insert(&mut self, key: impl Into<sled::IVec>, value: impl Into<sled::IVec>) {
+        let (key, value) = (key.into(), value.into());
+        self.write(|t| t.insert(key, value));
+    }
+    fn remove(&mut self, key: impl Into<sled::IVec>) {
+        let key = key.into();
+        self.write(|t| t.remove(key));
+    }
+}
+
+/// The state tree as an installed snapshot (`kv` at `meta`) leaves it, written key by key:
+/// not one sled batch, which at a million keys holds gigabytes in memory. The caller has
+/// inserted [`KEY_INSTALLING`] first, which this removes last, so a crash in between is
+/// finished when the node opens ([`finish_install`]); it starts over, so a redo is right.
+fn install_writes(
+    state: &sled::Tree,
+    meta: &SnapshotMeta,
+    kv: &KvSnapshot,
+    stop_after: Option<usize>,
+) -> Result<(), crate::storage::StorageError> {
+    let mut w = DirectWrites {
+        tree: state,
+        made: 0,
+        stop_after,
+        error: None,
+    };
+    // The last applied group's intent must not be redone over the snapshot's state.
+    w.remove(KEY_INTENT);
+    for item in state.scan_prefix(LEASE_PREFIX) {
+        w.remove(item?.0);
+    }
+    for (name, lease) in &kv.leases {
+        w.insert(lease_key(name), enc(lease)?);
+    }
+    w.insert(KEY_AUTH, enc(&kv.auth)?);
+    w.insert(KEY_LEASE_CLOCK, enc(&kv.lease_clock_ms)?);
+    w.insert(KEY_COMPACT, enc(&kv.compact_revision)?);
+    // The history of the gap is unknown: it starts again at the snapshot.
+    mvcc_store::restart(state, &mut w, kv.keys.iter(), kv.revision)?;
+    w.insert(KEY_APPLIED, enc(&meta.last_log_id)?);
+    w.insert(KEY_MEMBERSHIP, enc(&meta.last_membership)?);
+    w.insert(KEY_REVISION, enc(&kv.revision)?);
+    w.remove(KEY_INSTALLING);
+    w.finish()?;
+    Ok(())
 }
 
 fn write_err<E: std::error::Error + 'static>(e: E) -> StorageError {
@@ -613,6 +771,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             snapshots: self.snapshots.clone(),
             on_disk: self.snapshot_revision.clone(),
             payload: Some(SnapshotPayload { kv }),
+            writes: self.snapshot_writes.clone(),
             last_applied: self.last_applied,
             membership: self.membership.clone(),
             seq: self.snapshot_seq,
@@ -634,56 +793,58 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                 any_err(&e),
             ))
         })?;
-        // Keep the snapshot first: if we crash after the state batch, the snapshot that the
-        // state came from is still there to serve to others.
-        save_snapshot(&self.snapshots, meta, *snapshot).await?;
-
-        // A fill in progress stops; none writes history records until this install is done.
-        let fill_gate = self.fill_gate.clone();
-        let (revision, lease_clock_ms) = {
-            let _fill = fill_gate.install();
-            let mut batch = sled::Batch::default();
-            for item in self.state.scan_prefix(LEASE_PREFIX) {
-                let (k, _) = item.map_err(write_err)?;
-                batch.remove(k);
-            }
-            for (name, lease) in &payload.kv.leases {
-                batch.insert(lease_key(name), json(lease)?);
-            }
-            batch.insert(KEY_AUTH, json(&payload.kv.auth)?);
-            batch.insert(KEY_LEASE_CLOCK, json(&payload.kv.lease_clock_ms)?);
-            batch.insert(KEY_COMPACT, json(&payload.kv.compact_revision)?);
-            let revision = payload.kv.revision;
-            // The history of the gap is unknown: it starts again at the snapshot.
-            mvcc_store::restart(&self.state, &mut batch, payload.kv.keys.iter(), revision)
-                .map_err(write_err)?;
-            batch.insert(KEY_APPLIED, json(&meta.last_log_id)?);
-            batch.insert(KEY_MEMBERSHIP, json(&meta.last_membership)?);
-            batch.insert(KEY_REVISION, json(&revision)?);
-            // The last applied group's intent must not be redone over the snapshot's state.
-            batch.remove(KEY_INTENT);
-
-            // The tracker (if this node leads, which it does not while installing) re-learns every
-            // lease at its next promote; the watch hub learns that history before `revision` is gone.
-            let installed = KvState::from_snapshot(payload.kv);
-            let lease_clock_ms = installed.lease_clock_ms();
-            {
-                let mut kv = self.kv.write().unwrap_or_else(|p| p.into_inner());
-                let _removing = self.removals.begin();
-                self.state.apply_batch(batch).map_err(write_err)?;
-                self.written = Written {
-                    compact: installed.compact_revision(),
-                    lease_clock_ms: installed.lease_clock_ms(),
-                    // `restart` wrote it.
-                    sweep_limit: revision,
-                };
-                *kv = installed;
-                self.history_start.store(revision.0, Ordering::Release);
-                // The file saved above is this snapshot.
-                self.snapshot_revision.store(revision.0, Ordering::Release);
-            }
-            (revision, lease_clock_ms)
+        let revision = payload.kv.revision;
+        // The file first: the state's writes are redone from it if a crash cuts them, and
+        // it is what this node serves to others. Not replaced by an older build meanwhile.
+        {
+            let _writing = self.snapshot_writes.lock().await;
+            save_snapshot(&self.snapshots, meta, *snapshot).await?;
+            self.snapshot_revision.store(revision.0, Ordering::Release);
+        }
+        // History reads stop reading the tree the install rewrites: they answer `compacted`
+        // below the current revision (its own reads come from memory) until the swap below.
+        {
+            let kv = self.kv.read().unwrap_or_else(|p| p.into_inner());
+            self.history_start
+                .fetch_max(kv.revision().0, Ordering::AcqRel);
+        }
+        let marker = Installing {
+            last_log_id: meta.last_log_id,
+            revision,
         };
+        let (state, gate, stop_after) = (
+            self.state.clone(),
+            self.fill_gate.clone(),
+            self.stop_install_after,
+        );
+        let (meta_owned, kv) = (meta.clone(), payload.kv);
+        // Key by key, off the async workers: a sled batch of a million keys holds gigabytes.
+        let kv = tokio::task::spawn_blocking(move || {
+            // A fill in progress stops; none writes history records until this is done.
+            let _fill = gate.install();
+            state.insert(KEY_INSTALLING, enc(&marker)?)?;
+            install_writes(&state, &meta_owned, &kv, stop_after)?;
+            Ok::<_, crate::storage::StorageError>(kv)
+        })
+        .await
+        .map_err(write_err)?
+        .map_err(write_err)?;
+
+        // The tracker (if this node leads, which it does not while installing) re-learns every
+        // lease at its next promote; the watch hub learns that history before `revision` is gone.
+        let installed = KvState::from_snapshot(kv);
+        let lease_clock_ms = installed.lease_clock_ms();
+        {
+            let mut kv = self.kv.write().unwrap_or_else(|p| p.into_inner());
+            self.written = Written {
+                compact: installed.compact_revision(),
+                lease_clock_ms: installed.lease_clock_ms(),
+                // `restart` wrote it.
+                sweep_limit: revision,
+            };
+            *kv = installed;
+            self.history_start.store(revision.0, Ordering::Release);
+        }
         self.db.flush_async().await.map_err(write_err)?;
         self.last_applied = meta.last_log_id;
         self.membership = meta.last_membership.clone();
@@ -744,6 +905,8 @@ pub struct SnapshotBuilder {
     /// The state machine's [`StateMachine::snapshot_revision`].
     on_disk: Arc<AtomicU64>,
     payload: Option<SnapshotPayload>,
+    /// [`StateMachine::snapshot_writes`].
+    writes: Arc<tokio::sync::Mutex<()>>,
     last_applied: Option<LogId>,
     membership: StoredMembership,
     seq: u64,
@@ -777,8 +940,18 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
         // or past the snapshot and can load from the file; then the file, durable before
         // openraft may purge the log entries it covers.
         self.db.flush_async().await.map_err(write_err)?;
-        let data = save_snapshot(&self.snapshots, &meta, data).await?;
-        self.on_disk.fetch_max(revision.0, Ordering::AcqRel);
+        let data = {
+            let _writing = self.writes.lock().await;
+            if self.on_disk.load(Ordering::Acquire) > revision.0 {
+                // An install wrote a newer snapshot meanwhile: keep it.
+                tracing::info!(%revision, "snapshot built behind an installed one; not saved");
+                data
+            } else {
+                let data = save_snapshot(&self.snapshots, &meta, data).await?;
+                self.on_disk.fetch_max(revision.0, Ordering::AcqRel);
+                data
+            }
+        };
         tracing::info!(
             bytes = data.len(),
             encode_ms = encoded_ms,
@@ -812,32 +985,21 @@ pub(crate) fn seed(
     payload: &[u8],
     kv: &KvSnapshot,
 ) -> Result<(), crate::storage::StorageError> {
-    fn enc<T: Serialize>(v: &T) -> Result<Vec<u8>, crate::storage::StorageError> {
-        serde_json::to_vec(v).map_err(|e| crate::storage::StorageError::Corrupt {
-            what: "restored record".into(),
-            detail: e.to_string(),
-        })
-    }
     let state = db.open_tree(TREE_STATE)?;
-    let mut batch = sled::Batch::default();
-    for (name, lease) in &kv.leases {
-        batch.insert(lease_key(name), enc(lease)?);
-    }
-    batch.insert(KEY_AUTH, enc(&kv.auth)?);
-    batch.insert(KEY_LEASE_CLOCK, enc(&kv.lease_clock_ms)?);
-    batch.insert(KEY_COMPACT, enc(&kv.compact_revision)?);
-    mvcc_store::restart(&state, &mut batch, kv.keys.iter(), kv.revision)?;
-    batch.insert(KEY_APPLIED, enc(&meta.last_log_id)?);
-    batch.insert(KEY_MEMBERSHIP, enc(&meta.last_membership)?);
-    batch.insert(KEY_REVISION, enc(&kv.revision)?);
-    batch.remove(KEY_INTENT);
-    state.apply_batch(batch)?;
+    // The file first, then the state key by key under the install marker: a crash
+    // in between is finished when the node opens, as an install's is.
     SnapshotFile::new(dir)
         .write(&enc(meta)?, payload)
         .map_err(|e| crate::storage::StorageError::Corrupt {
             what: "snapshot file".into(),
             detail: e.to_string(),
         })?;
+    let marker = Installing {
+        last_log_id: meta.last_log_id,
+        revision: kv.revision,
+    };
+    state.insert(KEY_INSTALLING, enc(&marker)?)?;
+    install_writes(&state, meta, kv, None)?;
     db.flush()?;
     Ok(())
 }
