@@ -128,3 +128,40 @@ async fn a_history_read_never_sees_a_key_the_sweep_is_removing() {
     .unwrap();
     assert!(left.is_empty());
 }
+
+/// Only a group whose sweep removes records announces removals: any other apply leaves history
+/// reads alone (an announcement makes every overlapping history read run again).
+#[tokio::test]
+async fn only_a_sweeping_apply_announces_removals() {
+    let dir = TempDir::new().unwrap();
+    let db = open_db(dir.path(), 16 << 20).unwrap();
+    let (mut sm, view) = StateMachine::open(&db, dir.path(), Arc::new(DiscardEvents)).unwrap();
+    let mut index = 0;
+    let mut next = |cmd| {
+        index += 1;
+        entry(index, cmd)
+    };
+    for i in 0..20 {
+        sm.apply(vec![next(put(format!("k{}", i % 3), "v"))])
+            .await
+            .unwrap();
+    }
+    assert_eq!(view.history_removals(), 0, "puts remove no history");
+    let mark = view.applied().revision;
+    sm.apply(vec![next(Command::Compact { revision: mark })])
+        .await
+        .unwrap();
+    sm.get_snapshot_builder()
+        .await
+        .build_snapshot()
+        .await
+        .unwrap();
+    sm.apply(vec![next(put("z".into(), "v"))]).await.unwrap();
+    let after_sweep = view.history_removals();
+    assert!(after_sweep >= 2 && after_sweep % 2 == 0, "{after_sweep}");
+    // Swept through the mark: later applies remove nothing more.
+    for _ in 0..3 {
+        sm.apply(vec![next(put("z".into(), "w"))]).await.unwrap();
+    }
+    assert_eq!(view.history_removals(), after_sweep);
+}

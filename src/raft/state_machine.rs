@@ -715,6 +715,8 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                 )
                 .map_err(write_err)?;
             }
+            // Whether this group removes history records (the marks below are always added).
+            let swept = batch.len() > unswept;
             let sweep_limit = sweep_to.max(self.written.sweep_limit);
             if sweep_limit != self.written.sweep_limit {
                 batch.insert(mvcc_store::KEY_SWEEP_LIMIT, &sweep_limit.0.to_be_bytes());
@@ -738,7 +740,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             // Not flushed here: the log holds every applied entry durably (a purge flushes sled
             // before it removes any), and sled recovers a prefix of writes, so a lost tail is
             // re-applied from the log on restart.
-            let sweeping = (batch.len() > unswept).then(|| self.removals.begin());
+            let sweeping = swept.then(|| self.removals.begin());
             batch
                 .persist(&self.state, self.inline_limit, self.stop_writes_after)
                 .map_err(write_err)?;

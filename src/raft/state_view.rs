@@ -62,6 +62,15 @@ impl HistoryRemovals {
     }
 }
 
+impl StateView {
+    /// Tests: how many times the state machine announced removals of history records (each
+    /// announcement counts two).
+    #[doc(hidden)]
+    pub fn history_removals(&self) -> u64 {
+        self.removals.stamp()
+    }
+}
+
 /// An open window of removals ([`HistoryRemovals::begin`]).
 pub struct RemovalWindow<'a>(&'a HistoryRemovals);
 
