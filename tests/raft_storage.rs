@@ -584,3 +584,63 @@ async fn an_install_cut_anywhere_finishes_when_the_node_opens() {
     }
     assert!(cuts >= 20, "the install made only {cuts} writes");
 }
+
+/// openraft builds snapshots in a task of their own, so a build can finish after an install
+/// of a newer snapshot: it must not replace the installed file with its older state, also
+/// when both are at the same revision (entries that change no revision: blanks, membership).
+#[tokio::test]
+async fn a_build_that_finishes_after_an_install_keeps_the_installed_snapshot() {
+    use leasecore::domain::command::Command;
+    use leasecore::raft::Entry;
+    use openraft::storage::RaftStateMachine;
+    use openraft::{CommittedLeaderId, EntryPayload, LogId, RaftSnapshotBuilder};
+
+    let id = |index| LogId::new(CommittedLeaderId::new(1, 1), index);
+    let puts: Vec<Entry> = (1..=10)
+        .map(|i| Entry {
+            log_id: id(i),
+            payload: EntryPayload::Normal(Command::Put {
+                key: format!("k{i}"),
+                value: "v".into(),
+                lease: None,
+                prev_revision: None,
+            }),
+        })
+        .collect();
+    let src_dir = TempDir::new().unwrap();
+    let src_db = open_db(src_dir.path(), 8 << 20).unwrap();
+    let (mut source, _) =
+        StateMachine::open(&src_db, src_dir.path(), Arc::new(DiscardEvents)).unwrap();
+    source.apply(puts.clone()).await.unwrap();
+    source
+        .apply(vec![Entry {
+            log_id: id(11),
+            payload: EntryPayload::Blank,
+        }])
+        .await
+        .unwrap();
+    let newer = source
+        .get_snapshot_builder()
+        .await
+        .build_snapshot()
+        .await
+        .unwrap();
+
+    let dir = TempDir::new().unwrap();
+    let db = open_db(dir.path(), 8 << 20).unwrap();
+    let (mut sm, _) = StateMachine::open(&db, dir.path(), Arc::new(DiscardEvents)).unwrap();
+    sm.apply(puts).await.unwrap();
+    // A build starts at index 10 (revision 10); the install of index 11 (revision 10 too)
+    // happens before it finishes.
+    let mut builder = sm.get_snapshot_builder().await;
+    sm.install_snapshot(&newer.meta, newer.snapshot)
+        .await
+        .unwrap();
+    builder.build_snapshot().await.unwrap();
+    let current = sm.get_current_snapshot().await.unwrap().unwrap();
+    assert_eq!(
+        current.meta.last_log_id,
+        Some(id(11)),
+        "the installed snapshot is kept"
+    );
+}

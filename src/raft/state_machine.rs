@@ -198,9 +198,10 @@ pub struct StateMachine {
     stop_writes_after: Option<usize>,
     /// Tests only: make at most this many of an install's writes, then fail (a crash).
     stop_install_after: Option<usize>,
-    /// Held while the snapshot file is written: a build that finishes after an install must
-    /// not replace the installed (newer) snapshot with its older one.
-    snapshot_writes: Arc<tokio::sync::Mutex<()>>,
+    /// The log id of the snapshot file this process last wrote, held while it is written:
+    /// a build that finishes after an install must not replace the installed (newer)
+    /// snapshot with its older one. (By log id: many entries change no revision.)
+    snapshot_writes: Arc<tokio::sync::Mutex<Option<LogId>>>,
     /// The longest write intent stored inline (`state_writes::WriteSet::persist`).
     inline_limit: usize,
 }
@@ -799,8 +800,9 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         // The file first: the state's writes are redone from it if a crash cuts them, and
         // it is what this node serves to others. Not replaced by an older build meanwhile.
         {
-            let _writing = self.snapshot_writes.lock().await;
+            let mut on_disk = self.snapshot_writes.lock().await;
             save_snapshot(&self.snapshots, meta, *snapshot).await?;
+            *on_disk = meta.last_log_id;
             self.snapshot_revision.store(revision.0, Ordering::Release);
         }
         // History reads stop reading the tree the install rewrites: they answer `compacted`
@@ -908,7 +910,7 @@ pub struct SnapshotBuilder {
     on_disk: Arc<AtomicU64>,
     payload: Option<SnapshotPayload>,
     /// [`StateMachine::snapshot_writes`].
-    writes: Arc<tokio::sync::Mutex<()>>,
+    writes: Arc<tokio::sync::Mutex<Option<LogId>>>,
     last_applied: Option<LogId>,
     membership: StoredMembership,
     seq: u64,
@@ -943,13 +945,15 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
         // openraft may purge the log entries it covers.
         self.db.flush_async().await.map_err(write_err)?;
         let data = {
-            let _writing = self.writes.lock().await;
-            if self.on_disk.load(Ordering::Acquire) > revision.0 {
-                // An install wrote a newer snapshot meanwhile: keep it.
+            let mut written = self.writes.lock().await;
+            let index = |id: &Option<LogId>| id.map(|l| l.index);
+            if written.is_some() && index(&written) >= index(&self.last_applied) {
+                // An install wrote a snapshot as new or newer meanwhile: keep it.
                 tracing::info!(%revision, "snapshot built behind an installed one; not saved");
                 data
             } else {
                 let data = save_snapshot(&self.snapshots, &meta, data).await?;
+                *written = self.last_applied;
                 self.on_disk.fetch_max(revision.0, Ordering::AcqRel);
                 data
             }
