@@ -301,3 +301,43 @@ async fn a_history_that_disagrees_with_the_state_is_not_adopted() {
     fill_from(source, &fill, 7).unwrap();
     assert_same_history(source, &pair.follower.1, Revision(20));
 }
+
+/// An adoption that fails midway (a storage error, not a crash) keeps the sweep frozen and
+/// its marker; the next fill's `begin` finishes it from what was staged.
+#[tokio::test]
+async fn the_next_fill_finishes_an_adoption_that_failed_midway() {
+    let mut pair = installed_pair().await;
+    let mut fill = pair.follower.0.fill_store();
+    fill.stop_after(Some(7));
+    assert!(fill_from(&pair.source.1, &fill, 5).is_err());
+    assert!(
+        pair.follower.1.history_floor() > Revision(20),
+        "not adopted yet"
+    );
+    fill.stop_after(None);
+    assert!(matches!(fill.begin(), Err(FillError::Finished)));
+    assert_same_history(&pair.source.1, &pair.follower.1, Revision(20));
+    // Nothing is left to do, and the sweep runs again: a compaction is swept as usual.
+    assert!(fill.begin().is_ok());
+    assert_eq!(
+        FillPlan::choose(fill.local(), &[(1, pair.source.1.reach())]),
+        None
+    );
+    let removals = pair.follower.1.history_removals();
+    let more: Vec<Entry> = entries(
+        pair.next_index,
+        vec![Command::Compact {
+            revision: Revision(60),
+        }],
+    )
+    .into_iter()
+    .chain(entries(pair.next_index + 1, churn(6, 10)))
+    .collect();
+    pair.source.0.apply(more.clone()).await.unwrap();
+    pair.follower.0.apply(more).await.unwrap();
+    assert!(
+        pair.follower.1.history_removals() > removals,
+        "the sweep ran"
+    );
+    assert_same_history(&pair.source.1, &pair.follower.1, Revision(60));
+}

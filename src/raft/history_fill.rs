@@ -51,6 +51,8 @@ pub enum FillError {
     Superseded,
     #[error("nothing to fill any more: the compaction passed where the history starts")]
     NotNeeded,
+    #[error("an adoption that had failed midway was finished first")]
+    Finished,
     #[error("the history fetched disagrees with this node's state at {at}: {detail}")]
     Mismatch { at: Revision, detail: String },
     #[error(transparent)]
@@ -112,6 +114,8 @@ pub struct FillStore {
     pub(super) stop_after: Option<usize>,
     /// The longest value sled keeps inline (`storage::inline_value_limit`).
     pub(super) inline_limit: usize,
+    /// The data directory (for [`crate::storage::sync_blobs`]).
+    pub(super) dir: std::path::PathBuf,
 }
 
 impl FillStore {
@@ -131,10 +135,17 @@ impl FillStore {
         self.stop_after = records;
     }
 
-    /// Start a fill: an empty staging tree, and the epoch its steps must still see.
+    /// Start a fill: an empty staging tree, and the epoch its steps must still see. An
+    /// adoption that failed midway (its marker is there, the sweep still frozen) is finished
+    /// first, from the staging tree it left: [`FillError::Finished`] then.
     pub fn begin(&self) -> Result<u64, FillError> {
+        let epoch = *self.gate.lock();
+        if let Some(floor) = fill_marker(&self.state)? {
+            self.move_in(epoch, floor)?;
+            return Err(FillError::Finished);
+        }
         self.staging.clear()?;
-        Ok(*self.gate.lock())
+        Ok(epoch)
     }
 
     /// Stage live keys at the fill's floor as base versions.
@@ -191,19 +202,44 @@ impl FillStore {
                 }
             }
         }
+        // Freeze the sweep, then check the compaction under the state's lock: an apply that
+        // was sweeping has finished, and every sweep so far stayed below `start`, where this
+        // tree (installed at `start`) has no event records, so it removed nothing. A
+        // compaction past `start` now would make the sweep remove versions the move brings
+        // back without their tombstones.
         {
             let _gate = self.gate.held(epoch)?;
             self.gate.sweep_frozen.store(true, Ordering::SeqCst);
+        }
+        let frozen = Thaw(Some(&self.gate));
+        if self
+            .kv
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .compact_revision()
+            >= start
+        {
+            return Err(FillError::NotNeeded);
+        }
+        {
+            let _gate = self.gate.held(epoch)?;
             let mut marker = floor.0.to_be_bytes().to_vec();
             marker.extend_from_slice(&start.0.to_be_bytes());
             self.state.insert(KEY_FILL_MOVE, marker)?;
         }
-        // An apply that decided to sweep before the freeze has finished its writes.
-        drop(self.kv.write().unwrap_or_else(|p| p.into_inner()));
+        // From here the sweep stays frozen until the move is done: by this call, by the next
+        // fill's `begin`, by a restart's redo, or by an install, which replaces it all.
+        frozen.keep();
+        self.move_in(epoch, floor)
+    }
+
+    /// Move the staged records in, newest first, then lower the history's start to `floor`
+    /// and remove the marker. Idempotent (each record is set to its staged value).
+    fn move_in(&self, epoch: u64, floor: Revision) -> Result<(), FillError> {
         let mut moved = 0usize;
         // Newest first (keys descending, each key's versions newest first): a history read
-        // at or above `start`, which may run meanwhile, sees a key's tombstone before any
-        // older version of the key is there, so a key deleted below `start` never shows.
+        // at or above the old start, which may run meanwhile, sees a key's tombstone before
+        // any older version of the key is there, so a key deleted below it never shows.
         let mut records = self.staging.iter().rev();
         loop {
             let step: Vec<(sled::IVec, sled::IVec)> =
@@ -224,6 +260,9 @@ impl FillStore {
                 moved += 1;
             }
         }
+        // Everything moved is durable, sled's blob files included, before the start drops.
+        self.db.flush()?;
+        crate::storage::sync_blobs(&self.dir)?;
         {
             let _gate = self.gate.held(epoch)?;
             let _kv = self.kv.write().unwrap_or_else(|p| p.into_inner());
@@ -235,9 +274,43 @@ impl FillStore {
         }
         self.db.flush()?;
         self.staging.clear()?;
-        tracing::info!(%floor, %start, records = moved, "history filled in from a peer");
+        tracing::info!(%floor, records = moved, "history filled in from a peer");
         Ok(())
     }
+}
+
+/// Lets the sweep run again when dropped, unless kept frozen.
+struct Thaw<'a>(Option<&'a FillGate>);
+
+impl Thaw<'_> {
+    fn keep(mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for Thaw<'_> {
+    fn drop(&mut self) {
+        if let Some(gate) = self.0 {
+            gate.sweep_frozen.store(false, Ordering::SeqCst);
+        }
+    }
+}
+
+/// The new start in the marker of an adoption in progress, if there is one.
+fn fill_marker(state: &sled::Tree) -> Result<Option<Revision>, StorageError> {
+    state
+        .get(KEY_FILL_MOVE)?
+        .map(|marker| {
+            marker
+                .get(..8)
+                .and_then(|b| <[u8; 8]>::try_from(b).ok())
+                .map(|b| Revision(u64::from_be_bytes(b)))
+                .ok_or_else(|| StorageError::Corrupt {
+                    what: "history fill marker".into(),
+                    detail: "shorter than 8 bytes".into(),
+                })
+        })
+        .transpose()
 }
 
 /// `events` cut into runs of whole revisions whose keys and values stay under `budget` bytes
@@ -273,22 +346,16 @@ fn record_parts(events: &[Event], budget: usize) -> Vec<&[Event]> {
 pub fn finish_interrupted(
     state: &sled::Tree,
     staging: &sled::Tree,
+    dir: &std::path::Path,
 ) -> Result<Option<Revision>, StorageError> {
-    let corrupt = |detail: &str| StorageError::Corrupt {
-        what: "history fill marker".into(),
-        detail: detail.into(),
-    };
-    let finished = match state.get(KEY_FILL_MOVE)? {
-        Some(marker) => {
-            let floor = marker
-                .get(..8)
-                .and_then(|b| <[u8; 8]>::try_from(b).ok())
-                .map(|b| Revision(u64::from_be_bytes(b)))
-                .ok_or_else(|| corrupt("shorter than 8 bytes"))?;
+    let finished = match fill_marker(state)? {
+        Some(floor) => {
             for item in staging.iter().rev() {
                 let (k, v) = item?;
                 state.insert(k, v)?;
             }
+            state.flush()?;
+            crate::storage::sync_blobs(dir)?;
             state.insert(mvcc_store::KEY_HISTORY_START, &floor.0.to_be_bytes())?;
             state.remove(KEY_FILL_MOVE)?;
             state.flush()?;

@@ -204,6 +204,8 @@ pub struct StateMachine {
     snapshot_writes: Arc<tokio::sync::Mutex<Option<LogId>>>,
     /// The longest write intent stored inline (`state_writes::WriteSet::persist`).
     inline_limit: usize,
+    /// The data directory (sled's, and the snapshot file's).
+    dir: std::path::PathBuf,
 }
 
 impl StateMachine {
@@ -241,6 +243,7 @@ impl StateMachine {
             history_start: self.history_start.clone(),
             stop_after: None,
             inline_limit: self.inline_limit,
+            dir: self.dir.clone(),
         }
     }
 
@@ -263,11 +266,11 @@ impl StateMachine {
         tracing::debug!(writes = redone, "last applied group's writes made again");
         let snapshots = SnapshotFile::new(dir);
         if let Some(marker) = installing(&state)? {
-            finish_install(&state, &snapshots, &marker)?;
+            finish_install(&state, &snapshots, &marker, dir)?;
             tracing::info!(revision = %marker.revision, "an interrupted snapshot install finished");
         }
         let staging = db.open_tree(history_fill::TREE_FILL)?;
-        if let Some(floor) = history_fill::finish_interrupted(&state, &staging)? {
+        if let Some(floor) = history_fill::finish_interrupted(&state, &staging, dir)? {
             tracing::info!(%floor, "an interrupted history fill finished");
         }
         let corrupt = |what: &str, e: serde_json::Error| crate::storage::StorageError::Corrupt {
@@ -386,6 +389,7 @@ impl StateMachine {
             stop_install_after: None,
             snapshot_writes: Arc::default(),
             inline_limit: crate::storage::inline_value_limit(dir),
+            dir: dir.to_path_buf(),
         };
         Ok((sm, view))
     }
@@ -509,6 +513,7 @@ fn finish_install(
     state: &sled::Tree,
     snapshots: &SnapshotFile,
     marker: &Installing,
+    dir: &std::path::Path,
 ) -> Result<(), crate::storage::StorageError> {
     let corrupt = |detail: String| crate::storage::StorageError::Corrupt {
         what: "interrupted snapshot install".into(),
@@ -527,8 +532,7 @@ fn finish_install(
     }
     let kv = decode_payload(&data).map_err(|e| corrupt(e.to_string()))?;
     install_writes(state, &meta, &kv, None)?;
-    state.flush()?;
-    Ok(())
+    complete_install(state, dir)
 }
 
 /// Writes made straight to a tree, one by one, counted; the first error stops the rest.
@@ -575,8 +579,9 @@ impl Writes for DirectWrites<'_> {
 
 /// The state tree as an installed snapshot (`kv` at `meta`) leaves it, written key by key:
 /// not one sled batch, which at a million keys holds gigabytes in memory. The caller has
-/// inserted [`KEY_INSTALLING`] first, which this removes last, so a crash in between is
-/// finished when the node opens ([`finish_install`]); it starts over, so a redo is right.
+/// inserted [`KEY_INSTALLING`] first and removes it with [`complete_install`], so a crash
+/// in between is finished when the node opens ([`finish_install`]); it starts over, so a
+/// redo is right.
 fn install_writes(
     state: &sled::Tree,
     meta: &SnapshotMeta,
@@ -605,8 +610,19 @@ fn install_writes(
     w.insert(KEY_APPLIED, enc(&meta.last_log_id)?);
     w.insert(KEY_MEMBERSHIP, enc(&meta.last_membership)?);
     w.insert(KEY_REVISION, enc(&kv.revision)?);
-    w.remove(KEY_INSTALLING);
     w.finish()?;
+    Ok(())
+}
+
+/// Declare an install's writes complete: durable first, sled's blob files included
+/// ([`crate::storage::sync_blobs`]), then the marker goes.
+fn complete_install(
+    state: &sled::Tree,
+    dir: &std::path::Path,
+) -> Result<(), crate::storage::StorageError> {
+    state.flush()?;
+    crate::storage::sync_blobs(dir)?;
+    state.remove(KEY_INSTALLING)?;
     Ok(())
 }
 
@@ -816,10 +832,11 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             last_log_id: meta.last_log_id,
             revision,
         };
-        let (state, gate, stop_after) = (
+        let (state, gate, stop_after, dir) = (
             self.state.clone(),
             self.fill_gate.clone(),
             self.stop_install_after,
+            self.dir.clone(),
         );
         let (meta_owned, kv) = (meta.clone(), payload.kv);
         // Key by key, off the async workers: a sled batch of a million keys holds gigabytes.
@@ -828,6 +845,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             let _fill = gate.install();
             state.insert(KEY_INSTALLING, enc(&marker)?)?;
             install_writes(&state, &meta_owned, &kv, stop_after)?;
+            complete_install(&state, &dir)?;
             Ok::<_, crate::storage::StorageError>(kv)
         })
         .await
@@ -983,7 +1001,8 @@ pub fn decode_payload(bytes: &[u8]) -> serde_json::Result<KvSnapshot> {
 
 /// Seed an empty data dir with `kv` as the applied state at `meta.last_log_id` (a restore):
 /// the state tree as `apply` would have left it, and the snapshot file openraft serves to
-/// peers that need it. Written in one batch, then flushed.
+/// peers that need it: the file first, then the state key by key under the install marker,
+/// as an install writes it (a crash in between is finished when the node opens).
 pub(crate) fn seed(
     db: &sled::Db,
     dir: &std::path::Path,
@@ -1006,6 +1025,7 @@ pub(crate) fn seed(
     };
     state.insert(KEY_INSTALLING, enc(&marker)?)?;
     install_writes(&state, meta, kv, None)?;
+    complete_install(&state, dir)?;
     db.flush()?;
     Ok(())
 }

@@ -66,7 +66,9 @@ impl HistoryFiller {
                     IDLE_PAUSE
                 }
                 Err(Stop::Cancelled) => return,
-                Err(Stop::Store(FillError::NotNeeded | FillError::Superseded)) => IDLE_PAUSE,
+                Err(Stop::Store(
+                    FillError::NotNeeded | FillError::Superseded | FillError::Finished,
+                )) => IDLE_PAUSE,
                 Err(e) => {
                     tracing::warn!(error = %e, "history fill failed; trying again later");
                     (pause * 2).clamp(IDLE_PAUSE, MAX_PAUSE)

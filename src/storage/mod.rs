@@ -62,6 +62,35 @@ pub enum StorageError {
     Corrupt { what: String, detail: String },
 }
 
+/// Make sled's blob files in `dir` durable. sled 0.34 writes a value longer than a share of
+/// its segment to a file of its own and never syncs it, while its log, which points to it, is
+/// synced: a power failure could lose the value under writes that survive. Call after a
+/// flush (which writes them) and before the write that declares a long operation complete
+/// (an install's, a history fill's).
+pub fn sync_blobs(dir: &Path) -> Result<(), StorageError> {
+    let io = |e: std::io::Error| StorageError::Corrupt {
+        what: "blob file".into(),
+        detail: e.to_string(),
+    };
+    let blobs = dir.join("blobs");
+    let entries = match std::fs::read_dir(&blobs) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(io(e)),
+    };
+    for entry in entries {
+        let path = entry.map_err(io)?.path();
+        if path.is_file() {
+            std::fs::File::open(&path)
+                .and_then(|f| f.sync_all())
+                .map_err(io)?;
+        }
+    }
+    std::fs::File::open(&blobs)
+        .and_then(|f| f.sync_all())
+        .map_err(io)
+}
+
 /// Open (or create) the node's database in `dir`.
 ///
 /// sled holds an exclusive lock on its directory; a process that just dropped the same Db (a
