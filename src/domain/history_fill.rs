@@ -20,8 +20,12 @@
 //!   cursor, versions no newer than `F`, events inside the asked span in revision order, and
 //!   progress on every page (a source cannot keep a fill busy with empty pages).
 //! - Nothing is adopted unless the staged history, replayed to `S`, gives exactly the live
-//!   keys this node holds at `S` (checked by the storage adapter): a wrong or hostile source
-//!   can waste a fill, never change what this node answers.
+//!   keys this node holds at `S` (checked by the storage adapter). That catches a source
+//!   whose history does not lead to this node's state, not one that invents a consistent
+//!   past: the source is a member, which replicates everything anyway (peer routes admit
+//!   members only), and the fill trusts it as much as a snapshot from it.
+//! - Bounded: each answer (by the transport), and the whole fill (the driver stops past the
+//!   storage quota), so a source cannot fill this node's disk.
 //!
 //! # What it must not do
 //! Touch storage or the network: the runtime fetches pages and the storage adapter stages and
@@ -38,6 +42,9 @@ pub const MAX_PAGE_ITEMS: usize = 1_024;
 /// The bytes of keys and values after which a source ends a page (a revision's events are
 /// never split, so a page may pass it by one revision's worth).
 pub const PAGE_BYTES: usize = 4 << 20;
+/// The largest answer a fill takes from a source: a page, or one revision's events (at most
+/// a transaction of puts of the largest values, or a revoke's deletes of many keys).
+pub const MAX_ANSWER_BYTES: usize = 256 << 20;
 
 /// A node's answer to "how far back does your history reach".
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -109,7 +116,7 @@ pub enum PageAnswer {
 pub enum BadPage {
     #[error("the page answers a question that was not asked")]
     Unasked,
-    #[error("the page holds more than {MAX_PAGE_ITEMS} items")]
+    #[error("the page holds more than {MAX_PAGE_ITEMS} items beyond one revision's")]
     TooLong,
     #[error("key {0:?} is not after the previous key")]
     KeyOrder(String),
@@ -224,7 +231,14 @@ impl FillPlan {
         let Stage::Events { next } = self.stage else {
             return Err(BadPage::Unasked);
         };
-        if page.events.len() > MAX_PAGE_ITEMS + MAX_REVISION_EVENTS {
+        // A source ends a page at a revision's end: past the item cap only to finish one
+        // revision (a revoke deletes every key of its lease at one revision). The answer's
+        // size is bounded by the transport ([`MAX_ANSWER_BYTES`]).
+        if let Some(last) = page.events.get(MAX_PAGE_ITEMS.saturating_sub(1))
+            && page.events[MAX_PAGE_ITEMS..]
+                .iter()
+                .any(|e| e.revision != last.revision)
+        {
             return Err(BadPage::TooLong);
         }
         if page.through < next || page.through > self.start {
@@ -248,9 +262,6 @@ impl FillPlan {
         Ok(page.events)
     }
 }
-
-/// The most events one revision holds (a transaction's changes), beyond a page's items.
-const MAX_REVISION_EVENTS: usize = 1_024;
 
 fn check_version(key: &str, v: &Versioned, at: Revision) -> Result<(), BadPage> {
     let bad = |why| {
@@ -491,6 +502,45 @@ mod tests {
             refused(page(vec![delete_with_value], 5)),
             BadPage::BadEvent { .. }
         ));
+    }
+
+    #[test]
+    fn a_page_may_pass_the_item_cap_only_to_finish_one_revision() {
+        let mut plan = FillPlan::choose(local(10, 0), &[(2, reach(4, 12))]).unwrap();
+        plan.on_keys(KeysPage {
+            keys: vec![],
+            done: true,
+        })
+        .unwrap();
+        // A revoke at revision 6 deleted 3,000 keys: one revision, one page.
+        let revoke: Vec<Event> = (0..3_000)
+            .map(|i| {
+                let mut e = put(&format!("k{i}"), 6);
+                e.kind = EventKind::Delete;
+                e.value = None;
+                e
+            })
+            .collect();
+        let mut page = vec![put("a", 5)];
+        page.extend(revoke.clone());
+        assert_eq!(
+            plan.clone()
+                .on_events(EventsPage {
+                    events: page.clone(),
+                    through: Revision(6)
+                })
+                .map(|e| e.len()),
+            Ok(3_001)
+        );
+        // Another revision after the cap is refused.
+        page.push(put("b", 7));
+        assert_eq!(
+            plan.on_events(EventsPage {
+                events: page,
+                through: Revision(7)
+            }),
+            Err(BadPage::TooLong)
+        );
     }
 
     proptest! {

@@ -404,7 +404,9 @@ impl PeerClient {
             detail,
         };
         let bytes = rmp_serde::to_vec(body).map_err(|e| transport(e.to_string()))?;
-        let answer = self.post_raw(addr, path, MSGPACK, bytes, timeout).await?;
+        let answer = self
+            .post_raw(addr, path, MSGPACK, bytes, timeout, MAX_ANSWER_BYTES)
+            .await?;
         rmp_serde::from_slice(&answer).map_err(|e| transport(format!("undecodable answer: {e}")))
     }
 
@@ -418,7 +420,7 @@ impl PeerClient {
         timeout: Duration,
     ) -> Result<Resp, PeerError> {
         let answer = self
-            .post_raw(addr, path, content_type, body, timeout)
+            .post_raw(addr, path, content_type, body, timeout, MAX_ANSWER_BYTES)
             .await?;
         serde_json::from_slice(&answer).map_err(|e| PeerError::Transport {
             addr: addr.to_string(),
@@ -426,7 +428,27 @@ impl PeerClient {
         })
     }
 
-    /// POST raw bytes; the answer's body if the status is a success.
+    /// POST a JSON body and decode a JSON answer of at most `cap` bytes.
+    pub async fn post_json_within<Req: Serialize + ?Sized, Resp: DeserializeOwned>(
+        &self,
+        addr: &str,
+        path: &str,
+        body: &Req,
+        timeout: Duration,
+        cap: usize,
+    ) -> Result<Resp, PeerError> {
+        let transport = |detail: String| PeerError::Transport {
+            addr: addr.to_string(),
+            detail,
+        };
+        let bytes = serde_json::to_vec(body).map_err(|e| transport(e.to_string()))?;
+        let answer = self
+            .post_raw(addr, path, "application/json", bytes, timeout, cap)
+            .await?;
+        serde_json::from_slice(&answer).map_err(|e| transport(format!("undecodable answer: {e}")))
+    }
+
+    /// POST raw bytes; the answer's body (at most `cap` bytes) if the status is a success.
     async fn post_raw(
         &self,
         addr: &str,
@@ -434,6 +456,7 @@ impl PeerClient {
         content_type: &'static str,
         body: Vec<u8>,
         timeout: Duration,
+        cap: usize,
     ) -> Result<bytes::Bytes, PeerError> {
         let transport = |detail: String| PeerError::Transport {
             addr: addr.to_string(),
@@ -465,9 +488,7 @@ impl PeerClient {
                 }
             })?;
         let status = resp.status();
-        let body = read_bounded(resp, MAX_ANSWER_BYTES)
-            .await
-            .map_err(transport)?;
+        let body = read_bounded(resp, cap).await.map_err(transport)?;
         // An unknown route answers 404 with no body; every route of ours answers with one.
         if status == reqwest::StatusCode::NOT_FOUND && body.is_empty() {
             return Err(PeerError::NoRoute {

@@ -5,9 +5,10 @@
 //! stores).
 //!
 //! # Invariants
-//! - One fill at a time, one page in flight, every call with a deadline; a failed fill is
-//!   retried with a growing pause (at most [`MAX_PAUSE`]), so a missing or hostile peer costs
-//!   a request now and then, never a loop.
+//! - One fill at a time, one page in flight, every call with a deadline and every answer
+//!   bounded ([`MAX_ANSWER_BYTES`]); the whole fill stays within the storage quota; a failed
+//!   fill is retried with a growing pause (at most [`MAX_PAUSE`]), so a missing or hostile
+//!   peer costs a request now and then, never a loop.
 //! - Blocking storage work runs off the async workers.
 //!
 //! # What it must not do
@@ -18,7 +19,7 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::domain::history_fill::{FillPlan, HistoryReach, PageAnswer, PageAsk};
+use crate::domain::history_fill::{FillPlan, HistoryReach, MAX_ANSWER_BYTES, PageAnswer, PageAsk};
 use crate::domain::types::Revision;
 use crate::raft::NodeId;
 use crate::raft::consensus::Consensus;
@@ -112,6 +113,9 @@ impl HistoryFiller {
         );
         let store = self.store.clone();
         let epoch = blocking(move || store.begin()).await?;
+        // The whole fill stays within the storage quota: a source cannot fill the disk.
+        let budget = self.consensus.quota().max_bytes;
+        let mut staged = 0u64;
         while let Some(ask) = plan.ask() {
             if cancel.is_cancelled() {
                 return Err(Stop::Cancelled);
@@ -124,13 +128,26 @@ impl HistoryFiller {
             match (ask, answer) {
                 (PageAsk::Keys { .. }, PageAnswer::Keys(page)) => {
                     let keys = plan.on_keys(page).map_err(|e| source(e.to_string()))?;
+                    staged += keys
+                        .iter()
+                        .map(|(k, v)| (k.len() + v.value.len()) as u64)
+                        .sum::<u64>();
                     blocking(move || store.stage_keys(epoch, &keys)).await?;
                 }
                 (PageAsk::Events { .. }, PageAnswer::Events(page)) => {
                     let events = plan.on_events(page).map_err(|e| source(e.to_string()))?;
+                    staged += events
+                        .iter()
+                        .map(|e| (e.key.len() + e.value.as_ref().map_or(0, String::len)) as u64)
+                        .sum::<u64>();
                     blocking(move || store.stage_events(epoch, &events)).await?;
                 }
                 _ => return Err(source("answered another question".into())),
+            }
+            if staged > budget {
+                return Err(source(format!(
+                    "its history passes this node's storage quota ({budget} bytes)"
+                )));
             }
         }
         let (store, floor, start) = (self.store.clone(), plan.floor, plan.start);
@@ -159,7 +176,7 @@ impl HistoryFiller {
     ) -> Result<Resp, String> {
         self.consensus
             .peers()
-            .post_json(addr, path, body, CALL_TIMEOUT)
+            .post_json_within(addr, path, body, CALL_TIMEOUT, MAX_ANSWER_BYTES)
             .await
             .map_err(|e| e.to_string())
     }
