@@ -11,11 +11,16 @@
 //!   staging tree (complete, since it was written before the marker) before anything reads.
 //! - **The sweep is frozen while records move in.** The sweep removes a key's versions up to
 //!   its tombstone; a base version moved in after the sweep passed its key would bring a
-//!   deleted key back. [`FillGate::freeze_sweep`] is set, then the state's write lock is taken
-//!   once, so an apply that was sweeping has finished, and every later one sees the freeze.
+//!   deleted key back. The freeze is set, then the compaction is checked under the state's
+//!   write lock (an apply that was sweeping has finished, every later one sees the freeze,
+//!   and no sweep so far reached the old start). It stays frozen until the move is done, by
+//!   this adoption, the next fill's `begin`, a restart's redo or an install.
 //! - **An install wins.** A snapshot install replaces the whole history under the gate and
 //!   bumps its epoch; every fill step checks the epoch under the gate and stops, and the
-//!   install's batch removes the marker ([`super::mvcc_store::restart`]).
+//!   install's writes remove the marker ([`super::mvcc_store::restart`]).
+//! - sled's blob files (values past a share of its segment, never synced by sled) are
+//!   synced before the start is lowered: a power failure cannot keep the adoption and lose
+//!   a record it moved.
 //! - **Reads meanwhile stay right.** Records move newest first, so a history read at or
 //!   above the old start (allowed all along) finds a key's tombstone before any older
 //!   version of it; reads below it are refused until the start is lowered, last.

@@ -16,8 +16,11 @@
 //! - A restart loads the snapshot file and replays the event records after it; the sweep
 //!   never removes a record above the snapshot on disk (`snapshot_revision`), and
 //!   `m/sweep_limit` says how far it went, so the load knows when those records are all there.
-//! - Installing a snapshot replaces the state: stale keys are removed in the same batch that
-//!   writes the new ones (pitfall P6).
+//! - Installing a snapshot replaces the state (pitfall P6): the snapshot file is saved first,
+//!   then an install marker, then the writes key by key (stale keys removed, new ones
+//!   written), then the marker goes. A node that opens with the marker redoes the install
+//!   from the file before anything reads (`finish_install`). Not one sled batch: sled 0.34
+//!   holds a batch's pages in memory, gigabytes at a million keys.
 //!
 //! # What it must not do
 //! Decide anything. The rules are in `domain::kv`; this file decodes, calls, persists, publishes.

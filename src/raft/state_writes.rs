@@ -15,9 +15,10 @@
 //! # Invariants
 //! - Only the apply writes the keys an intent names, one group at a time, so the intent
 //!   under [`KEY_INTENT`] is always the last group's and redoing it is always right.
-//! - Every other writer of the state tree (a snapshot install, a restore, a format
-//!   conversion) removes the intent in the same sled batch: an older group's intent is never
-//!   redone over a state that replaced it.
+//! - Every other writer of the state tree removes the intent first: a format conversion in
+//!   its sled batch, a snapshot install or a restore as its first write under its install
+//!   marker (redone whole on open if cut). An older group's intent is never redone over a
+//!   state that replaced it.
 //!
 //! # What it must not do
 //! Decide what is written (the state machine and `mvcc_store` do), or order writes by key:
