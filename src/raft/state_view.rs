@@ -85,7 +85,7 @@ const OPTIMISTIC_READS: usize = 4;
 
 /// Run `read` until one run overlapped no removal of history records. `quiesce` returns a
 /// guard under which no removal can start (the state's read lock); it is held only to take
-/// the count, except after [`OPTIMISTIC_READS`] overlapped runs (a sweep running on every
+/// the count, except after `OPTIMISTIC_READS` overlapped runs (a sweep running on every
 /// applied group), when the last run is made under it: a reader is never starved, and apply
 /// waits at most one read.
 pub fn read_unswept<T, E, G>(

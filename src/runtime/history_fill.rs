@@ -7,7 +7,7 @@
 //! # Invariants
 //! - One fill at a time, one page in flight, every call with a deadline and every answer
 //!   bounded ([`MAX_ANSWER_BYTES`]); the whole fill stays within the storage quota; a failed
-//!   fill is retried with a growing pause (at most [`MAX_PAUSE`]), so a missing or hostile
+//!   fill is retried with a growing pause (at most `MAX_PAUSE`), so a missing or hostile
 //!   peer costs a request now and then, never a loop.
 //! - Blocking storage work runs off the async workers.
 //!
