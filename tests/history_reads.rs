@@ -165,3 +165,36 @@ async fn only_a_sweeping_apply_announces_removals() {
     }
     assert_eq!(view.history_removals(), after_sweep);
 }
+
+/// A large applied group's events are kept in several event records of whole revisions, each
+/// small enough for sled to keep inline (sled writes a larger item to a blob file it never
+/// syncs), and read back whole.
+#[tokio::test]
+async fn a_large_group_is_recorded_in_records_sled_keeps_inline() {
+    use leasecore::domain::history::{KeyFilter, OlderEvents};
+    let dir = TempDir::new().unwrap();
+    let db = open_db(dir.path(), 16 << 20).unwrap();
+    let (mut sm, view) = StateMachine::open(&db, dir.path(), Arc::new(DiscardEvents)).unwrap();
+    let value = "v".repeat(100 << 10);
+    let group: Vec<Entry> = (1..=40)
+        .map(|i| entry(i, put(format!("k{i:02}"), &value)))
+        .collect();
+    sm.apply(group).await.unwrap();
+    sm.apply(vec![entry(41, put("z".into(), "small"))])
+        .await
+        .unwrap();
+    let state = db.open_tree(leasecore::storage::TREE_STATE).unwrap();
+    let records: Vec<usize> = state
+        .scan_prefix(b"h/")
+        .map(|r| r.unwrap().1.len())
+        .collect();
+    let inline = leasecore::storage::inline_value_limit(dir.path());
+    assert!(records.len() > 2, "{records:?}");
+    assert!(records.iter().all(|len| *len <= inline), "{records:?} vs {inline}");
+    let everything = KeyFilter::Prefix(String::new());
+    let events = view
+        .since(Revision(1), Revision(40), &everything, usize::MAX)
+        .unwrap();
+    assert_eq!(events.events.len(), 40);
+    assert!(events.events.iter().all(|e| e.value.as_deref() == Some(&value[..])));
+}

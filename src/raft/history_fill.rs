@@ -171,9 +171,7 @@ impl FillStore {
     pub fn stage_events(&self, epoch: u64, events: &[Event]) -> Result<(), FillError> {
         drop(self.gate.held(epoch)?);
         let mut writes = WriteSet::default();
-        for part in record_parts(events, self.inline_limit / 2) {
-            mvcc_store::record(&mut writes, part);
-        }
+        mvcc_store::record(&mut writes, events, self.inline_limit / 2);
         writes.make_all(&self.staging)?;
         Ok(())
     }
@@ -318,34 +316,6 @@ fn fill_marker(state: &sled::Tree) -> Result<Option<Revision>, StorageError> {
         .transpose()
 }
 
-/// `events` cut into runs of whole revisions whose keys and values stay under `budget` bytes
-/// (a revision larger than that alone is one run).
-fn record_parts(events: &[Event], budget: usize) -> Vec<&[Event]> {
-    let size = |e: &Event| 64 + e.key.len() + e.value.as_ref().map_or(0, String::len);
-    let mut parts = Vec::new();
-    // The current part starts at `start` and holds `bytes`; whole revisions join it.
-    let (mut start, mut bytes) = (0usize, 0usize);
-    let mut i = 0;
-    while i < events.len() {
-        let revision = events[i].revision;
-        let end = i + events[i..]
-            .iter()
-            .take_while(|e| e.revision == revision)
-            .count();
-        let group: usize = events[i..end].iter().map(size).sum();
-        if i > start && bytes + group > budget {
-            parts.push(&events[start..i]);
-            (start, bytes) = (i, 0);
-        }
-        bytes += group;
-        i = end;
-    }
-    if start < events.len() {
-        parts.push(&events[start..]);
-    }
-    parts
-}
-
 /// When the node opens, before anything reads the state: finish an adoption a crash cut
 /// (its marker is there), and drop whatever a cut fill left staged. The start it set, if any.
 pub fn finish_interrupted(
@@ -372,55 +342,4 @@ pub fn finish_interrupted(
         staging.clear()?;
     }
     Ok(finished)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::domain::command::{Cause, EventKind};
-    use proptest::prelude::*;
-
-    fn event(revision: u64, value_len: usize) -> Event {
-        Event {
-            kind: EventKind::Put,
-            key: format!("k{revision}"),
-            value: Some("x".repeat(value_len)),
-            revision: Revision(revision),
-            lease: None,
-            cause: Cause::Client,
-            create_revision: Some(Revision(revision)),
-            version: Some(1),
-        }
-    }
-
-    proptest! {
-        /// The parts are the events in order, each starts at a revision boundary, and each
-        /// stays under the budget unless it is one revision alone.
-        #[test]
-        fn record_parts_cut_at_revisions_within_the_budget(
-            sizes in proptest::collection::vec((0u64..3, 0usize..300), 0..60),
-            budget in 100usize..1_000,
-        ) {
-            let mut revision = 0;
-            let events: Vec<Event> = sizes
-                .iter()
-                .map(|(step, len)| {
-                    revision += step;
-                    event(revision, *len)
-                })
-                .collect();
-            let parts = record_parts(&events, budget);
-            let joined: Vec<Event> = parts.iter().flat_map(|p| p.iter().cloned()).collect();
-            prop_assert_eq!(&joined, &events);
-            for pair in parts.windows(2) {
-                prop_assert!(pair[0].last().unwrap().revision < pair[1][0].revision);
-            }
-            for part in parts {
-                prop_assert!(!part.is_empty());
-                let bytes: usize = part.iter().map(|e| 64 + e.key.len() + e.value.as_ref().map_or(0, String::len)).sum();
-                let one_revision = part.first().unwrap().revision == part.last().unwrap().revision;
-                prop_assert!(bytes <= budget || one_revision, "{bytes} > {budget}");
-            }
-        }
-    }
 }

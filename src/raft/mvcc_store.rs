@@ -69,16 +69,48 @@ fn malformed(what: &'static str) -> impl Fn(Malformed) -> StorageError {
     move |e| corrupt(what, e)
 }
 
-/// Add the events of one applied batch (in log order) to `batch`: a version per change,
-/// and one event record for the batch.
-pub fn record(batch: &mut impl Writes, events: &[Event]) {
-    let Some(last) = events.last() else {
-        return;
-    };
+/// Add the events of one applied batch (in log order) to `batch`: a version per change, and
+/// event records of whole revisions, each under `record_budget` bytes of keys and values
+/// unless one revision alone is larger ([`record_parts`]). sled writes an item past a
+/// quarter of its segment to a blob file it never syncs, which a power failure could lose
+/// under a durable applied mark; records under the budget stay inline.
+pub fn record(batch: &mut impl Writes, events: &[Event], record_budget: usize) {
     for e in events {
         batch.insert(index_key(&e.key, e.revision), encode_version_of(e));
     }
-    batch.insert(event_key(last.revision), encode_events(events));
+    for part in record_parts(events, record_budget) {
+        if let Some(last) = part.last() {
+            batch.insert(event_key(last.revision), encode_events(part));
+        }
+    }
+}
+
+/// `events` cut into runs of whole revisions whose keys and values stay under `budget` bytes
+/// (a revision larger than that alone is one run).
+pub fn record_parts(events: &[Event], budget: usize) -> Vec<&[Event]> {
+    let size = |e: &Event| 64 + e.key.len() + e.value.as_ref().map_or(0, String::len);
+    let mut parts = Vec::new();
+    // The current part starts at `start` and holds `bytes`; whole revisions join it.
+    let (mut start, mut bytes) = (0usize, 0usize);
+    let mut i = 0;
+    while i < events.len() {
+        let revision = events[i].revision;
+        let end = i + events[i..]
+            .iter()
+            .take_while(|e| e.revision == revision)
+            .count();
+        let group: usize = events[i..end].iter().map(size).sum();
+        if i > start && bytes + group > budget {
+            parts.push(&events[start..i]);
+            (start, bytes) = (i, 0);
+        }
+        bytes += group;
+        i = end;
+    }
+    if start < events.len() {
+        parts.push(&events[start..]);
+    }
+    parts
 }
 
 /// Remove the whole history (in `batch`) and record every live key of `keys` as its base
@@ -505,11 +537,12 @@ mod tests {
         (events, states)
     }
 
-    /// Record `events` as applied batches of `chunk` requests each: one event record per batch.
-    fn record_in_batches(t: &sled::Tree, events: &[Event], chunk: usize) {
+    /// Record `events` as applied batches of `chunk` requests each: event records of at most
+    /// `budget` bytes per batch (one per batch when the budget is large).
+    fn record_in_batches(t: &sled::Tree, events: &[Event], chunk: usize, budget: usize) {
         for part in events.chunks(chunk) {
             let mut b = sled::Batch::default();
-            record(&mut b, part);
+            record(&mut b, part, budget);
             t.apply_batch(b).unwrap();
         }
     }
@@ -536,10 +569,11 @@ mod tests {
             marks in proptest::collection::vec(0usize..40, 1..4),
             budget in 1usize..6,
             chunk in 1usize..5,
+            record_budget in prop_oneof![Just(usize::MAX), 60usize..200],
         ) {
             let t = tree();
             let (events, states) = history(&ops);
-            record_in_batches(&t, &events, chunk);
+            record_in_batches(&t, &events, chunk, record_budget);
             prop_assert_eq!(load(&t).unwrap(), states[ops.len()].clone());
             let top = Revision(ops.len() as u64);
             let mut marks: Vec<u64> = marks.iter().map(|m| (*m as u64).min(top.0)).collect();
@@ -588,7 +622,7 @@ mod tests {
         ) {
             let t = tree();
             let (events, states) = history(&ops);
-            record_in_batches(&t, &events, chunk);
+            record_in_batches(&t, &events, chunk, usize::MAX);
             let top = ops.len();
             let swept_to = swept_to.min(top);
             let snapshot_at = snapshot_at.clamp(swept_to, top);
@@ -624,7 +658,7 @@ mod tests {
         ) {
             let t = tree();
             let (events, states) = history(&ops);
-            record_in_batches(&t, &events, 3);
+            record_in_batches(&t, &events, 3, 100);
             let at = at.min(ops.len());
             let mut after: Option<String> = None;
             let mut pages = Vec::new();
@@ -644,7 +678,7 @@ mod tests {
         let t = tree();
         let (events, states) = history(&[(1, false), (1, false), (2, false), (1, true)]);
         let mut b = sled::Batch::default();
-        record(&mut b, &events);
+        record(&mut b, &events, usize::MAX);
         t.apply_batch(b).unwrap();
         let prev = version_before(&t, "k1", Revision(2)).unwrap().unwrap();
         assert_eq!(prev.value, "v0");
@@ -655,5 +689,49 @@ mod tests {
         t.apply_batch(b).unwrap();
         assert_eq!(range_at(&t, &all(), Revision(3)).unwrap(), live(&states[3]));
         assert_eq!(history_start(&t).unwrap(), Some(Revision(3)));
+    }
+
+    fn event(revision: u64, value_len: usize) -> Event {
+        Event {
+            kind: EventKind::Put,
+            key: format!("k{revision}"),
+            value: Some("x".repeat(value_len)),
+            revision: Revision(revision),
+            lease: None,
+            cause: Cause::Client,
+            create_revision: Some(Revision(revision)),
+            version: Some(1),
+        }
+    }
+
+    proptest! {
+        /// The parts are the events in order, each starts at a revision boundary, and each
+        /// stays under the budget unless it is one revision alone.
+        #[test]
+        fn record_parts_cut_at_revisions_within_the_budget(
+            sizes in proptest::collection::vec((0u64..3, 0usize..300), 0..60),
+            budget in 100usize..1_000,
+        ) {
+            let mut revision = 0;
+            let events: Vec<Event> = sizes
+                .iter()
+                .map(|(step, len)| {
+                    revision += step;
+                    event(revision, *len)
+                })
+                .collect();
+            let parts = record_parts(&events, budget);
+            let joined: Vec<Event> = parts.iter().flat_map(|p| p.iter().cloned()).collect();
+            prop_assert_eq!(&joined, &events);
+            for pair in parts.windows(2) {
+                prop_assert!(pair[0].last().unwrap().revision < pair[1][0].revision);
+            }
+            for part in parts {
+                prop_assert!(!part.is_empty());
+                let bytes: usize = part.iter().map(|e| 64 + e.key.len() + e.value.as_ref().map_or(0, String::len)).sum();
+                let one_revision = part.first().unwrap().revision == part.last().unwrap().revision;
+                prop_assert!(bytes <= budget || one_revision, "{bytes} > {budget}");
+            }
+        }
     }
 }

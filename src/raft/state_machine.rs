@@ -720,7 +720,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             }
             let revision = kv.revision();
             // The events are the key changes: each becomes the key's new version.
-            mvcc_store::record(&mut batch, &events);
+            mvcc_store::record(&mut batch, &events, self.inline_limit / 2);
             // Not past the snapshot on disk: the records after it are what a restart replays.
             let on_disk = Revision(self.snapshot_revision.load(Ordering::Acquire));
             let sweep_to = kv.compact_revision().min(on_disk);
