@@ -9,10 +9,13 @@
 //!   it did before history was kept. A range at an older revision takes, for each key, the
 //!   newest version at or below it; `prev_kv` is the version before a change. Escaping keeps
 //!   the key order (`0x00` → `0x00 0xFF`, terminator `0x00 0x01`), so a key range is a scan.
-//! - **events by batch**: `h/ + last revision of an applied batch (u64 BE)` → every event of
-//!   that batch, in order. A watch replays any span still held by scanning from the first
-//!   record whose last revision is at or above where it starts. One record per applied batch
-//!   (not per change) keeps the write path's record count down under load.
+//! - **events by batch**: `h/ + last revision of the record (u64 BE)` → every event of a run
+//!   of whole revisions of an applied batch, in order. A watch replays any span still held by
+//!   scanning from the first record whose last revision is at or above where it starts.
+//!   Records partition the revisions (none is split between two). One record per applied
+//!   batch (not per change) keeps the write path's record count down under load; a large
+//!   batch is cut into several, each small enough for sled to keep inline
+//!   (`raft::mvcc_store::EVENT_RECORD_BYTES`).
 //!
 //! # Invariants
 //! - A request changes a key at most once (etcd's rule for transactions; a revoke deletes each
@@ -37,7 +40,7 @@ use super::command::{Cause, Event, EventKind};
 use super::kv::Versioned;
 use super::types::Revision;
 
-/// Prefix of the event records (one per applied batch).
+/// Prefix of the event records (one per applied batch, or a few for a large one).
 pub const EVENT_PREFIX: &[u8] = b"h/";
 /// Prefix of the versions by key (the state itself).
 pub const INDEX_PREFIX: &[u8] = b"v/";
@@ -188,7 +191,7 @@ pub fn is_tombstone(bytes: &[u8]) -> bool {
     bytes.first() == Some(&0)
 }
 
-/// The record of an applied batch's events: a count, then each event (revision, kind, cause,
+/// An event record (a run of whole revisions of an applied batch): a count, then each event (revision, kind, cause,
 /// key, then the optional fields behind a flag byte).
 pub fn encode_events(events: &[Event]) -> Vec<u8> {
     let size: usize = events

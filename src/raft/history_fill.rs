@@ -117,8 +117,6 @@ pub struct FillStore {
     pub(super) history_start: Arc<AtomicU64>,
     /// Tests of crash recovery: move at most this many records, then fail.
     pub(super) stop_after: Option<usize>,
-    /// The longest value sled keeps inline (`storage::inline_value_limit`).
-    pub(super) inline_limit: usize,
     /// The data directory (for [`crate::storage::sync_blobs`]).
     pub(super) dir: std::path::PathBuf,
 }
@@ -140,17 +138,29 @@ impl FillStore {
         self.stop_after = records;
     }
 
+    /// Finish an adoption that failed midway, if there is one (its marker is there and the
+    /// sweep frozen): whether there was. Run before anything else a fill decides, so the
+    /// sweep never stays frozen because no new fill is needed or possible.
+    pub fn resume(&self) -> Result<bool, FillError> {
+        let epoch = *self.gate.lock();
+        match fill_marker(&self.state)? {
+            Some(floor) => {
+                self.move_in(epoch, floor)?;
+                Ok(true)
+            }
+            None => Ok(false),
+        }
+    }
+
     /// Start a fill: an empty staging tree, and the epoch its steps must still see. An
     /// adoption that failed midway (its marker is there, the sweep still frozen) is finished
     /// first, from the staging tree it left: [`FillError::Finished`] then.
     pub fn begin(&self) -> Result<u64, FillError> {
-        let epoch = *self.gate.lock();
-        if let Some(floor) = fill_marker(&self.state)? {
-            self.move_in(epoch, floor)?;
+        if self.resume()? {
             return Err(FillError::Finished);
         }
         self.staging.clear()?;
-        Ok(epoch)
+        Ok(*self.gate.lock())
     }
 
     /// Stage live keys at the fill's floor as base versions.
@@ -164,14 +174,12 @@ impl FillStore {
         Ok(())
     }
 
-    /// Stage events as the apply path records them (a version per change, and event
-    /// records), in records small enough for sled to keep inline: sled writes a larger value
-    /// to a blob file it never syncs, which a power failure could lose while the adoption's
-    /// later writes survive.
+    /// Stage events as the apply path records them (a version per change, and event records
+    /// of whole revisions, small: [`mvcc_store::EVENT_RECORD_BYTES`]).
     pub fn stage_events(&self, epoch: u64, events: &[Event]) -> Result<(), FillError> {
         drop(self.gate.held(epoch)?);
         let mut writes = WriteSet::default();
-        mvcc_store::record(&mut writes, events, self.inline_limit / 2);
+        mvcc_store::record(&mut writes, events, mvcc_store::EVENT_RECORD_BYTES);
         writes.make_all(&self.staging)?;
         Ok(())
     }
@@ -224,6 +232,10 @@ impl FillStore {
         {
             return Err(FillError::NotNeeded);
         }
+        // The staging is durable before the marker that says it is complete (sled's blob
+        // files included).
+        self.db.flush()?;
+        crate::storage::sync_blobs(&self.dir)?;
         {
             let _gate = self.gate.held(epoch)?;
             let mut marker = floor.0.to_be_bytes().to_vec();

@@ -45,6 +45,12 @@ const LEGACY_KEY_SWEPT: &[u8] = b"m/history_swept";
 /// one: a restart loads the snapshot and replays them ([`replay_onto`]) instead of reading
 /// every version.
 pub const KEY_SWEEP_LIMIT: &[u8] = b"m/sweep_limit";
+/// The bytes of keys and values after which an applied group's events go on in another
+/// event record (cut at a revision's end). sled 0.34 writes an item past a quarter of its
+/// segment (2 MiB) to a blob file it never syncs, and it logs a whole leaf node (up to about
+/// 17 neighbouring records) at once: records this small keep such a node of event records
+/// under that size.
+pub const EVENT_RECORD_BYTES: usize = 96 << 10;
 /// Events the sweep looks at per applied batch, at least: a few sled reads each, so at most
 /// a couple of milliseconds added to a small apply.
 pub const SWEEP_BUDGET: usize = 128;

@@ -245,7 +245,6 @@ impl StateMachine {
             kv: self.kv.clone(),
             history_start: self.history_start.clone(),
             stop_after: None,
-            inline_limit: self.inline_limit,
             dir: self.dir.clone(),
         }
     }
@@ -720,7 +719,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             }
             let revision = kv.revision();
             // The events are the key changes: each becomes the key's new version.
-            mvcc_store::record(&mut batch, &events, self.inline_limit / 2);
+            mvcc_store::record(&mut batch, &events, mvcc_store::EVENT_RECORD_BYTES);
             // Not past the snapshot on disk: the records after it are what a restart replays.
             let on_disk = Revision(self.snapshot_revision.load(Ordering::Acquire));
             let sweep_to = kv.compact_revision().min(on_disk);

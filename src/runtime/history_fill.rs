@@ -44,6 +44,11 @@ enum Stop {
     Store(#[from] FillError),
     #[error("storage task failed: {0}")]
     Task(String),
+    #[error(
+        "the history to fill in (below revision {start}) passes this node's storage quota \
+         ({budget} bytes): not filled until the next snapshot install"
+    )]
+    TooLarge { start: Revision, budget: u64 },
 }
 
 /// Fills this node's history from its peers.
@@ -55,18 +60,25 @@ pub struct HistoryFiller {
 impl HistoryFiller {
     pub async fn run(self, cancel: CancellationToken) {
         let mut pause = IDLE_PAUSE;
+        // The start of a history found too large to fill: not tried again until it changes.
+        let mut given_up: Option<Revision> = None;
         loop {
             tokio::select! {
                 _ = cancel.cancelled() => return,
                 _ = tokio::time::sleep(pause) => {}
             }
-            pause = match self.fill_once(&cancel).await {
+            pause = match self.fill_once(&cancel, given_up).await {
                 Ok(None) => IDLE_PAUSE,
                 Ok(Some(floor)) => {
                     tracing::info!(%floor, "this node's history reaches back as its peers' does");
                     IDLE_PAUSE
                 }
                 Err(Stop::Cancelled) => return,
+                Err(e @ Stop::TooLarge { start, .. }) => {
+                    tracing::warn!(error = %e, "history fill given up");
+                    given_up = Some(start);
+                    IDLE_PAUSE
+                }
                 Err(Stop::Store(
                     FillError::NotNeeded | FillError::Superseded | FillError::Finished,
                 )) => IDLE_PAUSE,
@@ -78,10 +90,19 @@ impl HistoryFiller {
         }
     }
 
-    /// One fill, if there is a gap and a peer to fill it from: the new floor.
-    async fn fill_once(&self, cancel: &CancellationToken) -> Result<Option<Revision>, Stop> {
+    /// One fill, if there is a gap (not one given up on) and a peer to fill it from: the new
+    /// floor.
+    async fn fill_once(
+        &self,
+        cancel: &CancellationToken,
+        given_up: Option<Revision>,
+    ) -> Result<Option<Revision>, Stop> {
+        let store = self.store.clone();
+        if blocking(move || store.resume()).await? {
+            return Err(Stop::Store(FillError::Finished));
+        }
         let local = self.store.local();
-        if !local.has_gap() {
+        if !local.has_gap() || given_up == Some(local.start) {
             return Ok(None);
         }
         let peers = self.peers();
@@ -136,7 +157,8 @@ impl HistoryFiller {
                 }
                 (PageAsk::Events { .. }, PageAnswer::Events(page)) => {
                     let events = plan.on_events(page).map_err(|e| source(e.to_string()))?;
-                    staged += events
+                    // Each event is stored twice: as a version and in its event record.
+                    staged += 2 * events
                         .iter()
                         .map(|e| (e.key.len() + e.value.as_ref().map_or(0, String::len)) as u64)
                         .sum::<u64>();
@@ -145,9 +167,10 @@ impl HistoryFiller {
                 _ => return Err(source("answered another question".into())),
             }
             if staged > budget {
-                return Err(source(format!(
-                    "its history passes this node's storage quota ({budget} bytes)"
-                )));
+                return Err(Stop::TooLarge {
+                    start: plan.start,
+                    budget,
+                });
             }
         }
         let (store, floor, start) = (self.store.clone(), plan.floor, plan.start);

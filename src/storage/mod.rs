@@ -80,10 +80,11 @@ pub fn sync_blobs(dir: &Path) -> Result<(), StorageError> {
     };
     for entry in entries {
         let path = entry.map_err(io)?.path();
-        if path.is_file() {
-            std::fs::File::open(&path)
-                .and_then(|f| f.sync_all())
-                .map_err(io)?;
+        // sled removes blob files it no longer needs while it runs.
+        match std::fs::File::open(&path).and_then(|f| f.sync_all()) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(io(e)),
         }
     }
     std::fs::File::open(&blobs)
