@@ -26,6 +26,21 @@ impl StoreBuilder<TypeConfig, LogStore, StateMachine, TempDir> for SledBuilder {
     }
 }
 
+/// `cmds` as consecutive log entries of term 1 from index `first`.
+fn entries(
+    first: u64,
+    cmds: Vec<leasecore::domain::command::Command>,
+) -> Vec<leasecore::raft::Entry> {
+    use openraft::{CommittedLeaderId, EntryPayload, LogId};
+    cmds.into_iter()
+        .enumerate()
+        .map(|(i, cmd)| leasecore::raft::Entry {
+            log_id: LogId::new(CommittedLeaderId::new(1, 1), first + i as u64),
+            payload: EntryPayload::Normal(cmd),
+        })
+        .collect()
+}
+
 #[test]
 fn sled_stores_pass_openraft_suite() {
     Suite::test_all(SledBuilder).expect("openraft storage suite");
@@ -271,18 +286,9 @@ async fn a_crash_inside_an_applied_group_reopens_to_the_whole_group() {
     use leasecore::domain::types::Revision;
     use leasecore::raft::Entry;
     use leasecore::raft::mvcc_store;
+    use openraft::RaftSnapshotBuilder;
     use openraft::storage::RaftStateMachine;
-    use openraft::{CommittedLeaderId, EntryPayload, LogId, RaftSnapshotBuilder};
 
-    fn entries(first: u64, cmds: Vec<Command>) -> Vec<Entry> {
-        cmds.into_iter()
-            .enumerate()
-            .map(|(i, cmd)| Entry {
-                log_id: LogId::new(CommittedLeaderId::new(1, 1), first + i as u64),
-                payload: EntryPayload::Normal(cmd),
-            })
-            .collect()
-    }
     let put = |k: &str, v: &str, lease: Option<&str>| Command::Put {
         key: k.into(),
         value: v.into(),
@@ -447,19 +453,9 @@ async fn a_purge_waits_until_the_state_machine_has_applied_that_far() {
 async fn an_install_cut_anywhere_finishes_when_the_node_opens() {
     use leasecore::domain::auth::KeyRange;
     use leasecore::domain::command::Command;
-    use leasecore::raft::Entry;
+    use openraft::RaftSnapshotBuilder;
     use openraft::storage::RaftStateMachine;
-    use openraft::{CommittedLeaderId, EntryPayload, LogId, RaftSnapshotBuilder};
 
-    fn entries(first: u64, cmds: Vec<Command>) -> Vec<Entry> {
-        cmds.into_iter()
-            .enumerate()
-            .map(|(i, cmd)| Entry {
-                log_id: LogId::new(CommittedLeaderId::new(1, 1), first + i as u64),
-                payload: EntryPayload::Normal(cmd),
-            })
-            .collect()
-    }
     let put = |k: String, v: &str, lease: Option<&str>| Command::Put {
         key: k,
         value: v.into(),
