@@ -332,6 +332,26 @@ async fn a_follower_that_installed_a_snapshot_fills_in_the_history() {
             v["events"].clone()
         }
     };
+    // Operators see it in the metrics: the same floor as the leader's, the compaction mark.
+    let floor = |url: String| {
+        let http = http.clone();
+        async move {
+            let text = http
+                .get(format!("{url}/metrics"))
+                .send()
+                .await
+                .unwrap()
+                .text()
+                .await
+                .unwrap();
+            text.lines()
+                .find_map(|l| l.strip_prefix("leasecore_history_floor_revision "))
+                .and_then(|v| v.trim().parse::<f64>().ok())
+                .expect("the floor gauge")
+        }
+    };
+    assert_eq!(floor(lagging_url.clone()).await, compact_at as f64);
+    assert_eq!(floor(l.clone()).await, compact_at as f64);
     let events = watch(lagging_url.clone()).await;
     assert!(events.as_array().is_some_and(|e| e.len() > 20), "{events}");
     assert_eq!(events, watch(l.clone()).await);

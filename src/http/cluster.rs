@@ -231,6 +231,12 @@ pub async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
             v.revision.0 as f64,
         ),
         (
+            "leasecore_history_floor_revision",
+            "The lowest revision this node reads at (the compaction mark; above it while the \
+             history before a snapshot this node installed is being filled in from a peer).",
+            state.consensus.view().history_floor().0 as f64,
+        ),
+        (
             "leasecore_cluster_nodes",
             "Nodes in the membership (voters and learners).",
             v.nodes.len() as f64,
