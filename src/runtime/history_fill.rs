@@ -108,10 +108,12 @@ impl HistoryFiller {
         let peers = self.peers();
         let mut reaches = Vec::new();
         for (id, addr) in &peers {
-            match self
-                .call::<_, HistoryReach>(addr, routes::HISTORY_REACH, &())
-                .await
-            {
+            let asked = self.call::<_, HistoryReach>(addr, routes::HISTORY_REACH, &());
+            let answer = tokio::select! {
+                _ = cancel.cancelled() => return Err(Stop::Cancelled),
+                answer = asked => answer,
+            };
+            match answer {
                 Ok(reach) => reaches.push((*id, reach)),
                 Err(e) => tracing::debug!(peer = id, error = %e, "history reach unknown"),
             }
@@ -138,13 +140,12 @@ impl HistoryFiller {
         let budget = self.consensus.quota().max_bytes;
         let mut staged = 0u64;
         while let Some(ask) = plan.ask() {
-            if cancel.is_cancelled() {
-                return Err(Stop::Cancelled);
-            }
-            let answer: PageAnswer = self
-                .call(&addr, routes::HISTORY_PAGE, &ask)
-                .await
-                .map_err(source)?;
+            // Shutdown does not wait for a page in flight.
+            let asked = self.call::<_, PageAnswer>(&addr, routes::HISTORY_PAGE, &ask);
+            let answer = tokio::select! {
+                _ = cancel.cancelled() => return Err(Stop::Cancelled),
+                answer = asked => answer.map_err(source)?,
+            };
             let store = self.store.clone();
             match (ask, answer) {
                 (PageAsk::Keys { .. }, PageAnswer::Keys(page)) => {
