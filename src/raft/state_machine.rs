@@ -826,7 +826,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         // History reads stop reading the tree the install rewrites: they answer `compacted`
         // below the current revision (its own reads come from memory) until the swap below.
         {
-            let kv = self.kv.read().unwrap_or_else(|p| p.into_inner());
+            let kv = self.kv.write().unwrap_or_else(|p| p.into_inner());
             self.history_start
                 .fetch_max(kv.revision().0, Ordering::AcqRel);
         }
