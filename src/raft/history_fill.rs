@@ -34,7 +34,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 use super::mvcc_store;
-use super::state_writes::{WriteSet, Writes};
+use super::state_writes::{DirectWrites, Writes};
 use crate::domain::command::Event;
 use crate::domain::history_fill::LocalHistory;
 use crate::domain::kv::{KvState, Versioned};
@@ -166,11 +166,11 @@ impl FillStore {
     /// Stage live keys at the fill's floor as base versions.
     pub fn stage_keys(&self, epoch: u64, keys: &[(String, Versioned)]) -> Result<(), FillError> {
         drop(self.gate.held(epoch)?);
-        let mut writes = WriteSet::default();
+        let mut writes = DirectWrites::new(&self.staging, None);
         for (key, v) in keys {
             writes.insert(index_key(key, v.mod_revision), encode_version(Some(v)));
         }
-        writes.make_all(&self.staging)?;
+        writes.finish()?;
         Ok(())
     }
 
@@ -178,9 +178,9 @@ impl FillStore {
     /// of whole revisions, small: [`mvcc_store::EVENT_RECORD_BYTES`]).
     pub fn stage_events(&self, epoch: u64, events: &[Event]) -> Result<(), FillError> {
         drop(self.gate.held(epoch)?);
-        let mut writes = WriteSet::default();
+        let mut writes = DirectWrites::new(&self.staging, None);
         mvcc_store::record(&mut writes, events, mvcc_store::EVENT_RECORD_BYTES);
-        writes.make_all(&self.staging)?;
+        writes.finish()?;
         Ok(())
     }
 

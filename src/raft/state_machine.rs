@@ -37,7 +37,7 @@ use openraft::{EntryPayload, OptionalSend, RaftSnapshotBuilder, StorageIOError};
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
-use super::state_writes::{KEY_INTENT, WriteSet, Writes};
+use super::state_writes::{DirectWrites, KEY_INTENT, WriteSet, Writes};
 use super::{Entry, LogId, SnapshotMeta, StorageError, StoredMembership, TypeConfig, any_err};
 use super::{history_fill, mvcc_store};
 use crate::domain::command::{Event, LeaseChange, Response};
@@ -136,11 +136,11 @@ fn finish_last_group(state: &sled::Tree) -> Result<usize, crate::storage::Storag
 
 /// The store revision persisted in `db`, without loading the state.
 pub fn persisted_revision(db: &sled::Db) -> Result<Revision, crate::storage::StorageError> {
+    let state = db.open_tree(TREE_STATE)?;
     // An install a crash cut is finished when the state machine opens: its revision.
-    if let Some(installing) = installing(&db.open_tree(TREE_STATE)?)? {
+    if let Some(installing) = installing(&state)? {
         return Ok(installing.revision);
     }
-    let state = db.open_tree(TREE_STATE)?;
     // The revision is among a group's last writes: a group a crash cut must be finished first.
     finish_last_group(&state)?;
     match state.get(KEY_REVISION)? {
@@ -537,48 +537,6 @@ fn finish_install(
     complete_install(state, dir)
 }
 
-/// Writes made straight to a tree, one by one, counted; the first error stops the rest.
-struct DirectWrites<'a> {
-    tree: &'a sled::Tree,
-    made: usize,
-    stop_after: Option<usize>,
-    error: Option<sled::Error>,
-}
-
-impl DirectWrites<'_> {
-    fn write(&mut self, f: impl FnOnce(&sled::Tree) -> sled::Result<Option<sled::IVec>>) {
-        if self.error.is_some() {
-            return;
-        }
-        if self.stop_after.is_some_and(|n| self.made >= n) {
-            self.error = Some(sled::Error::Unsupported(format!(
-                "stopped after {} writes (a simulated crash)",
-                self.made
-            )));
-            return;
-        }
-        match f(self.tree) {
-            Ok(_) => self.made += 1,
-            Err(e) => self.error = Some(e),
-        }
-    }
-
-    fn finish(self) -> sled::Result<()> {
-        self.error.map_or(Ok(()), Err)
-    }
-}
-
-impl Writes for DirectWrites<'_> {
-    fn insert(&mut self, key: impl Into<sled::IVec>, value: impl Into<sled::IVec>) {
-        let (key, value) = (key.into(), value.into());
-        self.write(|t| t.insert(key, value));
-    }
-    fn remove(&mut self, key: impl Into<sled::IVec>) {
-        let key = key.into();
-        self.write(|t| t.remove(key));
-    }
-}
-
 /// The state tree as an installed snapshot (`kv` at `meta`) leaves it, written key by key:
 /// not one sled batch, which at a million keys holds gigabytes in memory. The caller has
 /// inserted [`KEY_INSTALLING`] first and removes it with [`complete_install`], so a crash
@@ -590,12 +548,7 @@ fn install_writes(
     kv: &KvSnapshot,
     stop_after: Option<usize>,
 ) -> Result<(), crate::storage::StorageError> {
-    let mut w = DirectWrites {
-        tree: state,
-        made: 0,
-        stop_after,
-        error: None,
-    };
+    let mut w = DirectWrites::new(state, stop_after);
     // The last applied group's intent must not be redone over the snapshot's state.
     w.remove(KEY_INTENT);
     for item in state.scan_prefix(LEASE_PREFIX) {

@@ -1,4 +1,5 @@
-//! One applied group's writes to the state tree, crash-atomic without sled's batches.
+//! One applied group's writes to the state tree, crash-atomic without sled's batches; and
+//! [`DirectWrites`], writes made as they are added for writers with a marker of their own.
 //!
 //! Why not `sled::Batch`: sled 0.34's `apply_batch` takes a lock over the whole database and
 //! seals and writes its I/O buffer twice around the batch (each a `pwrite` and a waited
@@ -104,14 +105,6 @@ impl WriteSet {
         }
         tree.insert(KEY_INTENT, intent)?;
         self.make(tree, stop_after)
-    }
-
-    /// Make the writes one by one with no intent: for a tree nobody reads before it is
-    /// complete (a fill's staging). Not `apply_batch`: sled 0.34 holds a batch's pages in
-    /// memory far past its cache capacity (2.5 KB per record measured, growing without
-    /// bound), where single inserts stay near it.
-    pub fn make_all(&self, tree: &sled::Tree) -> sled::Result<()> {
-        self.make(tree, None)
     }
 
     /// The value this set last writes to `key`: `Some(None)` if it removes it, `None` if it
@@ -252,6 +245,64 @@ impl<'a> Reader<'a> {
     fn len32(&mut self) -> Result<usize, StorageError> {
         let b = self.take(4)?;
         Ok(u32::from_be_bytes([b[0], b[1], b[2], b[3]]) as usize)
+    }
+}
+
+/// Writes made straight to a tree as they are added, one by one, with no intent: for writes
+/// whose own marker makes them crash-safe (a snapshot install) or that nobody reads before
+/// they are complete (a history fill's staging). Not a sled batch: sled 0.34 holds a batch's
+/// pages in memory far past its cache capacity (2.5 KB per record measured, growing without
+/// bound), where single inserts stay near it. The first error stops the rest.
+pub struct DirectWrites<'a> {
+    tree: &'a sled::Tree,
+    made: usize,
+    stop_after: Option<usize>,
+    error: Option<sled::Error>,
+}
+
+impl<'a> DirectWrites<'a> {
+    /// Writes to `tree`; `stop_after` (tests only) fails every write after that many, as
+    /// a crash would leave it.
+    pub fn new(tree: &'a sled::Tree, stop_after: Option<usize>) -> Self {
+        DirectWrites {
+            tree,
+            made: 0,
+            stop_after,
+            error: None,
+        }
+    }
+
+    fn write(&mut self, f: impl FnOnce(&sled::Tree) -> sled::Result<Option<sled::IVec>>) {
+        if self.error.is_some() {
+            return;
+        }
+        if self.stop_after.is_some_and(|n| self.made >= n) {
+            self.error = Some(sled::Error::Unsupported(format!(
+                "stopped after {} writes (a simulated crash)",
+                self.made
+            )));
+            return;
+        }
+        match f(self.tree) {
+            Ok(_) => self.made += 1,
+            Err(e) => self.error = Some(e),
+        }
+    }
+
+    /// The first error, if a write failed.
+    pub fn finish(self) -> sled::Result<()> {
+        self.error.map_or(Ok(()), Err)
+    }
+}
+
+impl Writes for DirectWrites<'_> {
+    fn insert(&mut self, key: impl Into<sled::IVec>, value: impl Into<sled::IVec>) {
+        let (key, value) = (key.into(), value.into());
+        self.write(|t| t.insert(key, value));
+    }
+    fn remove(&mut self, key: impl Into<sled::IVec>) {
+        let key = key.into();
+        self.write(|t| t.remove(key));
     }
 }
 
