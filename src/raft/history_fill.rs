@@ -251,30 +251,12 @@ impl FillStore {
     /// Move the staged records in, newest first, then lower the history's start to `floor`
     /// and remove the marker. Idempotent (each record is set to its staged value).
     fn move_in(&self, epoch: u64, floor: Revision) -> Result<(), FillError> {
-        let mut moved = 0usize;
-        // Newest first (keys descending, each key's versions newest first): a history read
-        // at or above the old start, which may run meanwhile, sees a key's tombstone before
-        // any older version of the key is there, so a key deleted below it never shows.
-        let mut records = self.staging.iter().rev();
-        loop {
-            let step: Vec<(sled::IVec, sled::IVec)> =
-                records.by_ref().take(MOVE_STEP).collect::<Result<_, _>>()?;
-            if step.is_empty() {
-                break;
-            }
-            let _gate = self.gate.held(epoch)?;
-            for (k, v) in step {
-                if self.stop_after.is_some_and(|n| moved >= n) {
-                    return Err(StorageError::Corrupt {
-                        what: "fill".into(),
-                        detail: "stopped (test)".into(),
-                    }
-                    .into());
-                }
-                self.state.insert(k, v)?;
-                moved += 1;
-            }
-        }
+        let moved = move_newest_first(
+            &self.state,
+            &self.staging,
+            || self.gate.held(epoch),
+            self.stop_after,
+        )?;
         // Everything moved is durable, sled's blob files included, before the start drops.
         self.db.flush()?;
         crate::storage::sync_blobs(&self.dir)?;
@@ -291,6 +273,40 @@ impl FillStore {
         self.staging.clear()?;
         tracing::info!(%floor, records = moved, "history filled in from a peer");
         Ok(())
+    }
+}
+
+/// Copy the staged records into the state tree, newest first (keys descending, each key's
+/// versions newest first): a history read at or above the old start, which may run
+/// meanwhile, sees a key's tombstone before any older version of the key is there, so a key
+/// deleted below it never shows. Each step of [`MOVE_STEP`] records is made while `hold`'s
+/// guard is held; `stop_after` (tests) fails after that many records. How many were moved.
+fn move_newest_first<G>(
+    state: &sled::Tree,
+    staging: &sled::Tree,
+    hold: impl Fn() -> Result<G, FillError>,
+    stop_after: Option<usize>,
+) -> Result<usize, FillError> {
+    let mut moved = 0usize;
+    let mut records = staging.iter().rev();
+    loop {
+        let step: Vec<(sled::IVec, sled::IVec)> =
+            records.by_ref().take(MOVE_STEP).collect::<Result<_, _>>()?;
+        if step.is_empty() {
+            return Ok(moved);
+        }
+        let _held = hold()?;
+        for (k, v) in step {
+            if stop_after.is_some_and(|n| moved >= n) {
+                return Err(StorageError::Corrupt {
+                    what: "fill".into(),
+                    detail: "stopped (test)".into(),
+                }
+                .into());
+            }
+            state.insert(k, v)?;
+            moved += 1;
+        }
     }
 }
 
@@ -337,10 +353,14 @@ pub fn finish_interrupted(
 ) -> Result<Option<Revision>, StorageError> {
     let finished = match fill_marker(state)? {
         Some(floor) => {
-            for item in staging.iter().rev() {
-                let (k, v) = item?;
-                state.insert(k, v)?;
-            }
+            // Nothing else runs yet: no gate to hold.
+            move_newest_first(state, staging, || Ok(()), None).map_err(|e| match e {
+                FillError::Storage(e) => e,
+                other => StorageError::Corrupt {
+                    what: "history fill".into(),
+                    detail: other.to_string(),
+                },
+            })?;
             state.flush()?;
             crate::storage::sync_blobs(dir)?;
             state.insert(mvcc_store::KEY_HISTORY_START, &floor.0.to_be_bytes())?;
