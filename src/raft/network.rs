@@ -513,10 +513,14 @@ pub const MAX_ANSWER_BYTES: usize = crate::http::MAX_PEER_BODY_BYTES;
 /// Read an answer's body, refusing one longer than `cap` before it is read whole.
 async fn read_bounded(mut resp: reqwest::Response, cap: usize) -> Result<bytes::Bytes, String> {
     let too_long = |n: u64| format!("answer of {n} bytes exceeds the {cap}-byte limit");
-    if let Some(n) = resp.content_length()
-        && n > cap as u64
-    {
-        return Err(too_long(n));
+    match resp.content_length() {
+        Some(n) if n > cap as u64 => return Err(too_long(n)),
+        // A length within the cap (every answer of ours has one): hyper reads no further
+        // than it, in one buffer.
+        Some(_) => {
+            return resp.bytes().await.map_err(|e| crate::transport::cause(&e));
+        }
+        None => {}
     }
     let mut body = bytes::BytesMut::new();
     while let Some(chunk) = resp
