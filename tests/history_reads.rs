@@ -117,15 +117,16 @@ async fn a_history_read_never_sees_a_key_the_sweep_is_removing() {
     assert!(reads > 0);
     // Nothing of the deleted keys is left at or below the mark.
     let state = db.open_tree(leasecore::storage::TREE_STATE).unwrap();
-    let left = leasecore::raft::mvcc_store::range_at(
-        &state,
-        &KeyRange {
-            start: b"k".to_vec(),
-            end: Some(b"l".to_vec()),
-        },
-        Revision(u64::MAX),
-    )
-    .unwrap();
+    let left = leasecore::raft::mvcc_store::History::open(state)
+        .unwrap()
+        .range_at(
+            &KeyRange {
+                start: b"k".to_vec(),
+                end: Some(b"l".to_vec()),
+            },
+            Revision(u64::MAX),
+        )
+        .unwrap();
     assert!(left.is_empty());
 }
 

@@ -16,6 +16,7 @@
 //! - [`command`]: the Raft log vocabulary: `Command` in, `Response` and `Event` out.
 //! - [`limits`]: input validation shared by the HTTP edge and the CLI.
 //! - [`history`]: `EventHistory`, the bounded recent changes that watches read.
+//! - [`key_index`]: where every version of every key is kept (records or bases).
 //! - [`kv`]: `KvState`, the replicated key-value state machine (keys and leases).
 //! - [`lease`]: `LeaseTracker`, the leader-only lease deadlines.
 //! - [`lwlease`]: the Chockler–Malkhi light-weight lease over one read/write register.
@@ -33,6 +34,7 @@ pub mod flease;
 pub mod health;
 pub mod history;
 pub mod history_fill;
+pub mod key_index;
 pub mod kv;
 pub mod lease;
 pub mod limits;

@@ -1,21 +1,25 @@
 //! MVCC history: the layout, the encoding and the rules of the key versions kept until
 //! compaction. Pure.
 //!
-//! The store keeps two orderings in the state tree, in the same atomic batch as the rest of
-//! the applied state (the storage adapter, `raft::mvcc_store`, writes them):
-//! - **versions by key**: `v/ + escaped key + revision (u64 BE)` → the key's version at that
-//!   revision, or a tombstone. These records ARE the key-value state: the current value of a
-//!   key is its newest version (a tombstone: deleted), so an applied put costs one record, as
-//!   it did before history was kept. A range at an older revision takes, for each key, the
-//!   newest version at or below it; `prev_kv` is the version before a change. Escaping keeps
-//!   the key order (`0x00` → `0x00 0xFF`, terminator `0x00 0x01`), so a key range is a scan.
+//! The store keeps two kinds of records in the state tree, in the same atomic write as the
+//! rest of the applied state (the storage adapter, `raft::mvcc_store`, writes them), and an
+//! index of every version in memory ([`super::key_index`], etcd's `treeIndex`):
 //! - **events by batch**: `h/ + last revision of the record (u64 BE)` → every event of a run
-//!   of whole revisions of an applied batch, in order. A watch replays any span still held by
-//!   scanning from the first record whose last revision is at or above where it starts.
-//!   Records partition the revisions (none is split between two). One record per applied
-//!   batch (not per change) keeps the write path's record count down under load; a large
-//!   batch is cut into several, each small enough for sled to keep inline
+//!   of whole revisions of an applied batch, in order. An applied change is written once,
+//!   here: the index says which record holds each key's version at each revision. A watch
+//!   replays any span still held by scanning from the first record whose last revision is at
+//!   or above where it starts. Records partition the revisions (none is split between two).
+//!   One record per applied batch (not per change) keeps the write path's record count down
+//!   under load; a large batch is cut into several, each small enough for sled to keep inline
 //!   (`raft::mvcc_store::EVENT_RECORD_BYTES`).
+//! - **base versions**: `v/ + escaped key + revision (u64 BE)` → a key's version that has no
+//!   event record: a snapshot's live keys, and the versions compaction keeps once their
+//!   record goes. (Format 5 wrote one for every change too, tombstones included; such a store
+//!   reads the same.) Escaping keeps the key order (`0x00` → `0x00 0xFF`, terminator
+//!   `0x00 0x01`).
+//!
+//! A range at an older revision takes, for each key, the newest version at or below it;
+//! `prev_kv` is the version before a change.
 //!
 //! # Invariants
 //! - A request changes a key at most once (etcd's rule for transactions; a revoke deletes each
@@ -42,7 +46,7 @@ use super::types::Revision;
 
 /// Prefix of the event records (one per applied batch, or a few for a large one).
 pub const EVENT_PREFIX: &[u8] = b"h/";
-/// Prefix of the versions by key (the state itself).
+/// Prefix of the base versions (those without an event record).
 pub const INDEX_PREFIX: &[u8] = b"v/";
 /// Prefixes of storage format 2 (values under `k/`, a version index under `i/`, one JSON
 /// event per change under `h/` + revision + sub), converted when such a store is opened.
@@ -254,6 +258,67 @@ pub fn decode_events(bytes: &[u8]) -> Result<Vec<Event>, Malformed> {
     Ok(events)
 }
 
+/// Each event of a batch record as `(revision, deleted, key)`, without copying values: how
+/// the key index is rebuilt from the records when a node opens.
+pub fn skim_events(
+    bytes: &[u8],
+    mut each: impl FnMut(Revision, bool, &str),
+) -> Result<(), Malformed> {
+    pick_events(
+        bytes,
+        |revision, deleted, key| {
+            each(revision, deleted, key);
+            false
+        },
+        |_| {},
+    )
+}
+
+/// The events of a batch record that `wanted(revision, deleted, key)` picks, decoded whole
+/// and passed to `take`; the others are only skimmed (a history read wants a few versions
+/// of a record that holds hundreds).
+pub fn pick_events(
+    bytes: &[u8],
+    mut wanted: impl FnMut(Revision, bool, &str) -> bool,
+    mut take: impl FnMut(Event),
+) -> Result<(), Malformed> {
+    let mut r = Reader(bytes);
+    let count = r.u32()?;
+    for _ in 0..count {
+        let revision = Revision(r.u64()?);
+        let kind = match r.u8()? {
+            0 => EventKind::Put,
+            1 => EventKind::Delete,
+            _ => return Err(Malformed("unknown event kind")),
+        };
+        let cause = match r.u8()? {
+            0 => Cause::Client,
+            1 => Cause::LeaseExpired,
+            2 => Cause::LeaseRevoked,
+            _ => return Err(Malformed("unknown event cause")),
+        };
+        let key = r.str_ref()?;
+        if wanted(revision, kind == EventKind::Delete, key) {
+            take(Event {
+                revision,
+                kind,
+                cause,
+                key: key.to_string(),
+                value: r.opt_str()?,
+                lease: r.opt_str()?,
+                create_revision: r.opt_u64()?.map(Revision),
+                version: r.opt_u64()?,
+            });
+        } else {
+            r.skip_opt_str()?;
+            r.skip_opt_str()?;
+            r.opt_u64()?;
+            r.opt_u64()?;
+        }
+    }
+    r.end()
+}
+
 fn put_str(out: &mut Vec<u8>, s: &str) {
     out.extend_from_slice(&(s.len() as u32).to_be_bytes());
     out.extend_from_slice(s.as_bytes());
@@ -310,6 +375,19 @@ impl<'a> Reader<'a> {
     fn str(&mut self) -> Result<String, Malformed> {
         let n = self.u32()? as usize;
         String::from_utf8(self.take(n)?.to_vec()).map_err(|_| Malformed("not UTF-8"))
+    }
+
+    fn str_ref(&mut self) -> Result<&'a str, Malformed> {
+        let n = self.u32()? as usize;
+        std::str::from_utf8(self.take(n)?).map_err(|_| Malformed("not UTF-8"))
+    }
+
+    fn skip_opt_str(&mut self) -> Result<(), Malformed> {
+        if self.flag()? {
+            let n = self.u32()? as usize;
+            self.take(n)?;
+        }
+        Ok(())
     }
 
     fn flag(&mut self) -> Result<bool, Malformed> {
@@ -492,7 +570,19 @@ mod tests {
 
         #[test]
         fn events_round_trip(events in proptest::collection::vec(event(), 0..8)) {
-            prop_assert_eq!(decode_events(&encode_events(&events)), Ok(events));
+            let bytes = encode_events(&events);
+            let mut skimmed = Vec::new();
+            skim_events(&bytes, |r, deleted, k| skimmed.push((r, deleted, k.to_string()))).unwrap();
+            let expected: Vec<_> = events
+                .iter()
+                .map(|e| (e.revision, e.kind == EventKind::Delete, e.key.clone()))
+                .collect();
+            prop_assert_eq!(skimmed, expected);
+            let mut picked = Vec::new();
+            pick_events(&bytes, |r, _, _| r.0 % 2 == 0, |e| picked.push(e)).unwrap();
+            let even: Vec<Event> = events.iter().filter(|e| e.revision.0 % 2 == 0).cloned().collect();
+            prop_assert_eq!(picked, even);
+            prop_assert_eq!(decode_events(&bytes), Ok(events));
         }
 
         /// Any bytes at all decode to a value or an error, never a panic (nor a huge
@@ -500,6 +590,7 @@ mod tests {
         #[test]
         fn garbage_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..64)) {
             let _ = decode_events(&bytes);
+            let _ = skim_events(&bytes, |_, _, _| {});
             let _ = decode_version(Revision(1), &bytes);
         }
 

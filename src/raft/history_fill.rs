@@ -33,12 +33,13 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
-use super::mvcc_store;
+use super::mvcc_store::{self, LiveKeys};
+use super::state_view::{HistoryRemovals, read_unswept};
 use super::state_writes::{DirectWrites, Writes};
 use crate::domain::command::Event;
 use crate::domain::history_fill::LocalHistory;
 use crate::domain::kv::{KvState, Versioned};
-use crate::domain::mvcc::{encode_version, index_key};
+use crate::domain::mvcc::{EVENT_PREFIX, INDEX_PREFIX, encode_version, index_key};
 use crate::domain::types::Revision;
 use crate::storage::StorageError;
 
@@ -114,6 +115,10 @@ pub struct FillStore {
     pub(super) staging: sled::Tree,
     pub(super) gate: Arc<FillGate>,
     pub(super) kv: Arc<RwLock<KvState>>,
+    /// The state's history and key index.
+    pub(super) history: mvcc_store::History,
+    /// For reads of the state's history that a sweep may overlap.
+    pub(super) removals: HistoryRemovals,
     pub(super) history_start: Arc<AtomicU64>,
     /// Tests of crash recovery: move at most this many records, then fail.
     pub(super) stop_after: Option<usize>,
@@ -174,8 +179,8 @@ impl FillStore {
         Ok(())
     }
 
-    /// Stage events as the apply path records them (a version per change, and event records
-    /// of whole revisions, small: [`mvcc_store::EVENT_RECORD_BYTES`]).
+    /// Stage events as the apply path records them (event records of whole revisions, small:
+    /// [`mvcc_store::EVENT_RECORD_BYTES`]).
     pub fn stage_events(&self, epoch: u64, events: &[Event]) -> Result<(), FillError> {
         drop(self.gate.held(epoch)?);
         let mut writes = DirectWrites::new(&self.staging, None);
@@ -196,8 +201,15 @@ impl FillStore {
         }
         // At `start`, this node holds its base versions: the staged history must lead there.
         // Compared as both are read, a key at a time.
-        let mut staged = mvcc_store::live_keys(&self.staging, start);
-        let mut held = mvcc_store::live_keys(&self.state, start);
+        let staging = mvcc_store::History::open(self.staging.clone())?;
+        let mut staged = staging.live_keys(start);
+        let mut held = LiveKeys::new(|after| {
+            read_unswept(
+                &self.removals,
+                || self.kv.read().unwrap_or_else(|p| p.into_inner()),
+                || self.history.live_page(after, start, mvcc_store::LIVE_PAGE),
+            )
+        });
         let mut compared = 0usize;
         loop {
             match (staged.next().transpose()?, held.next().transpose()?) {
@@ -255,6 +267,7 @@ impl FillStore {
             &self.state,
             &self.staging,
             || self.gate.held(epoch),
+            Some(&self.history),
             self.stop_after,
         )?;
         // Everything moved is durable, sled's blob files included, before the start drops.
@@ -276,19 +289,25 @@ impl FillStore {
     }
 }
 
-/// Copy the staged records into the state tree, newest first (keys descending, each key's
-/// versions newest first): a history read at or above the old start, which may run
-/// meanwhile, sees a key's tombstone before any older version of the key is there, so a key
-/// deleted below it never shows. Each step of [`MOVE_STEP`] records is made while `hold`'s
-/// guard is held; `stop_after` (tests) fails after that many records. How many were moved.
+/// Copy the staged records into the state tree, newest first: the event records from the
+/// newest, then the base versions (each older than every event), each indexed in `history`'s
+/// key index as it is written (no index when the node is opening): a history read at or
+/// above the old start, which may run meanwhile, finds a key's tombstone in the index before
+/// any older version of the key, so a key deleted below it never shows. Each step of
+/// [`MOVE_STEP`] records is made while `hold`'s guard is held. `stop_after` (tests) fails
+/// after that many records. How many were moved.
 fn move_newest_first<G>(
     state: &sled::Tree,
     staging: &sled::Tree,
     hold: impl Fn() -> Result<G, FillError>,
+    history: Option<&mvcc_store::History>,
     stop_after: Option<usize>,
 ) -> Result<usize, FillError> {
     let mut moved = 0usize;
-    let mut records = staging.iter().rev();
+    let mut records = staging
+        .scan_prefix(EVENT_PREFIX)
+        .rev()
+        .chain(staging.scan_prefix(INDEX_PREFIX).rev());
     loop {
         let step: Vec<(sled::IVec, sled::IVec)> =
             records.by_ref().take(MOVE_STEP).collect::<Result<_, _>>()?;
@@ -296,7 +315,7 @@ fn move_newest_first<G>(
             return Ok(moved);
         }
         let _held = hold()?;
-        for (k, v) in step {
+        for (k, v) in &step {
             if stop_after.is_some_and(|n| moved >= n) {
                 return Err(StorageError::Corrupt {
                     what: "fill".into(),
@@ -305,6 +324,9 @@ fn move_newest_first<G>(
                 .into());
             }
             state.insert(k, v)?;
+            if let Some(history) = history {
+                mvcc_store::index_item(&mut history.index_mut(), k, v)?;
+            }
             moved += 1;
         }
     }
@@ -354,7 +376,7 @@ pub fn finish_interrupted(
     let finished = match fill_marker(state)? {
         Some(floor) => {
             // Nothing else runs yet: no gate to hold.
-            move_newest_first(state, staging, || Ok(()), None).map_err(|e| match e {
+            move_newest_first(state, staging, || Ok(()), None, None).map_err(|e| match e {
                 FillError::Storage(e) => e,
                 other => StorageError::Corrupt {
                     what: "history fill".into(),

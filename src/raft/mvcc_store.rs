@@ -1,36 +1,47 @@
-//! The MVCC history in sled: writes it with the state (the versions by key ARE the key-value
-//! state), loads the current state from it, reads it at past revisions, replays it to watches,
-//! and sweeps what compaction dropped. Layout, encoding and rules: [`crate::domain::mvcc`].
+//! The MVCC history in sled and its key index: writes the history with the state, loads the
+//! current state from it, reads it at past revisions, replays it to watches, and folds what
+//! compaction dropped. Layout, encoding and rules: [`crate::domain::mvcc`]; the index:
+//! [`crate::domain::key_index`].
 //!
 //! # Invariants
 //! - Everything is in the state tree, written with the rest of an applied group's state
-//!   ([`super::state_writes`]): an applied entry's versions and events are durable exactly
-//!   when the rest of its state is, and a crash never leaves one without the other.
+//!   ([`super::state_writes`]): an applied entry's events are durable exactly when the rest
+//!   of its state is, and a crash never leaves one without the other.
+//! - **An applied change is written once**, in its group's event record; the key index (in
+//!   memory, rebuilt from the tree on open: [`History::open`]) says which record holds each
+//!   version. Base versions (`v/`) are only those with no record: a snapshot's live keys,
+//!   and what compaction keeps once its record goes. (A store of format 5 also holds a base
+//!   for every version a record holds; the index prefers the base, so it reads the same.)
 //! - The history is complete above the floor, `max(compact_revision, history_start)`; the
 //!   state machine persists `history_start`. A store of format 2 (values under `k/` beside
 //!   the history) is converted when opened; its history starts again at its current state.
 //! - The sweep runs inside `apply`, a bounded number of events per call, so it never stalls a
 //!   write and never runs concurrently with a snapshot install (openraft serializes them).
-//!   It only removes versions at or below the compaction mark that a newer version at or
-//!   below the mark supersedes (or tombstones), and event records wholly at or below it:
-//!   reads at the mark or later, and watches from after it, never see a difference.
+//!   It removes event records wholly at or below the compaction mark, oldest first, and for
+//!   each key they name keeps only what compaction keeps ([`KeyIndex::plan_fold`]): the
+//!   newest version at or below the mark, written as a base when its record goes. Reads at
+//!   the mark or later, and watches from after it, never see a difference.
+//! - The index changes under the state's write lock, with the writes; a history read takes
+//!   locations from it, then reads them: a location a fold moved meanwhile is missing, and
+//!   the caller reads again ([`super::state_view::read_unswept`]).
 //!
 //! # What it must not do
 //! Decide what is kept (the domain does) or answer a read below the floor (callers check it).
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ops::Bound;
+use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use super::state_writes::Writes;
 use crate::domain::auth::KeyRange;
-use crate::domain::command::Event;
+use crate::domain::command::{Event, EventKind};
 use crate::domain::history::{Batch, KeyFilter};
+use crate::domain::key_index::{FoldEdit, KeyIndex, Loc};
 use crate::domain::kv::{KeyMap, Versioned};
 use crate::domain::mvcc::{
     EVENT_PREFIX, INDEX_PREFIX, LEGACY_PREFIXES, Malformed, decode_events, decode_version,
-    dropped_by_compaction, encode_events, encode_version, encode_version_of, event_key,
-    events_from, index_end, index_from, index_key, is_tombstone, key_versions, parse_event_key,
-    parse_index_key,
+    encode_events, encode_version, encode_version_of, event_key, events_from, index_key,
+    is_tombstone, parse_event_key, parse_index_key, pick_events, skim_events, version_of,
 };
 use crate::domain::types::Revision;
 use crate::storage::StorageError;
@@ -75,18 +86,36 @@ fn malformed(what: &'static str) -> impl Fn(Malformed) -> StorageError {
     move |e| corrupt(what, e)
 }
 
-/// Add the events of one applied batch (in log order) to `batch`: a version per change, and
-/// event records of whole revisions, each under `record_budget` bytes of keys and values
-/// unless one revision alone is larger ([`record_parts`]). sled writes an item past a
-/// quarter of its segment to a blob file it never syncs, which a power failure could lose
-/// under a durable applied mark; records under the budget stay inline.
-pub fn record(batch: &mut impl Writes, events: &[Event], record_budget: usize) {
-    for e in events {
-        batch.insert(index_key(&e.key, e.revision), encode_version_of(e));
-    }
-    for part in record_parts(events, record_budget) {
+/// Add the events of one applied batch (in log order) to `batch`: event records of whole
+/// revisions, each under `record_budget` bytes of keys and values unless one revision alone
+/// is larger ([`record_parts`]). sled writes an item past a quarter of its segment to a blob
+/// file it never syncs, which a power failure could lose under a durable applied mark;
+/// records under the budget stay inline. Returns the records written, for the index
+/// ([`index_records`]).
+pub fn record<'e>(
+    batch: &mut impl Writes,
+    events: &'e [Event],
+    record_budget: usize,
+) -> Vec<&'e [Event]> {
+    let parts = record_parts(events, record_budget);
+    for part in &parts {
         if let Some(last) = part.last() {
             batch.insert(event_key(last.revision), encode_events(part));
+        }
+    }
+    parts
+}
+
+/// Index the versions of event records written by [`record`].
+pub fn index_records(index: &mut KeyIndex, records: &[&[Event]]) {
+    for part in records {
+        let Some(last) = part.last() else { continue };
+        for e in *part {
+            let tombstone = e.kind == EventKind::Delete;
+            index.add(
+                e.key.as_bytes(),
+                Loc::in_record(e.revision, last.revision, tombstone),
+            );
         }
     }
 }
@@ -121,7 +150,7 @@ pub fn record_parts(events: &[Event], budget: usize) -> Vec<&[Event]> {
 
 /// Remove the whole history (in `batch`) and record every live key of `keys` as its base
 /// version: the state of a store that arrived whole (a snapshot, a restore, a store of an
-/// older format).
+/// older format). The index of what it leaves: [`base_index`].
 pub fn restart<'a>(
     tree: &sled::Tree,
     batch: &mut impl Writes,
@@ -145,6 +174,42 @@ pub fn restart<'a>(
     // Every record at or below `revision` is gone with the rest of the history.
     batch.insert(KEY_SWEEP_LIMIT, &revision.0.to_be_bytes());
     batch.remove(LEGACY_KEY_SWEPT);
+    Ok(())
+}
+
+/// The index of a history that [`restart`] left: one base version per live key.
+pub fn base_index<'a>(keys: impl Iterator<Item = (&'a String, &'a Versioned)>) -> KeyIndex {
+    let mut index = KeyIndex::default();
+    for (key, v) in keys {
+        index.add(key.as_bytes(), Loc::base(v.mod_revision, false));
+    }
+    index
+}
+
+/// The index of every version in `tree`: its base versions, then its event records.
+pub fn build_index(tree: &sled::Tree) -> Result<KeyIndex, StorageError> {
+    let mut index = KeyIndex::default();
+    for prefix in [INDEX_PREFIX, EVENT_PREFIX] {
+        for item in tree.scan_prefix(prefix) {
+            let (k, v) = item?;
+            index_item(&mut index, &k, &v)?;
+        }
+    }
+    Ok(index)
+}
+
+/// Index one item of a history: a base version, or the versions of an event record (any
+/// other item is not history: nothing).
+pub fn index_item(index: &mut KeyIndex, k: &[u8], v: &[u8]) -> Result<(), StorageError> {
+    if k.starts_with(INDEX_PREFIX) {
+        let (key, rev) = parse_index_key(k).ok_or_else(|| corrupt("version", "bad key"))?;
+        index.add(key.as_bytes(), Loc::base(rev, is_tombstone(v)));
+    } else if let Some(record) = parse_event_key(k) {
+        skim_events(v, |rev, deleted, key| {
+            index.add(key.as_bytes(), Loc::in_record(rev, record, deleted));
+        })
+        .map_err(malformed("history event"))?;
+    }
     Ok(())
 }
 
@@ -181,18 +246,6 @@ pub fn replay_onto(
     Ok((base, replayed))
 }
 
-/// The live keys as the versions say (the newest version of each key, unless a tombstone):
-/// the whole range at the highest revision.
-pub fn load(tree: &sled::Tree) -> Result<KeyMap, StorageError> {
-    let everything = KeyRange {
-        start: Vec::new(),
-        end: None,
-    };
-    Ok(range_at(tree, &everything, Revision(u64::MAX))?
-        .into_iter()
-        .collect())
-}
-
 /// Whether the tree holds a store of format 2 (values under `k/`, an index under `i/`).
 pub fn is_legacy(tree: &sled::Tree) -> Result<bool, StorageError> {
     for prefix in LEGACY_PREFIXES {
@@ -223,151 +276,310 @@ pub fn sweep_limit(tree: &sled::Tree) -> Result<Option<Revision>, StorageError> 
     read_revision(tree, KEY_SWEEP_LIMIT)
 }
 
-/// The live keys of `range` as they were at `revision` (at or above the floor), in key order.
-pub fn range_at(
-    tree: &sled::Tree,
-    range: &KeyRange,
-    revision: Revision,
-) -> Result<Vec<(String, Versioned)>, StorageError> {
-    let end = range.end.as_ref().map_or_else(index_end, |e| index_from(e));
-    let start = index_from(&range.start);
-    LiveKeys::new(
-        tree,
-        (Bound::Included(start), Bound::Excluded(end)),
-        revision,
-    )
-    .collect()
+/// Live keys read per look at the index by the paged reads ([`LiveKeys`]).
+pub const LIVE_PAGE: usize = 1_024;
+
+/// A history: the state tree and the index of its versions.
+#[derive(Clone)]
+pub struct History {
+    pub tree: sled::Tree,
+    index: Arc<RwLock<KeyIndex>>,
 }
 
-/// Every live key at `revision`, in key order, read as it is consumed (memory: one key's
-/// versions at a time).
-pub fn live_keys(tree: &sled::Tree, revision: Revision) -> LiveKeys {
-    let bounds = (
-        Bound::Included(INDEX_PREFIX.to_vec()),
-        Bound::Excluded(index_end()),
-    );
-    LiveKeys::new(tree, bounds, revision)
+/// One step of the sweep ([`History::sweep`]).
+#[derive(Debug, Default)]
+pub struct Swept {
+    /// Whether records at or below the mark are left.
+    pub more: bool,
+    /// The index's changes, to make with the step's writes ([`History::apply_folds`]).
+    pub folds: Vec<(Box<[u8]>, FoldEdit)>,
+    /// Whether the step removes anything.
+    pub removes: bool,
 }
 
-/// A page of the live keys at `revision`, in key order: those after `after` (from the first
-/// key when `None`), at most `limit` of them, ended early once their keys and values pass
-/// `max_bytes`. `true` with it: no live key comes after the page.
-pub fn range_page(
-    tree: &sled::Tree,
-    after: Option<&str>,
-    revision: Revision,
-    limit: usize,
-    max_bytes: usize,
-) -> Result<(Vec<(String, Versioned)>, bool), StorageError> {
-    let start = match after {
-        // Past every version of `after` (its own revisions sort below this).
-        Some(key) => Bound::Excluded(index_key(key, Revision(u64::MAX))),
-        None => Bound::Included(INDEX_PREFIX.to_vec()),
-    };
-    let mut page = Vec::new();
-    let mut bytes = 0usize;
-    for item in LiveKeys::new(tree, (start, Bound::Excluded(index_end())), revision) {
-        let (k, v) = item?;
-        bytes = bytes.saturating_add(k.len() + v.value.len());
-        page.push((k, v));
-        if page.len() >= limit || bytes >= max_bytes {
-            return Ok((page, false));
+impl History {
+    /// The history in `tree`, its index rebuilt from it.
+    pub fn open(tree: sled::Tree) -> Result<Self, StorageError> {
+        let index = build_index(&tree)?;
+        Ok(History {
+            tree,
+            index: Arc::new(RwLock::new(index)),
+        })
+    }
+
+    /// The index, to change with the writes that make the change.
+    pub fn index_mut(&self) -> RwLockWriteGuard<'_, KeyIndex> {
+        self.index.write().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn index(&self) -> RwLockReadGuard<'_, KeyIndex> {
+        self.index.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// How many versions the index holds.
+    pub fn versions(&self) -> usize {
+        self.index().versions()
+    }
+
+    /// The live keys as the versions say: the whole range at the highest revision.
+    pub fn load(&self) -> Result<KeyMap, StorageError> {
+        self.live_keys(Revision(u64::MAX)).collect()
+    }
+
+    /// The live keys of `range` as they were at `revision` (at or above the floor), in key
+    /// order.
+    pub fn range_at(
+        &self,
+        range: &KeyRange,
+        revision: Revision,
+    ) -> Result<Vec<(String, Versioned)>, StorageError> {
+        let end = range
+            .end
+            .as_deref()
+            .map_or(Bound::Unbounded, Bound::Excluded);
+        let locs = self
+            .index()
+            .live_at(Bound::Included(&range.start), end, revision, usize::MAX);
+        self.read_locs(locs)
+    }
+
+    /// At most `limit` live keys at `revision`, after `after` (from the first when `None`).
+    pub fn live_page(
+        &self,
+        after: Option<&str>,
+        revision: Revision,
+        limit: usize,
+    ) -> Result<Vec<(String, Versioned)>, StorageError> {
+        let start = after.map_or(Bound::Unbounded, |a| Bound::Excluded(a.as_bytes()));
+        let locs = self
+            .index()
+            .live_at(start, Bound::Unbounded, revision, limit);
+        self.read_locs(locs)
+    }
+
+    /// Every live key at `revision`, in key order, read a page at a time as it is consumed.
+    pub fn live_keys(&self, revision: Revision) -> LiveKeys<'_> {
+        LiveKeys::new(move |after| self.live_page(after, revision, LIVE_PAGE))
+    }
+
+    /// A page of the live keys at `revision`, in key order: those after `after` (from the
+    /// first key when `None`), at most `limit` of them, ended early once their keys and
+    /// values pass `max_bytes`. `true` with it: no live key comes after the page.
+    pub fn range_page(
+        &self,
+        after: Option<&str>,
+        revision: Revision,
+        limit: usize,
+        max_bytes: usize,
+    ) -> Result<(Vec<(String, Versioned)>, bool), StorageError> {
+        let mut page = self.live_page(after, revision, limit)?;
+        let mut bytes = 0usize;
+        for (i, (k, v)) in page.iter().enumerate() {
+            bytes = bytes.saturating_add(k.len() + v.value.len());
+            if bytes >= max_bytes && i + 1 < page.len() {
+                page.truncate(i + 1);
+                return Ok((page, false));
+            }
+        }
+        let done = page.len() < limit && bytes < max_bytes;
+        Ok((page, done))
+    }
+
+    /// The version of `key` before the change at `revision` (`prev_kv`), if it was live.
+    pub fn version_before(
+        &self,
+        key: &str,
+        revision: Revision,
+    ) -> Result<Option<Versioned>, StorageError> {
+        let Some(loc) = self.index().before(key.as_bytes(), revision) else {
+            return Ok(None);
+        };
+        if loc.tombstone {
+            return Ok(None);
+        }
+        let mut read = self.read_locs(vec![(key.as_bytes().into(), loc)])?;
+        Ok(read.pop().map(|(_, v)| v))
+    }
+
+    /// The versions at `locs` (live ones), in the same order. A location that is not there
+    /// (a fold moved it after it was taken) is an error: the caller reads again.
+    fn read_locs(
+        &self,
+        locs: Vec<(Box<[u8]>, Loc)>,
+    ) -> Result<Vec<(String, Versioned)>, StorageError> {
+        let moved = || corrupt("version", "not where the index says (moved by compaction?)");
+        // Each record is read and decoded once, however many of its versions are asked for.
+        // Record -> revision -> the slots wanted from it (a revision changes several keys
+        // in a transaction).
+        let mut wanted: BTreeMap<Revision, HashMap<Revision, Vec<usize>>> = BTreeMap::new();
+        let mut out: Vec<Option<(String, Versioned)>> = vec![None; locs.len()];
+        for (i, (key, loc)) in locs.iter().enumerate() {
+            let name =
+                String::from_utf8(key.to_vec()).map_err(|e| corrupt("version", e.to_string()))?;
+            match loc.record() {
+                Some(record) => {
+                    wanted
+                        .entry(record)
+                        .or_default()
+                        .entry(loc.revision)
+                        .or_default()
+                        .push(i);
+                }
+                None => {
+                    let bytes = self
+                        .tree
+                        .get(index_key(&name, loc.revision))?
+                        .ok_or_else(moved)?;
+                    if let Some(v) =
+                        decode_version(loc.revision, &bytes).map_err(malformed("version"))?
+                    {
+                        out[i] = Some((name, v));
+                    }
+                }
+            }
+        }
+        for (record, mut slots) in wanted {
+            let bytes = self.tree.get(event_key(record))?.ok_or_else(moved)?;
+            // Only the wanted events are decoded whole.
+            let picked = std::cell::Cell::new(0usize);
+            pick_events(
+                &bytes,
+                |revision, _, key| {
+                    let Some(at) = slots.get_mut(&revision) else {
+                        return false;
+                    };
+                    match at.iter().position(|&i| *locs[i].0 == *key.as_bytes()) {
+                        Some(j) => {
+                            picked.set(at.swap_remove(j));
+                            true
+                        }
+                        None => false,
+                    }
+                },
+                |e| {
+                    out[picked.get()] = version_of(&e).map(|v| (e.key, v));
+                },
+            )
+            .map_err(malformed("history event"))?;
+            if slots.values().any(|left| !left.is_empty()) {
+                return Err(moved());
+            }
+        }
+        Ok(out.into_iter().flatten().collect())
+    }
+
+    /// One bounded step of the sweep towards `compact` (in `batch`): takes the event records
+    /// wholly at or below it, oldest first, until `budget` events are looked at; for each key
+    /// they name, keeps only what compaction keeps (a base written for a kept version whose
+    /// record goes, superseded bases removed); then removes the records. The index is changed
+    /// by the caller with the writes ([`History::apply_folds`]).
+    pub fn sweep(
+        &self,
+        batch: &mut impl Writes,
+        compact: Revision,
+        budget: usize,
+    ) -> Result<Swept, StorageError> {
+        let index = self.index();
+        let mut step = Swept::default();
+        let mut seen = 0;
+        for item in self.tree.range(EVENT_PREFIX.to_vec()..=event_key(compact)) {
+            let (k, v) = item?;
+            if seen >= budget {
+                step.more = true;
+                return Ok(step);
+            }
+            let record = parse_event_key(&k).ok_or_else(|| corrupt("history event", "bad key"))?;
+            let events = decode_events(&v).map_err(malformed("history event"))?;
+            seen += events.len().max(1);
+            // Planned against the index as it was before this step: a key in two records of
+            // one step is planned twice, the later record's plan last (and right).
+            let mut planned: HashSet<&str> = HashSet::new();
+            for e in &events {
+                if !planned.insert(&e.key) {
+                    continue;
+                }
+                let plan = index.plan_fold(e.key.as_bytes(), compact, record);
+                for dropped in plan.drop_bases {
+                    batch.remove(index_key(&e.key, dropped));
+                }
+                if let Some(kept) = plan.write_base {
+                    let version = events
+                        .iter()
+                        .find(|x| x.revision == kept && x.key == e.key)
+                        .ok_or_else(|| {
+                            corrupt(
+                                "history event",
+                                "a version the index places in it is missing",
+                            )
+                        })?;
+                    batch.insert(index_key(&e.key, kept), encode_version_of(version));
+                }
+                step.folds.push((e.key.as_bytes().into(), plan.edit));
+            }
+            batch.remove(k);
+            step.removes = true;
+        }
+        Ok(step)
+    }
+
+    /// Make a sweep step's changes to the index (with its writes, under the state's lock).
+    pub fn apply_folds(&self, folds: Vec<(Box<[u8]>, FoldEdit)>) {
+        if folds.is_empty() {
+            return;
+        }
+        let mut index = self.index_mut();
+        for (key, edit) in folds {
+            index.apply_fold(&key, edit);
         }
     }
-    Ok((page, true))
 }
 
-/// The live keys at a revision among the versions in a range of the tree, in key order: for
-/// each key, its newest version at or below the revision, unless that is a tombstone.
-pub struct LiveKeys {
-    versions: sled::Iter,
-    revision: Revision,
-    /// The key being scanned, and its newest version at or below the revision so far.
-    current: Option<String>,
-    best: Option<(String, Revision, sled::IVec)>,
+/// Live keys and their versions, in key order.
+pub type KeyPage = Vec<(String, Versioned)>;
+/// Reads the page of live keys after a key (from the first when `None`).
+type PageReader<'a> = Box<dyn FnMut(Option<&str>) -> Result<KeyPage, StorageError> + 'a>;
+
+/// The live keys at a revision, in key order, read a page at a time through `page` (which
+/// takes the last key read).
+pub struct LiveKeys<'a> {
+    page: PageReader<'a>,
+    buffered: std::vec::IntoIter<(String, Versioned)>,
+    after: Option<String>,
     done: bool,
 }
 
-impl LiveKeys {
-    fn new(
-        tree: &sled::Tree,
-        bounds: (Bound<Vec<u8>>, Bound<Vec<u8>>),
-        revision: Revision,
-    ) -> Self {
+impl<'a> LiveKeys<'a> {
+    pub fn new(page: impl FnMut(Option<&str>) -> Result<KeyPage, StorageError> + 'a) -> Self {
         LiveKeys {
-            versions: tree.range(bounds),
-            revision,
-            current: None,
-            best: None,
+            page: Box::new(page),
+            buffered: Vec::new().into_iter(),
+            after: None,
             done: false,
         }
     }
-
-    fn fail(&mut self, e: StorageError) -> Option<Result<(String, Versioned), StorageError>> {
-        self.done = true;
-        Some(Err(e))
-    }
 }
 
-/// A key's newest version, if it is live.
-fn live(
-    (key, rev, bytes): (String, Revision, sled::IVec),
-) -> Option<Result<(String, Versioned), StorageError>> {
-    match decode_version(rev, &bytes) {
-        Ok(version) => version.map(|v| Ok((key, v))),
-        Err(e) => Some(Err(malformed("version")(e))),
-    }
-}
-
-impl Iterator for LiveKeys {
+impl Iterator for LiveKeys<'_> {
     type Item = Result<(String, Versioned), StorageError>;
 
     fn next(&mut self) -> Option<Self::Item> {
-        while !self.done {
-            let Some(item) = self.versions.next() else {
-                self.done = true;
-                return self.best.take().and_then(live);
-            };
-            let (k, v) = match item {
-                Ok(kv) => kv,
-                Err(e) => return self.fail(e.into()),
-            };
-            let Some((key, rev)) = parse_index_key(&k) else {
-                return self.fail(corrupt("version", "bad key"));
-            };
-            // A new key: the one before it is complete.
-            let finished = if self.current.as_deref() != Some(key.as_str()) {
-                self.current = Some(key.clone());
-                self.best.take()
-            } else {
-                None
-            };
-            if rev <= self.revision {
-                self.best = Some((key, rev, v));
+        loop {
+            if let Some((k, v)) = self.buffered.next() {
+                self.after = Some(k.clone());
+                return Some(Ok((k, v)));
             }
-            if let Some(out) = finished.and_then(live) {
-                return Some(out);
+            if self.done {
+                return None;
+            }
+            match (self.page)(self.after.as_deref()) {
+                Ok(page) if page.is_empty() => self.done = true,
+                Ok(page) => self.buffered = page.into_iter(),
+                Err(e) => {
+                    self.done = true;
+                    return Some(Err(e));
+                }
             }
         }
-        None
-    }
-}
-
-/// The version of `key` before the change at `revision` (`prev_kv`), if it was live.
-pub fn version_before(
-    tree: &sled::Tree,
-    key: &str,
-    revision: Revision,
-) -> Result<Option<Versioned>, StorageError> {
-    let from = key_versions(key);
-    let to = index_key(key, revision);
-    match tree.range(from..to).next_back() {
-        Some(item) => {
-            let (k, v) = item?;
-            let (_, rev) = parse_index_key(&k).ok_or_else(|| corrupt("version", "bad key"))?;
-            decode_version(rev, &v).map_err(malformed("version"))
-        }
-        None => Ok(None),
     }
 }
 
@@ -421,46 +633,6 @@ pub fn events_page(
         }
     }
     Ok(Batch { events, through })
-}
-
-/// One bounded step of the sweep towards `compact` (in `batch`): takes the event records
-/// wholly at or below it, oldest first, until `budget` events are looked at; for each key
-/// they name, drops the versions at or below the mark that compaction does not keep; then
-/// drops the records. Returns whether anything is left.
-pub fn sweep(
-    tree: &sled::Tree,
-    batch: &mut impl Writes,
-    compact: Revision,
-    budget: usize,
-) -> Result<bool, StorageError> {
-    let mut seen = 0;
-    // Keys already swept in this step (the batch's removals are not visible to reads yet).
-    let mut swept: HashSet<String> = HashSet::new();
-    for item in tree.range(EVENT_PREFIX.to_vec()..=event_key(compact)) {
-        let (k, v) = item?;
-        if seen >= budget {
-            return Ok(true);
-        }
-        let events = decode_events(&v).map_err(malformed("history event"))?;
-        seen += events.len().max(1);
-        for e in events {
-            if !swept.insert(e.key.clone()) {
-                continue;
-            }
-            let mut versions = Vec::new();
-            let mut tombstones = Vec::new();
-            for version in tree.range(key_versions(&e.key)..=index_key(&e.key, compact)) {
-                let (vk, vv) = version?;
-                tombstones.push(is_tombstone(&vv));
-                versions.push(vk);
-            }
-            for i in dropped_by_compaction(&tombstones) {
-                batch.remove(versions[i].clone());
-            }
-        }
-        batch.remove(k);
-    }
-    Ok(false)
 }
 
 #[cfg(test)]
@@ -545,12 +717,30 @@ mod tests {
 
     /// Record `events` as applied batches of `chunk` requests each: event records of at most
     /// `budget` bytes per batch (one per batch when the budget is large).
-    fn record_in_batches(t: &sled::Tree, events: &[Event], chunk: usize, budget: usize) {
+    fn record_in_batches(h: &History, events: &[Event], chunk: usize, budget: usize) {
         for part in events.chunks(chunk) {
             let mut b = sled::Batch::default();
-            record(&mut b, part, budget);
-            t.apply_batch(b).unwrap();
+            let records = record(&mut b, part, budget);
+            h.tree.apply_batch(b).unwrap();
+            index_records(&mut h.index_mut(), &records);
         }
+    }
+
+    /// Sweep towards `compact` in steps of `budget` events until nothing is left.
+    fn sweep_all(h: &History, compact: Revision, budget: usize) {
+        loop {
+            let mut b = sled::Batch::default();
+            let step = h.sweep(&mut b, compact, budget).unwrap();
+            h.tree.apply_batch(b).unwrap();
+            h.apply_folds(step.folds);
+            if !step.more {
+                break;
+            }
+        }
+    }
+
+    fn history_in(t: &sled::Tree) -> History {
+        History::open(t.clone()).unwrap()
     }
 
     fn all() -> KeyRange {
@@ -576,41 +766,57 @@ mod tests {
             budget in 1usize..6,
             chunk in 1usize..5,
             record_budget in prop_oneof![Just(usize::MAX), 60usize..200],
+            format_5 in proptest::bool::ANY,
         ) {
             let t = tree();
+            let mut h = history_in(&t);
             let (events, states) = history(&ops);
-            record_in_batches(&t, &events, chunk, record_budget);
-            prop_assert_eq!(load(&t).unwrap(), states[ops.len()].clone());
+            record_in_batches(&h, &events, chunk, record_budget);
+            if format_5 {
+                // A store of format 5 also holds a base version for every event; this build
+                // opens it and reads, compacts and sweeps it the same.
+                for e in &events {
+                    t.insert(index_key(&e.key, e.revision), encode_version_of(e)).unwrap();
+                }
+                h = history_in(&t);
+            }
+            prop_assert_eq!(h.load().unwrap(), states[ops.len()].clone());
             let top = Revision(ops.len() as u64);
             let mut marks: Vec<u64> = marks.iter().map(|m| (*m as u64).min(top.0)).collect();
             marks.sort();
             for &c in &marks {
                 let c = Revision(c);
-                loop {
-                    let mut b = sled::Batch::default();
-                    let more = sweep(&t, &mut b, c, budget).unwrap();
-                    t.apply_batch(b).unwrap();
-                    if !more { break; }
-                }
+                sweep_all(&h, c, budget);
+                // The index rebuilt from the tree (a restart) reads the same as the one kept.
+                let reopened = history_in(&t);
                 for r in c.0..=top.0 {
-                    prop_assert_eq!(range_at(&t, &all(), Revision(r)).unwrap(), live(&states[r as usize]));
+                    prop_assert_eq!(h.range_at(&all(), Revision(r)).unwrap(), live(&states[r as usize]));
+                    prop_assert_eq!(reopened.range_at(&all(), Revision(r)).unwrap(), live(&states[r as usize]));
+                }
+                for r in c.0 + 1..=top.0 {
+                    for k in 0u8..4 {
+                        let key = format!("k{k}");
+                        let want = states[r as usize - 1].get(&key).cloned();
+                        prop_assert_eq!(h.version_before(&key, Revision(r)).unwrap(), want);
+                    }
                 }
                 let replay = events_since(&t, c.next(), top, &KeyFilter::Prefix(String::new()), usize::MAX).unwrap();
                 prop_assert_eq!(&replay.events[..], &events[c.0 as usize..]);
             }
             // The state is untouched, and what reads need is all that is left below the last
             // mark: no event record wholly at or below it.
-            prop_assert_eq!(load(&t).unwrap(), states[ops.len()].clone());
+            prop_assert_eq!(h.load().unwrap(), states[ops.len()].clone());
             let last = *marks.last().unwrap();
             prop_assert!(t.scan_prefix(EVENT_PREFIX).all(|r| parse_event_key(&r.unwrap().0).unwrap().0 > last));
-            // Below the last batch wholly at or below it (one revision per request here), at
-            // most one version per key: the ones live there.
-            let swept = last / chunk as u64 * chunk as u64;
-            let old = t
+            // Base versions only for what compaction kept: at most one per key, none for
+            // the changes whose records are still there.
+            let mut bases: Vec<String> = t
                 .scan_prefix(INDEX_PREFIX)
-                .filter(|r| parse_index_key(&r.as_ref().unwrap().0).unwrap().1.0 <= swept)
-                .count();
-            prop_assert!(old <= states[swept as usize].len(), "{old} versions at or below {swept}");
+                .map(|r| parse_index_key(&r.unwrap().0).unwrap().0)
+                .collect();
+            let all_bases = bases.len();
+            bases.dedup();
+            prop_assert!(format_5 || bases.len() == all_bases, "two base versions of a key");
         }
     }
 
@@ -627,17 +833,13 @@ mod tests {
             chunk in 1usize..5,
         ) {
             let t = tree();
+            let h = history_in(&t);
             let (events, states) = history(&ops);
-            record_in_batches(&t, &events, chunk, usize::MAX);
+            record_in_batches(&h, &events, chunk, usize::MAX);
             let top = ops.len();
             let swept_to = swept_to.min(top);
             let snapshot_at = snapshot_at.clamp(swept_to, top);
-            loop {
-                let mut b = sled::Batch::default();
-                let more = sweep(&t, &mut b, Revision(swept_to as u64), 3).unwrap();
-                t.apply_batch(b).unwrap();
-                if !more { break; }
-            }
+            sweep_all(&h, Revision(swept_to as u64), 3);
             let (keys, replayed) = replay_onto(
                 &t,
                 states[snapshot_at].clone(),
@@ -645,7 +847,7 @@ mod tests {
                 Revision(top as u64),
             ).unwrap();
             prop_assert_eq!(replayed, top - snapshot_at);
-            prop_assert_eq!(&keys, &load(&t).unwrap());
+            prop_assert_eq!(&keys, &h.load().unwrap());
             prop_assert_eq!(&keys, &states[top]);
         }
     }
@@ -663,13 +865,14 @@ mod tests {
             max_bytes in 1usize..40,
         ) {
             let t = tree();
+            let h = history_in(&t);
             let (events, states) = history(&ops);
-            record_in_batches(&t, &events, 3, 100);
+            record_in_batches(&h, &events, 3, 100);
             let at = at.min(ops.len());
             let mut after: Option<String> = None;
             let mut pages = Vec::new();
             for _ in 0..=states[at].len() + 1 {
-                let (page, done) = range_page(&t, after.as_deref(), Revision(at as u64), limit, max_bytes).unwrap();
+                let (page, done) = h.range_page(after.as_deref(), Revision(at as u64), limit, max_bytes).unwrap();
                 prop_assert!(page.len() <= limit);
                 after = page.last().map(|(k, _)| k.clone()).or(after);
                 pages.extend(page);
@@ -682,18 +885,22 @@ mod tests {
     #[test]
     fn prev_version_and_a_restarted_history() {
         let t = tree();
+        let h = history_in(&t);
         let (events, states) = history(&[(1, false), (1, false), (2, false), (1, true)]);
-        let mut b = sled::Batch::default();
-        record(&mut b, &events, usize::MAX);
-        t.apply_batch(b).unwrap();
-        let prev = version_before(&t, "k1", Revision(2)).unwrap().unwrap();
+        record_in_batches(&h, &events, events.len(), usize::MAX);
+        let prev = h.version_before("k1", Revision(2)).unwrap().unwrap();
         assert_eq!(prev.value, "v0");
-        assert_eq!(version_before(&t, "k1", Revision(1)).unwrap(), None);
+        assert_eq!(h.version_before("k1", Revision(1)).unwrap(), None);
         // A snapshot's state replaces the history: reads at its revision still answer.
         let mut b = sled::Batch::default();
         restart(&t, &mut b, states[3].iter(), Revision(3)).unwrap();
         t.apply_batch(b).unwrap();
-        assert_eq!(range_at(&t, &all(), Revision(3)).unwrap(), live(&states[3]));
+        *h.index_mut() = base_index(states[3].iter());
+        assert_eq!(h.range_at(&all(), Revision(3)).unwrap(), live(&states[3]));
+        assert_eq!(
+            history_in(&t).range_at(&all(), Revision(3)).unwrap(),
+            live(&states[3])
+        );
         assert_eq!(history_start(&t).unwrap(), Some(Revision(3)));
     }
 

@@ -181,6 +181,8 @@ pub struct StateMachine {
     history_start: Arc<AtomicU64>,
     /// Announces removals of history records to the views' history reads.
     removals: HistoryRemovals,
+    /// The history and its key index (shared with the views and the fill).
+    history: mvcc_store::History,
     /// Shared with the history fill ([`history_fill`]).
     fill_gate: Arc<history_fill::FillGate>,
     fill_staging: sled::Tree,
@@ -240,6 +242,8 @@ impl StateMachine {
         history_fill::FillStore {
             db: self.db.clone(),
             state: self.state.clone(),
+            history: self.history.clone(),
+            removals: self.removals.clone(),
             staging: self.fill_staging.clone(),
             gate: self.fill_gate.clone(),
             kv: self.kv.clone(),
@@ -319,6 +323,7 @@ impl StateMachine {
         // A store of an older format (values under `k/`; format 1 without history, format 2
         // with it) is converted: its values become the base versions, its history starts here.
         let stored_start = mvcc_store::history_start(&state)?;
+        let history = mvcc_store::History::open(state.clone())?;
         let on_disk = read_snapshot_state(&snapshots);
         let snapshot_revision = on_disk.as_ref().map_or(Revision(0), |kv| kv.revision);
         // What the sweep may have removed: a store from before the limit was kept swept
@@ -326,7 +331,7 @@ impl StateMachine {
         let mut sweep_limit = mvcc_store::sweep_limit(&state)?.unwrap_or(compact_revision);
         let (keys, history_start) = match stored_start {
             Some(start) if !mvcc_store::is_legacy(&state)? => {
-                let keys = load_keys(&state, on_disk, start.max(sweep_limit), revision)?;
+                let keys = load_keys(&history, on_disk, start.max(sweep_limit), revision)?;
                 (keys, start)
             }
             _ => {
@@ -336,6 +341,7 @@ impl StateMachine {
                 batch.remove(KEY_INTENT);
                 state.apply_batch(batch)?;
                 state.flush()?;
+                *history.index_mut() = mvcc_store::base_index(keys.iter());
                 sweep_limit = sweep_limit.max(revision);
                 tracing::info!(%revision, "MVCC history starts at the current revision");
                 (keys.into_iter().collect(), revision)
@@ -361,7 +367,7 @@ impl StateMachine {
         let view = StateView {
             kv: kv.clone(),
             applied: applied_rx,
-            tree: state.clone(),
+            history: history.clone(),
             history_start: history_start.clone(),
             removals: removals.clone(),
         };
@@ -376,6 +382,7 @@ impl StateMachine {
             observer,
             history_start,
             removals,
+            history,
             fill_gate: Arc::default(),
             fill_staging: staging,
             snapshot_revision: Arc::new(AtomicU64::new(snapshot_revision.0)),
@@ -446,7 +453,7 @@ fn read_snapshot_state(file: &SnapshotFile) -> Option<KvSnapshot> {
 // The wall clock times a log line only; nothing is decided by it.
 #[allow(clippy::disallowed_methods)]
 fn load_keys(
-    state: &sled::Tree,
+    history: &mvcc_store::History,
     on_disk: Option<KvSnapshot>,
     floor: Revision,
     revision: Revision,
@@ -455,7 +462,8 @@ fn load_keys(
     match on_disk {
         Some(snap) if snap.revision >= floor && snap.revision <= revision => {
             let base = snap.revision;
-            let (keys, replayed) = mvcc_store::replay_onto(state, snap.keys, base, revision)?;
+            let (keys, replayed) =
+                mvcc_store::replay_onto(&history.tree, snap.keys, base, revision)?;
             tracing::info!(
                 keys = keys.len(),
                 snapshot_revision = %base,
@@ -467,7 +475,7 @@ fn load_keys(
             Ok(keys)
         }
         other => {
-            let keys = mvcc_store::load(state)?;
+            let keys = history.load()?;
             tracing::info!(
                 keys = keys.len(),
                 %revision,
@@ -672,23 +680,18 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             }
             let revision = kv.revision();
             // The events are the key changes: each becomes the key's new version.
-            mvcc_store::record(&mut batch, &events, mvcc_store::EVENT_RECORD_BYTES);
+            let records = mvcc_store::record(&mut batch, &events, mvcc_store::EVENT_RECORD_BYTES);
             // Not past the snapshot on disk: the records after it are what a restart replays.
             let on_disk = Revision(self.snapshot_revision.load(Ordering::Acquire));
             let sweep_to = kv.compact_revision().min(on_disk);
-            let unswept = batch.len();
             // Not while a fill's records move in (`history_fill`).
-            if sweep_to > Revision(0) && !self.fill_gate.sweep_frozen() {
-                mvcc_store::sweep(
-                    &self.state,
-                    &mut batch,
-                    sweep_to,
-                    mvcc_store::sweep_budget(events.len()),
-                )
-                .map_err(write_err)?;
-            }
-            // Whether this group removes history records (the marks below are always added).
-            let swept = batch.len() > unswept;
+            let swept = if sweep_to > Revision(0) && !self.fill_gate.sweep_frozen() {
+                self.history
+                    .sweep(&mut batch, sweep_to, mvcc_store::sweep_budget(events.len()))
+                    .map_err(write_err)?
+            } else {
+                mvcc_store::Swept::default()
+            };
             let sweep_limit = sweep_to.max(self.written.sweep_limit);
             if sweep_limit != self.written.sweep_limit {
                 batch.insert(mvcc_store::KEY_SWEEP_LIMIT, &sweep_limit.0.to_be_bytes());
@@ -712,10 +715,14 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             // Not flushed here: the log holds every applied entry durably (a purge flushes sled
             // before it removes any), and sled recovers a prefix of writes, so a lost tail is
             // re-applied from the log on restart.
-            let sweeping = swept.then(|| self.removals.begin());
+            // The window covers the index's change too: a history read that took a location
+            // the fold moves reads again.
+            let sweeping = swept.removes.then(|| self.removals.begin());
             batch
                 .persist(&self.state, self.inline_limit, self.stop_writes_after)
                 .map_err(write_err)?;
+            mvcc_store::index_records(&mut self.history.index_mut(), &records);
+            self.history.apply_folds(swept.folds);
             drop(sweeping);
             self.written = Written {
                 compact,
@@ -809,6 +816,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
 
         // The tracker (if this node leads, which it does not while installing) re-learns every
         // lease at its next promote; the watch hub learns that history before `revision` is gone.
+        let index = mvcc_store::base_index(kv.keys.iter());
         let installed = KvState::from_snapshot(kv);
         let lease_clock_ms = installed.lease_clock_ms();
         {
@@ -820,6 +828,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                 sweep_limit: revision,
             };
             *kv = installed;
+            *self.history.index_mut() = index;
             self.history_start.store(revision.0, Ordering::Release);
         }
         self.db.flush_async().await.map_err(write_err)?;

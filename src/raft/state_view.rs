@@ -35,8 +35,8 @@ use crate::domain::types::Revision;
 pub struct StateView {
     pub(super) kv: Arc<RwLock<KvState>>,
     pub(super) applied: watch::Receiver<AppliedMark>,
-    /// The state tree, for the MVCC history (`mvcc_store`).
-    pub(super) tree: sled::Tree,
+    /// The MVCC history and its key index (`mvcc_store`).
+    pub(super) history: mvcc_store::History,
     /// Where this node's history begins (changed only with the state, under its write lock).
     pub(super) history_start: Arc<AtomicU64>,
     /// The state machine's removals of history records, for [`read_unswept`].
@@ -98,9 +98,11 @@ pub fn read_unswept<T, E, G>(
             let _held = quiesce();
             removals.stamp()
         };
-        let out = read()?;
+        // An overlapped run's answer is dropped, an error too: a location a fold moved
+        // meanwhile is missing.
+        let out = read();
         if removals.stamp() == before {
-            return Ok(out);
+            return out;
         }
     }
     let _held = quiesce();
@@ -225,9 +227,11 @@ impl StateView {
         let kvs = read_unswept(
             &self.removals,
             || self.kv.read().unwrap_or_else(|p| p.into_inner()),
-            || mvcc_store::range_at(&self.tree, range, revision),
-        )?;
+            || self.history.range_at(range, revision),
+        );
+        // An install meanwhile rewrote the history: `compacted`, not the failed read.
         self.still_held(revision, true)?;
+        let kvs = kvs?;
         Ok((current, kvs))
     }
 
@@ -237,7 +241,7 @@ impl StateView {
         let prev = read_unswept(
             &self.removals,
             || self.kv.read().unwrap_or_else(|p| p.into_inner()),
-            || mvcc_store::version_before(&self.tree, key, revision),
+            || self.history.version_before(key, revision),
         )
         .ok()?;
         self.still_held(Revision(revision.0.saturating_sub(1)), true)
@@ -296,12 +300,13 @@ impl StateView {
             return Err(HistoryError::Future { revision, current });
         }
         let limit = limit.clamp(1, MAX_PAGE_ITEMS);
-        let (keys, done) = read_unswept(
+        let page = read_unswept(
             &self.removals,
             || self.kv.read().unwrap_or_else(|p| p.into_inner()),
-            || mvcc_store::range_page(&self.tree, after, revision, limit, PAGE_BYTES),
-        )?;
+            || self.history.range_page(after, revision, limit, PAGE_BYTES),
+        );
         self.still_held(revision, true)?;
+        let (keys, done) = page?;
         Ok(KeysPage { keys, done })
     }
 
@@ -327,8 +332,14 @@ impl StateView {
         }
         let limit = limit.clamp(1, MAX_PAGE_ITEMS);
         let everything = KeyFilter::Prefix(String::new());
-        let batch =
-            mvcc_store::events_page(&self.tree, from, through, &everything, limit, PAGE_BYTES)?;
+        let batch = mvcc_store::events_page(
+            &self.history.tree,
+            from,
+            through,
+            &everything,
+            limit,
+            PAGE_BYTES,
+        )?;
         self.still_held(from, false)?;
         Ok(EventsPage {
             events: batch.events,
@@ -359,8 +370,8 @@ impl crate::domain::history::OlderEvents for StateView {
         if from <= floor {
             return Err(compacted(floor));
         }
-        let batch =
-            mvcc_store::events_since(&self.tree, from, through, filter, limit).map_err(|e| {
+        let batch = mvcc_store::events_since(&self.history.tree, from, through, filter, limit)
+            .map_err(|e| {
                 tracing::error!(error = %e, "reading the history");
                 compacted(through)
             })?;

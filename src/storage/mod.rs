@@ -39,8 +39,11 @@ pub mod snapshot_file;
 /// moved there when opened. Format 5 writes an applied group as an intent record followed by
 /// its writes (`raft::state_writes`), which only a build that redoes the intent on open may
 /// read: an older one would load a group a crash cut, or leave a stale intent behind. A
-/// format-4 directory needs nothing to become format 5.
-pub const STORAGE_FORMAT: u32 = 5;
+/// format-4 directory needs nothing to become format 5. Format 6 writes an applied change
+/// once, in its event record, found through the key index (`raft::mvcc_store`): an older
+/// build would read only the base versions and lose every key changed since. A format-5
+/// directory (a base version beside every event) reads the same as format 6 and needs nothing.
+pub const STORAGE_FORMAT: u32 = 6;
 /// The oldest format this build upgrades in place.
 const UPGRADABLE_FROM: u32 = 1;
 /// Where the format is recorded.

@@ -1,0 +1,370 @@
+//! The key index: where every version of every key is kept, in memory (etcd's `treeIndex`).
+//! Pure.
+//!
+//! An applied put no longer writes a version record of its own: its event record (one per
+//! applied group, `h/` + last revision, [`super::mvcc`]) holds it, and this index says which
+//! record. Versions that have no event record (a snapshot's or a restore's live keys, the
+//! versions compaction keeps once their record goes) are *base* versions under their own
+//! `v/` key. A history read takes the locations here and reads the records or bases.
+//!
+//! # Invariants
+//! - A key's locations are sorted by revision, one per revision. When a version is both in
+//!   a record and a base (a store of format 5 wrote both), the base is kept: it outlives
+//!   the record.
+//! - The index is a function of what is stored: rebuilt from the tree when a node opens,
+//!   changed by the state machine under the state's write lock with the writes that make
+//!   the change on disk.
+//! - **Compaction through C** ([`KeyIndex::plan_fold`]) keeps, of the versions at or below
+//!   C, only the newest, unless it is a tombstone, exactly as [`super::mvcc::dropped_by_compaction`];
+//!   a kept version whose record is being removed becomes a base (the caller writes it).
+//!
+//! # What it must not do
+//! Touch storage, or decide what compaction keeps beyond that one rule.
+
+use std::collections::BTreeMap;
+use std::ops::Bound;
+
+use super::types::Revision;
+
+/// Where one version of a key is kept.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Loc {
+    pub revision: Revision,
+    /// The last revision of the event record holding it; 0: a base version (`v/`).
+    record: u64,
+    pub tombstone: bool,
+}
+
+impl Loc {
+    /// A version in the event record whose last revision is `record`.
+    pub fn in_record(revision: Revision, record: Revision, tombstone: bool) -> Self {
+        Loc {
+            revision,
+            record: record.0.max(1),
+            tombstone,
+        }
+    }
+
+    /// A base version, under its own key.
+    pub fn base(revision: Revision, tombstone: bool) -> Self {
+        Loc {
+            revision,
+            record: 0,
+            tombstone,
+        }
+    }
+
+    /// The event record holding it, or `None` for a base version.
+    pub fn record(&self) -> Option<Revision> {
+        (self.record != 0).then_some(Revision(self.record))
+    }
+}
+
+/// What compaction through a revision does to one key when one of its event records goes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FoldPlan {
+    /// Base versions to remove: superseded, or a tombstone, at or below the mark.
+    pub drop_bases: Vec<Revision>,
+    /// The version compaction keeps, if it is in the record being removed: it must be
+    /// written as a base.
+    pub write_base: Option<Revision>,
+    /// The index's change, once those writes are made ([`KeyIndex::apply_fold`]).
+    pub edit: FoldEdit,
+}
+
+/// The index's side of a [`FoldPlan`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FoldEdit {
+    through: Revision,
+    keep: Option<Loc>,
+}
+
+/// Every key's versions.
+#[derive(Clone, Debug, Default)]
+pub struct KeyIndex {
+    keys: BTreeMap<Box<[u8]>, Vec<Loc>>,
+    versions: usize,
+}
+
+impl KeyIndex {
+    /// How many versions are indexed.
+    pub fn versions(&self) -> usize {
+        self.versions
+    }
+
+    /// How many keys have a version.
+    pub fn keys(&self) -> usize {
+        self.keys.len()
+    }
+
+    /// Record a version. The same revision twice keeps a base over a record.
+    pub fn add(&mut self, key: &[u8], loc: Loc) {
+        let locs = match self.keys.get_mut(key) {
+            Some(l) => l,
+            None => self.keys.entry(key.into()).or_default(),
+        };
+        // Nearly always the newest: appended.
+        if locs.last().is_none_or(|l| l.revision < loc.revision) {
+            locs.push(loc);
+            self.versions += 1;
+            return;
+        }
+        match locs.binary_search_by_key(&loc.revision, |l| l.revision) {
+            Ok(i) => {
+                if loc.record().is_none() {
+                    locs[i] = loc;
+                }
+            }
+            Err(i) => {
+                locs.insert(i, loc);
+                self.versions += 1;
+            }
+        }
+    }
+
+    /// `key`'s newest version at or below `at`.
+    pub fn at(&self, key: &[u8], at: Revision) -> Option<Loc> {
+        let locs = self.keys.get(key)?;
+        let n = locs.partition_point(|l| l.revision <= at);
+        n.checked_sub(1).map(|i| locs[i])
+    }
+
+    /// `key`'s newest version below `revision` (what a change at `revision` replaced).
+    pub fn before(&self, key: &[u8], revision: Revision) -> Option<Loc> {
+        self.at(key, Revision(revision.0.checked_sub(1)?))
+    }
+
+    /// The keys live at `at` within `(start, end)`, in key order, with where their version
+    /// is: at most `limit`.
+    pub fn live_at(
+        &self,
+        start: Bound<&[u8]>,
+        end: Bound<&[u8]>,
+        at: Revision,
+        limit: usize,
+    ) -> Vec<(Box<[u8]>, Loc)> {
+        if let (Bound::Included(s) | Bound::Excluded(s), Bound::Included(e) | Bound::Excluded(e)) =
+            (start, end)
+        {
+            // BTreeMap::range panics on a reversed range; it is an empty one.
+            if s > e
+                || (s == e && !matches!((start, end), (Bound::Included(_), Bound::Included(_))))
+            {
+                return Vec::new();
+            }
+        }
+        let mut out = Vec::new();
+        for (key, locs) in self.keys.range::<[u8], _>((start, end)) {
+            if out.len() >= limit {
+                break;
+            }
+            let n = locs.partition_point(|l| l.revision <= at);
+            if let Some(loc) = n.checked_sub(1).map(|i| locs[i])
+                && !loc.tombstone
+            {
+                out.push((key.clone(), loc));
+            }
+        }
+        out
+    }
+
+    /// What compaction through `through` does to `key` as its event record `record` (wholly
+    /// at or below `through`) is removed.
+    pub fn plan_fold(&self, key: &[u8], through: Revision, record: Revision) -> FoldPlan {
+        let locs = self.keys.get(key).map_or(&[][..], Vec::as_slice);
+        let n = locs.partition_point(|l| l.revision <= through);
+        let held = &locs[..n];
+        let newest = held.last().copied();
+        let kept = newest.filter(|l| !l.tombstone);
+        let drop_bases = held
+            .iter()
+            .filter(|l| l.record().is_none() && Some(**l) != kept)
+            .map(|l| l.revision)
+            .collect();
+        let write_base = kept
+            .filter(|l| l.record() == Some(record))
+            .map(|l| l.revision);
+        let keep = kept.map(|l| match write_base {
+            Some(_) => Loc::base(l.revision, false),
+            None => l,
+        });
+        FoldPlan {
+            drop_bases,
+            write_base,
+            edit: FoldEdit { through, keep },
+        }
+    }
+
+    /// Make a fold's change, once its writes are made.
+    pub fn apply_fold(&mut self, key: &[u8], edit: FoldEdit) {
+        let Some(locs) = self.keys.get_mut(key) else {
+            return;
+        };
+        let before = locs.len();
+        locs.retain(|l| l.revision > edit.through);
+        if let Some(keep) = edit.keep {
+            locs.insert(0, keep);
+        }
+        self.versions = self.versions + locs.len() - before;
+        if locs.is_empty() {
+            self.keys.remove(key);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn rec(rev: u64, record: u64) -> Loc {
+        Loc::in_record(Revision(rev), Revision(record), false)
+    }
+
+    #[test]
+    fn newest_at_and_before_a_revision() {
+        let mut ix = KeyIndex::default();
+        ix.add(b"a", Loc::base(Revision(2), false));
+        ix.add(b"a", rec(5, 6));
+        ix.add(b"a", Loc::in_record(Revision(8), Revision(9), true));
+        assert_eq!(ix.at(b"a", Revision(1)), None);
+        assert_eq!(
+            ix.at(b"a", Revision(4)),
+            Some(Loc::base(Revision(2), false))
+        );
+        assert_eq!(ix.at(b"a", Revision(7)), Some(rec(5, 6)));
+        assert!(ix.at(b"a", Revision(100)).unwrap().tombstone);
+        assert_eq!(
+            ix.before(b"a", Revision(5)),
+            Some(Loc::base(Revision(2), false))
+        );
+        assert_eq!(ix.before(b"a", Revision(0)), None);
+        assert_eq!(
+            ix.live_at(Bound::Unbounded, Bound::Unbounded, Revision(9), 10),
+            vec![]
+        );
+        assert_eq!(ix.versions(), 3);
+    }
+
+    #[test]
+    fn a_base_wins_over_a_record_at_the_same_revision() {
+        let mut ix = KeyIndex::default();
+        ix.add(b"a", rec(5, 6));
+        ix.add(b"a", Loc::base(Revision(5), false));
+        ix.add(b"a", rec(5, 6));
+        assert_eq!(
+            ix.at(b"a", Revision(5)),
+            Some(Loc::base(Revision(5), false))
+        );
+        assert_eq!(ix.versions(), 1);
+    }
+
+    #[test]
+    fn a_reversed_or_empty_range_is_empty() {
+        let mut ix = KeyIndex::default();
+        ix.add(b"b", rec(1, 1));
+        let at = Revision(1);
+        assert!(
+            ix.live_at(Bound::Included(b"c"), Bound::Excluded(b"a"), at, 9)
+                .is_empty()
+        );
+        assert!(
+            ix.live_at(Bound::Included(b"b"), Bound::Excluded(b"b"), at, 9)
+                .is_empty()
+        );
+        assert_eq!(
+            ix.live_at(Bound::Included(b"b"), Bound::Included(b"b"), at, 9)
+                .len(),
+            1
+        );
+    }
+
+    /// A model: every (key, revision, tombstone) version, sorted.
+    type Model = BTreeMap<(u8, u64), bool>;
+
+    fn model_at(m: &Model, key: u8, at: u64) -> Option<(u64, bool)> {
+        m.range((key, 0)..=(key, at))
+            .next_back()
+            .map(|(&(_, r), &t)| (r, t))
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(512))]
+
+        /// Random histories, folded at random marks record by record: every read at or
+        /// above the mark answers as the model does, from a base written or a record kept.
+        #[test]
+        fn folds_keep_every_read_at_or_above_the_mark(
+            ops in proptest::collection::vec((0u8..5, proptest::bool::weighted(0.3)), 1..60),
+            group in 1usize..6,
+            marks in proptest::collection::vec(0u64..60, 1..4),
+        ) {
+            let mut ix = KeyIndex::default();
+            let mut model = Model::new();
+            // Revision i + 1 changes ops[i]; records hold `group` revisions each.
+            let top = ops.len() as u64;
+            let record_of = |rev: u64| ((rev - 1) / group as u64 + 1) * group as u64;
+            for (i, (k, tomb)) in ops.iter().enumerate() {
+                let rev = i as u64 + 1;
+                ix.add(&[*k], Loc::in_record(Revision(rev), Revision(record_of(rev).min(top)), *tomb));
+                model.insert((*k, rev), *tomb);
+            }
+            let mut bases: std::collections::BTreeSet<(u8, u64)> = Default::default();
+            let mut records: std::collections::BTreeSet<u64> =
+                (1..=top).map(|r| record_of(r).min(top)).collect();
+            let mut marks = marks;
+            marks.sort();
+            for mark in marks {
+                let mark = mark.min(top);
+                // Records wholly at or below the mark go, oldest first.
+                let gone: Vec<u64> = records.iter().copied().filter(|&r| r <= mark).collect();
+                for r in gone {
+                    let keys: std::collections::BTreeSet<u8> = ops
+                        .iter()
+                        .enumerate()
+                        .filter(|(i, _)| record_of(*i as u64 + 1).min(top) == r)
+                        .map(|(_, (k, _))| *k)
+                        .collect();
+                    for k in keys {
+                        let plan = ix.plan_fold(&[k], Revision(mark), Revision(r));
+                        for d in &plan.drop_bases {
+                            prop_assert!(bases.remove(&(k, d.0)));
+                        }
+                        if let Some(w) = plan.write_base {
+                            bases.insert((k, w.0));
+                        }
+                        ix.apply_fold(&[k], plan.edit);
+                    }
+                    records.remove(&r);
+                }
+                for at in mark..=top {
+                    for k in 0u8..5 {
+                        let want = model_at(&model, k, at).filter(|(_, t)| !t).map(|(r, _)| r);
+                        let got = ix.at(&[k], Revision(at)).filter(|l| !l.tombstone);
+                        prop_assert_eq!(got.map(|l| l.revision.0), want);
+                        // Where the index points is there: a base written, or a record kept.
+                        if let Some(l) = got {
+                            match l.record() {
+                                None => prop_assert!(bases.contains(&(k, l.revision.0))),
+                                Some(r) => prop_assert!(records.contains(&r.0)),
+                            }
+                        }
+                    }
+                }
+                // Nothing points into a record that is gone, and compaction left at most one
+                // base version per key.
+                for locs in ix.keys.values() {
+                    prop_assert!(locs.iter().filter(|l| l.record().is_none()).count() <= 1);
+                    for l in locs {
+                        if let Some(r) = l.record() {
+                            prop_assert!(records.contains(&r.0));
+                        }
+                    }
+                }
+                prop_assert_eq!(bases.len(), ix.keys.values().flatten().filter(|l| l.record().is_none()).count());
+                let counted: usize = ix.keys.values().map(Vec::len).sum();
+                prop_assert_eq!(ix.versions(), counted);
+            }
+        }
+    }
+}
