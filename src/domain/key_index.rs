@@ -12,11 +12,12 @@
 //!   a record and a base (a store of format 5 wrote both), the base is kept: it outlives
 //!   the record.
 //! - The index is a function of what is stored: rebuilt from the tree when a node opens,
-//!   changed by the state machine under the state's write lock with the writes that make
-//!   the change on disk.
+//!   changed with the writes that make the change on disk (by the state machine under the
+//!   state's write lock; by a history fill under its gate, once its records are all in).
 //! - **Compaction through C** ([`KeyIndex::plan_fold`]) keeps, of the versions at or below
-//!   C, only the newest, unless it is a tombstone, exactly as [`super::mvcc::dropped_by_compaction`];
-//!   a kept version whose record is being removed becomes a base (the caller writes it).
+//!   C, only the newest, unless it is a tombstone (the rule of
+//!   [`super::mvcc::dropped_by_compaction`]); a kept version whose record is being removed
+//!   becomes a base (the caller writes it).
 //!
 //! # What it must not do
 //! Touch storage, or decide what compaction keeps beyond that one rule.
@@ -24,41 +25,58 @@
 use std::collections::BTreeMap;
 use std::ops::Bound;
 
+use smallvec::SmallVec;
+
 use super::types::Revision;
 
-/// Where one version of a key is kept.
+/// Where one version of a key is kept: 16 bytes, as a million keys' worth adds up.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Loc {
     pub revision: Revision,
-    /// The last revision of the event record holding it; 0: a base version (`v/`).
-    record: u64,
-    pub tombstone: bool,
+    /// The last revision of the event record holding it (0: a base version, under `v/`),
+    /// and [`TOMBSTONE`].
+    place: u64,
 }
+
+/// The bit of [`Loc::place`] that marks a deletion (revisions stay far below 2^63).
+const TOMBSTONE: u64 = 1 << 63;
 
 impl Loc {
     /// A version in the event record whose last revision is `record`.
     pub fn in_record(revision: Revision, record: Revision, tombstone: bool) -> Self {
-        Loc {
-            revision,
-            record: record.0.max(1),
-            tombstone,
-        }
+        Loc::new(revision, (record.0 & !TOMBSTONE).max(1), tombstone)
     }
 
     /// A base version, under its own key.
     pub fn base(revision: Revision, tombstone: bool) -> Self {
+        Loc::new(revision, 0, tombstone)
+    }
+
+    fn new(revision: Revision, record: u64, tombstone: bool) -> Self {
+        let flag = if tombstone { TOMBSTONE } else { 0 };
         Loc {
             revision,
-            record: 0,
-            tombstone,
+            place: record | flag,
         }
     }
 
     /// The event record holding it, or `None` for a base version.
     pub fn record(&self) -> Option<Revision> {
-        (self.record != 0).then_some(Revision(self.record))
+        let record = self.place & !TOMBSTONE;
+        (record != 0).then_some(Revision(record))
+    }
+
+    /// Whether it is a deletion.
+    pub fn tombstone(&self) -> bool {
+        self.place & TOMBSTONE != 0
     }
 }
+
+/// A key and where one of its versions is.
+pub type Located = (Box<[u8]>, Loc);
+
+/// A key's locations: most keys have one version, kept without an allocation of its own.
+type Locs = SmallVec<[Loc; 1]>;
 
 /// What compaction through a revision does to one key when one of its event records goes.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -82,7 +100,7 @@ pub struct FoldEdit {
 /// Every key's versions.
 #[derive(Clone, Debug, Default)]
 pub struct KeyIndex {
-    keys: BTreeMap<Box<[u8]>, Vec<Loc>>,
+    keys: BTreeMap<Box<[u8]>, Locs>,
     versions: usize,
 }
 
@@ -135,14 +153,17 @@ impl KeyIndex {
     }
 
     /// The keys live at `at` within `(start, end)`, in key order, with where their version
-    /// is: at most `limit`.
+    /// is: at most `limit` of them, looking at no more than `visit` keys (dead or alive). The
+    /// key to go on after, when it stopped early (a long range is walked in pieces, the
+    /// index's lock released between them).
     pub fn live_at(
         &self,
         start: Bound<&[u8]>,
         end: Bound<&[u8]>,
         at: Revision,
         limit: usize,
-    ) -> Vec<(Box<[u8]>, Loc)> {
+        visit: usize,
+    ) -> (Vec<Located>, Option<Box<[u8]>>) {
         if let (Bound::Included(s) | Bound::Excluded(s), Bound::Included(e) | Bound::Excluded(e)) =
             (start, end)
         {
@@ -150,32 +171,88 @@ impl KeyIndex {
             if s > e
                 || (s == e && !matches!((start, end), (Bound::Included(_), Bound::Included(_))))
             {
-                return Vec::new();
+                return (Vec::new(), None);
             }
         }
         let mut out = Vec::new();
-        for (key, locs) in self.keys.range::<[u8], _>((start, end)) {
-            if out.len() >= limit {
-                break;
+        for (visited, (key, locs)) in self.keys.range::<[u8], _>((start, end)).enumerate() {
+            if out.len() >= limit || visited >= visit {
+                return (out, Some(key.clone()));
             }
             let n = locs.partition_point(|l| l.revision <= at);
             if let Some(loc) = n.checked_sub(1).map(|i| locs[i])
-                && !loc.tombstone
+                && !loc.tombstone()
             {
                 out.push((key.clone(), loc));
             }
         }
-        out
+        (out, None)
+    }
+
+    /// Add the versions of `older`, each older than every version this index holds of its
+    /// key (a history fill's), for the keys in `(after, ...]` up to `count` keys: the key to
+    /// go on after, if any is left. A key's versions are added at once.
+    pub fn merge_older(
+        &mut self,
+        older: &KeyIndex,
+        after: Option<&[u8]>,
+        count: usize,
+    ) -> Option<Box<[u8]>> {
+        let start = after.map_or(Bound::Unbounded, Bound::Excluded);
+        let mut last = None;
+        for (key, old) in older
+            .keys
+            .range::<[u8], _>((start, Bound::Unbounded))
+            .take(count)
+        {
+            let locs = self.keys.entry(key.clone()).or_default();
+            let before = locs.len();
+            let mut merged: Locs = SmallVec::with_capacity(old.len() + locs.len());
+            let (mut i, mut j) = (0, 0);
+            loop {
+                match (old.get(i), locs.get(j)) {
+                    // The same version twice: a base wins.
+                    (Some(x), Some(y)) if x.revision == y.revision => {
+                        merged.push(if x.record().is_none() { *x } else { *y });
+                        (i, j) = (i + 1, j + 1);
+                    }
+                    (Some(x), Some(y)) if x.revision < y.revision => {
+                        merged.push(*x);
+                        i += 1;
+                    }
+                    (Some(x), None) => {
+                        merged.push(*x);
+                        i += 1;
+                    }
+                    (_, Some(y)) => {
+                        merged.push(*y);
+                        j += 1;
+                    }
+                    (None, None) => break,
+                }
+            }
+            self.versions = self.versions + merged.len() - before;
+            *locs = merged;
+            last = Some(key.clone());
+        }
+        let more = last.as_deref().is_some_and(|k| {
+            older
+                .keys
+                .range::<[u8], _>((Bound::Excluded(k), Bound::Unbounded))
+                .next()
+                .is_some()
+        });
+        if more { last } else { None }
     }
 
     /// What compaction through `through` does to `key` as its event record `record` (wholly
     /// at or below `through`) is removed.
     pub fn plan_fold(&self, key: &[u8], through: Revision, record: Revision) -> FoldPlan {
-        let locs = self.keys.get(key).map_or(&[][..], Vec::as_slice);
+        let locs = self.keys.get(key).map_or(&[][..], |l| l.as_slice());
         let n = locs.partition_point(|l| l.revision <= through);
         let held = &locs[..n];
         let newest = held.last().copied();
-        let kept = newest.filter(|l| !l.tombstone);
+        let kept = newest.filter(|l| !l.tombstone());
         let drop_bases = held
             .iter()
             .filter(|l| l.record().is_none() && Some(**l) != kept)
@@ -208,6 +285,9 @@ impl KeyIndex {
         self.versions = self.versions + locs.len() - before;
         if locs.is_empty() {
             self.keys.remove(key);
+        } else if locs.capacity() > 4 * locs.len() {
+            // A key whose long history compaction dropped gives the memory back.
+            locs.shrink_to_fit();
         }
     }
 }
@@ -233,17 +313,30 @@ mod tests {
             Some(Loc::base(Revision(2), false))
         );
         assert_eq!(ix.at(b"a", Revision(7)), Some(rec(5, 6)));
-        assert!(ix.at(b"a", Revision(100)).unwrap().tombstone);
+        assert!(ix.at(b"a", Revision(100)).unwrap().tombstone());
         assert_eq!(
             ix.before(b"a", Revision(5)),
             Some(Loc::base(Revision(2), false))
         );
         assert_eq!(ix.before(b"a", Revision(0)), None);
         assert_eq!(
-            ix.live_at(Bound::Unbounded, Bound::Unbounded, Revision(9), 10),
+            ix.live_at(Bound::Unbounded, Bound::Unbounded, Revision(9), 10, 10)
+                .0,
             vec![]
         );
         assert_eq!(ix.versions(), 3);
+    }
+
+    #[test]
+    fn a_location_is_small_and_keeps_its_parts() {
+        assert_eq!(std::mem::size_of::<Loc>(), 16);
+        let l = Loc::in_record(Revision(7), Revision(9), true);
+        assert_eq!(
+            (l.revision, l.record(), l.tombstone()),
+            (Revision(7), Some(Revision(9)), true)
+        );
+        let b = Loc::base(Revision(3), false);
+        assert_eq!((b.record(), b.tombstone()), (None, false));
     }
 
     #[test]
@@ -265,15 +358,18 @@ mod tests {
         ix.add(b"b", rec(1, 1));
         let at = Revision(1);
         assert!(
-            ix.live_at(Bound::Included(b"c"), Bound::Excluded(b"a"), at, 9)
+            ix.live_at(Bound::Included(b"c"), Bound::Excluded(b"a"), at, 9, 9)
+                .0
                 .is_empty()
         );
         assert!(
-            ix.live_at(Bound::Included(b"b"), Bound::Excluded(b"b"), at, 9)
+            ix.live_at(Bound::Included(b"b"), Bound::Excluded(b"b"), at, 9, 9)
+                .0
                 .is_empty()
         );
         assert_eq!(
-            ix.live_at(Bound::Included(b"b"), Bound::Included(b"b"), at, 9)
+            ix.live_at(Bound::Included(b"b"), Bound::Included(b"b"), at, 9, 9)
+                .0
                 .len(),
             1
         );
@@ -290,6 +386,46 @@ mod tests {
 
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(512))]
+
+        /// Versions split at a revision: the newer in one index and the older merged into it
+        /// in pieces of any size give the index of them all; a range walked in pieces of
+        /// any size gives the walk in one piece.
+        #[test]
+        fn older_versions_merge_and_ranges_walk_in_pieces(
+            versions in proptest::collection::vec((0u8..6, 1u64..40, any::<bool>(), any::<bool>()), 0..60),
+            split in 0u64..41,
+            piece in 1usize..4,
+            visit in 1usize..4,
+            at in 0u64..45,
+        ) {
+            let (mut all, mut newer, mut older) = (KeyIndex::default(), KeyIndex::default(), KeyIndex::default());
+            for (k, rev, tomb, base) in versions {
+                let rev = Revision(rev);
+                let loc = if base { Loc::base(rev, tomb) } else { Loc::in_record(rev, rev.next(), tomb) };
+                all.add(&[k], loc);
+                if rev.0 <= split { older.add(&[k], loc) } else { newer.add(&[k], loc) }
+            }
+            let mut after: Option<Box<[u8]>> = None;
+            while let Some(k) = newer.merge_older(&older, after.as_deref(), piece) {
+                after = Some(k);
+            }
+            prop_assert_eq!(&newer.keys, &all.keys);
+            prop_assert_eq!(newer.versions(), all.versions());
+            let at = Revision(at);
+            let (whole, rest) = all.live_at(Bound::Unbounded, Bound::Unbounded, at, usize::MAX, usize::MAX);
+            prop_assert!(rest.is_none());
+            let mut pieces = Vec::new();
+            let mut start: Bound<Box<[u8]>> = Bound::Unbounded;
+            loop {
+                let (found, next) = all.live_at(start.as_ref().map(|k| &k[..]), Bound::Unbounded, at, usize::MAX, visit);
+                pieces.extend(found);
+                match next {
+                    Some(k) => start = Bound::Included(k),
+                    None => break,
+                }
+            }
+            prop_assert_eq!(pieces, whole);
+        }
 
         /// Random histories, folded at random marks record by record: every read at or
         /// above the mark answers as the model does, from a base written or a record kept.
@@ -340,7 +476,7 @@ mod tests {
                 for at in mark..=top {
                     for k in 0u8..5 {
                         let want = model_at(&model, k, at).filter(|(_, t)| !t).map(|(r, _)| r);
-                        let got = ix.at(&[k], Revision(at)).filter(|l| !l.tombstone);
+                        let got = ix.at(&[k], Revision(at)).filter(|l| !l.tombstone());
                         prop_assert_eq!(got.map(|l| l.revision.0), want);
                         // Where the index points is there: a base written, or a record kept.
                         if let Some(l) = got {
@@ -362,7 +498,7 @@ mod tests {
                     }
                 }
                 prop_assert_eq!(bases.len(), ix.keys.values().flatten().filter(|l| l.record().is_none()).count());
-                let counted: usize = ix.keys.values().map(Vec::len).sum();
+                let counted: usize = ix.keys.values().map(|l| l.len()).sum();
                 prop_assert_eq!(ix.versions(), counted);
             }
         }

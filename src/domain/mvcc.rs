@@ -195,16 +195,29 @@ pub fn is_tombstone(bytes: &[u8]) -> bool {
     bytes.first() == Some(&0)
 }
 
-/// An event record (a run of whole revisions of an applied batch): a count, then each event (revision, kind, cause,
-/// key, then the optional fields behind a flag byte).
+/// The first byte of an event record with an offset table. A record without one (written
+/// before format 6) starts with its count's high byte, always 0 (a record never holds
+/// 2^24 events).
+const TABLE_TAG: u8 = 0xE1;
+
+/// An event record (a run of whole revisions of an applied batch): [`TABLE_TAG`], a count,
+/// the offset of each event (u32, from the end of the table: a read finds one event by
+/// revision without decoding the others), then each event (revision, kind, cause, key,
+/// then the optional fields behind a flag byte).
 pub fn encode_events(events: &[Event]) -> Vec<u8> {
     let size: usize = events
         .iter()
-        .map(|e| 40 + e.key.len() + e.value.as_ref().map_or(0, String::len))
+        .map(|e| 44 + e.key.len() + e.value.as_ref().map_or(0, String::len))
         .sum();
-    let mut out = Vec::with_capacity(4 + size);
+    let mut out = Vec::with_capacity(5 + size);
+    out.push(TABLE_TAG);
     out.extend_from_slice(&(events.len() as u32).to_be_bytes());
-    for e in events {
+    let table = out.len();
+    out.resize(table + 4 * events.len(), 0);
+    let start = out.len();
+    for (i, e) in events.iter().enumerate() {
+        let offset = (out.len() - start) as u32;
+        out[table + 4 * i..table + 4 * i + 4].copy_from_slice(&offset.to_be_bytes());
         out.extend_from_slice(&e.revision.0.to_be_bytes());
         out.push(match e.kind {
             EventKind::Put => 0,
@@ -224,35 +237,66 @@ pub fn encode_events(events: &[Event]) -> Vec<u8> {
     out
 }
 
+/// A record's event count, its offset table (empty in a record without one) and a reader
+/// at its first event.
+fn open_record(bytes: &[u8]) -> Result<(usize, &[u8], Reader<'_>), Malformed> {
+    let tagged = bytes.first() == Some(&TABLE_TAG);
+    let mut r = Reader(if tagged { &bytes[1..] } else { bytes });
+    let count = r.u32()? as usize;
+    let table = if tagged {
+        r.take(count.checked_mul(4).ok_or(Malformed("count"))?)?
+    } else {
+        &[]
+    };
+    Ok((count, table, r))
+}
+
+/// Read one event at `r`: decoded whole if `wanted(revision, deleted, key)`, else skipped.
+fn read_event(
+    r: &mut Reader<'_>,
+    wanted: impl FnOnce(Revision, bool, &str) -> bool,
+) -> Result<Option<Event>, Malformed> {
+    let revision = Revision(r.u64()?);
+    let kind = match r.u8()? {
+        0 => EventKind::Put,
+        1 => EventKind::Delete,
+        _ => return Err(Malformed("unknown event kind")),
+    };
+    let cause = match r.u8()? {
+        0 => Cause::Client,
+        1 => Cause::LeaseExpired,
+        2 => Cause::LeaseRevoked,
+        _ => return Err(Malformed("unknown event cause")),
+    };
+    let key = r.str_ref()?;
+    if !wanted(revision, kind == EventKind::Delete, key) {
+        r.skip_opt_str()?;
+        r.skip_opt_str()?;
+        r.opt_u64()?;
+        r.opt_u64()?;
+        return Ok(None);
+    }
+    Ok(Some(Event {
+        revision,
+        kind,
+        cause,
+        key: key.to_string(),
+        value: r.opt_str()?,
+        lease: r.opt_str()?,
+        create_revision: r.opt_u64()?.map(Revision),
+        version: r.opt_u64()?,
+    }))
+}
+
 /// The events of a batch record, in order.
 pub fn decode_events(bytes: &[u8]) -> Result<Vec<Event>, Malformed> {
-    let mut r = Reader(bytes);
-    let count = r.u32()? as usize;
+    let (count, _, mut r) = open_record(bytes)?;
     // Never trust a count for an allocation: each event takes at least 19 bytes.
     let mut events = Vec::with_capacity(count.min(bytes.len() / 19));
     for _ in 0..count {
-        let revision = Revision(r.u64()?);
-        let kind = match r.u8()? {
-            0 => EventKind::Put,
-            1 => EventKind::Delete,
-            _ => return Err(Malformed("unknown event kind")),
-        };
-        let cause = match r.u8()? {
-            0 => Cause::Client,
-            1 => Cause::LeaseExpired,
-            2 => Cause::LeaseRevoked,
-            _ => return Err(Malformed("unknown event cause")),
-        };
-        events.push(Event {
-            revision,
-            kind,
-            cause,
-            key: r.str()?,
-            value: r.opt_str()?,
-            lease: r.opt_str()?,
-            create_revision: r.opt_u64()?.map(Revision),
-            version: r.opt_u64()?,
-        });
+        if let Some(e) = read_event(&mut r, |_, _, _| true)? {
+            events.push(e);
+        }
     }
     r.end()?;
     Ok(events)
@@ -264,59 +308,65 @@ pub fn skim_events(
     bytes: &[u8],
     mut each: impl FnMut(Revision, bool, &str),
 ) -> Result<(), Malformed> {
-    pick_events(
-        bytes,
-        |revision, deleted, key| {
+    let (count, _, mut r) = open_record(bytes)?;
+    for _ in 0..count {
+        read_event(&mut r, |revision, deleted, key| {
             each(revision, deleted, key);
             false
-        },
-        |_| {},
-    )
-}
-
-/// The events of a batch record that `wanted(revision, deleted, key)` picks, decoded whole
-/// and passed to `take`; the others are only skimmed (a history read wants a few versions
-/// of a record that holds hundreds).
-pub fn pick_events(
-    bytes: &[u8],
-    mut wanted: impl FnMut(Revision, bool, &str) -> bool,
-    mut take: impl FnMut(Event),
-) -> Result<(), Malformed> {
-    let mut r = Reader(bytes);
-    let count = r.u32()?;
-    for _ in 0..count {
-        let revision = Revision(r.u64()?);
-        let kind = match r.u8()? {
-            0 => EventKind::Put,
-            1 => EventKind::Delete,
-            _ => return Err(Malformed("unknown event kind")),
-        };
-        let cause = match r.u8()? {
-            0 => Cause::Client,
-            1 => Cause::LeaseExpired,
-            2 => Cause::LeaseRevoked,
-            _ => return Err(Malformed("unknown event cause")),
-        };
-        let key = r.str_ref()?;
-        if wanted(revision, kind == EventKind::Delete, key) {
-            take(Event {
-                revision,
-                kind,
-                cause,
-                key: key.to_string(),
-                value: r.opt_str()?,
-                lease: r.opt_str()?,
-                create_revision: r.opt_u64()?.map(Revision),
-                version: r.opt_u64()?,
-            });
-        } else {
-            r.skip_opt_str()?;
-            r.skip_opt_str()?;
-            r.opt_u64()?;
-            r.opt_u64()?;
-        }
+        })?;
     }
     r.end()
+}
+
+/// The event of `key` at `revision` in a batch record, if it holds one. Through the offset
+/// table, a binary search by revision, decoding only that event (a record without a table
+/// is skimmed whole).
+pub fn find_event(bytes: &[u8], revision: Revision, key: &str) -> Result<Option<Event>, Malformed> {
+    let (count, table, r) = open_record(bytes)?;
+    let wanted = |rev: Revision, _: bool, k: &str| rev == revision && k == key;
+    if table.is_empty() {
+        let mut r = r;
+        for _ in 0..count {
+            if let Some(e) = read_event(&mut r, wanted)? {
+                return Ok(Some(e));
+            }
+        }
+        return Ok(None);
+    }
+    let area = r.0;
+    let at = |i: usize| -> Result<Reader<'_>, Malformed> {
+        let offset = u32::from_be_bytes([
+            table[4 * i],
+            table[4 * i + 1],
+            table[4 * i + 2],
+            table[4 * i + 3],
+        ]);
+        area.get(offset as usize..)
+            .map(Reader)
+            .ok_or(Malformed("offset out of the record"))
+    };
+    // The first event at or after `revision` (events are in revision order).
+    let (mut lo, mut hi) = (0, count);
+    while lo < hi {
+        let mid = lo + (hi - lo) / 2;
+        if Revision(at(mid)?.u64()?) < revision {
+            lo = mid + 1;
+        } else {
+            hi = mid;
+        }
+    }
+    for i in lo..count {
+        let mut r = at(i)?;
+        let mut past = false;
+        let found = read_event(&mut r, |rev, deleted, k| {
+            past = rev != revision;
+            wanted(rev, deleted, k)
+        })?;
+        if found.is_some() || past {
+            return Ok(found);
+        }
+    }
+    Ok(None)
 }
 
 fn put_str(out: &mut Vec<u8>, s: &str) {
@@ -569,7 +619,15 @@ mod tests {
         }
 
         #[test]
-        fn events_round_trip(events in proptest::collection::vec(event(), 0..8)) {
+        fn events_round_trip(events in proptest::collection::vec(event(), 0..8), few_revisions in any::<bool>()) {
+            // Records hold events in revision order, often several at one revision.
+            let mut events = events;
+            if few_revisions {
+                for e in &mut events {
+                    e.revision = Revision(e.revision.0 % 3);
+                }
+            }
+            events.sort_by_key(|e| e.revision);
             let bytes = encode_events(&events);
             let mut skimmed = Vec::new();
             skim_events(&bytes, |r, deleted, k| skimmed.push((r, deleted, k.to_string()))).unwrap();
@@ -578,10 +636,18 @@ mod tests {
                 .map(|e| (e.revision, e.kind == EventKind::Delete, e.key.clone()))
                 .collect();
             prop_assert_eq!(skimmed, expected);
-            let mut picked = Vec::new();
-            pick_events(&bytes, |r, _, _| r.0 % 2 == 0, |e| picked.push(e)).unwrap();
-            let even: Vec<Event> = events.iter().filter(|e| e.revision.0 % 2 == 0).cloned().collect();
-            prop_assert_eq!(picked, even);
+            // A record as format 5 wrote it (no offset table) reads the same.
+            let n = events.len();
+            let mut untagged = bytes[1..5].to_vec();
+            untagged.extend_from_slice(&bytes[5 + 4 * n..]);
+            prop_assert_eq!(decode_events(&untagged), Ok(events.clone()));
+            for record in [&bytes, &untagged] {
+                for e in &events {
+                    let first = events.iter().find(|x| x.revision == e.revision && x.key == e.key);
+                    prop_assert_eq!(find_event(record, e.revision, &e.key), Ok(first.cloned()));
+                }
+                prop_assert_eq!(find_event(record, Revision(u64::MAX), "none"), Ok(None));
+            }
             prop_assert_eq!(decode_events(&bytes), Ok(events));
         }
 
@@ -591,6 +657,11 @@ mod tests {
         fn garbage_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..64)) {
             let _ = decode_events(&bytes);
             let _ = skim_events(&bytes, |_, _, _| {});
+            let _ = find_event(&bytes, Revision(1), "k");
+            let mut tagged = vec![0xE1];
+            tagged.extend_from_slice(&bytes);
+            let _ = decode_events(&tagged);
+            let _ = find_event(&tagged, Revision(1), "k");
             let _ = decode_version(Revision(1), &bytes);
         }
 

@@ -21,10 +21,13 @@
 //! - sled's blob files (values past a share of its segment, never synced by sled) are
 //!   synced before the start is lowered: a power failure cannot keep the adoption and lose
 //!   a record it moved.
-//! - **Reads meanwhile stay right.** Records move newest first, so a history read at or
-//!   above the old start (allowed all along) finds a key's tombstone before any older
-//!   version of it; reads below it are refused until the start is lowered, last.
-//! - Lock order: the gate, then the state's lock (the install and adoption both take them so).
+//! - **Reads meanwhile stay right.** Reads go through the key index, which gets the moved
+//!   versions only once they are all in the tree and durable, each key's at once (under
+//!   the gate: an install that replaced the index meanwhile stops it). A history read at or
+//!   above the old start (allowed all along) so never finds a deleted key's older version
+//!   without its tombstone; reads below it are refused until the start is lowered, last.
+//! - Lock order: the gate, then the state's lock, then the key index's (the install and
+//!   adoption both take them so).
 //!
 //! # What it must not do
 //! Decide what to fetch or trust a page (the domain module does), or write history records
@@ -39,7 +42,7 @@ use super::state_writes::{DirectWrites, Writes};
 use crate::domain::command::Event;
 use crate::domain::history_fill::LocalHistory;
 use crate::domain::kv::{KvState, Versioned};
-use crate::domain::mvcc::{EVENT_PREFIX, INDEX_PREFIX, encode_version, index_key};
+use crate::domain::mvcc::{encode_version, index_key};
 use crate::domain::types::Revision;
 use crate::storage::StorageError;
 
@@ -260,19 +263,24 @@ impl FillStore {
         self.move_in(epoch, floor)
     }
 
-    /// Move the staged records in, newest first, then lower the history's start to `floor`
+    /// Move the staged records in, index them, then lower the history's start to `floor`
     /// and remove the marker. Idempotent (each record is set to its staged value).
     fn move_in(&self, epoch: u64, floor: Revision) -> Result<(), FillError> {
         let moved = move_newest_first(
             &self.state,
             &self.staging,
             || self.gate.held(epoch),
-            Some(&self.history),
             self.stop_after,
         )?;
         // Everything moved is durable, sled's blob files included, before the start drops.
         self.db.flush()?;
         crate::storage::sync_blobs(&self.dir)?;
+        // Only now indexed, each key's older versions at once: until then reads (all at or
+        // above the old start) never see a moved version, so none can see a deleted key's
+        // older version without its tombstone.
+        let moved_in = mvcc_store::build_index(&self.staging)?;
+        self.history
+            .merge_older(&moved_in, || self.gate.held(epoch))?;
         {
             let _gate = self.gate.held(epoch)?;
             let _kv = self.kv.write().unwrap_or_else(|p| p.into_inner());
@@ -289,25 +297,18 @@ impl FillStore {
     }
 }
 
-/// Copy the staged records into the state tree, newest first: the event records from the
-/// newest, then the base versions (each older than every event), each indexed in `history`'s
-/// key index as it is written (no index when the node is opening): a history read at or
-/// above the old start, which may run meanwhile, finds a key's tombstone in the index before
-/// any older version of the key, so a key deleted below it never shows. Each step of
-/// [`MOVE_STEP`] records is made while `hold`'s guard is held. `stop_after` (tests) fails
-/// after that many records. How many were moved.
+/// Copy the staged records into the state tree (newest first, though nothing reads them
+/// until the key index has them: [`FillStore::adopt`]). Each step of [`MOVE_STEP`] records
+/// is made while `hold`'s guard is held. `stop_after` (tests) fails after that many records.
+/// How many were moved.
 fn move_newest_first<G>(
     state: &sled::Tree,
     staging: &sled::Tree,
     hold: impl Fn() -> Result<G, FillError>,
-    history: Option<&mvcc_store::History>,
     stop_after: Option<usize>,
 ) -> Result<usize, FillError> {
     let mut moved = 0usize;
-    let mut records = staging
-        .scan_prefix(EVENT_PREFIX)
-        .rev()
-        .chain(staging.scan_prefix(INDEX_PREFIX).rev());
+    let mut records = staging.iter().rev();
     loop {
         let step: Vec<(sled::IVec, sled::IVec)> =
             records.by_ref().take(MOVE_STEP).collect::<Result<_, _>>()?;
@@ -315,7 +316,7 @@ fn move_newest_first<G>(
             return Ok(moved);
         }
         let _held = hold()?;
-        for (k, v) in &step {
+        for (k, v) in step {
             if stop_after.is_some_and(|n| moved >= n) {
                 return Err(StorageError::Corrupt {
                     what: "fill".into(),
@@ -324,9 +325,6 @@ fn move_newest_first<G>(
                 .into());
             }
             state.insert(k, v)?;
-            if let Some(history) = history {
-                mvcc_store::index_item(&mut history.index_mut(), k, v)?;
-            }
             moved += 1;
         }
     }
@@ -376,7 +374,7 @@ pub fn finish_interrupted(
     let finished = match fill_marker(state)? {
         Some(floor) => {
             // Nothing else runs yet: no gate to hold.
-            move_newest_first(state, staging, || Ok(()), None, None).map_err(|e| match e {
+            move_newest_first(state, staging, || Ok(()), None).map_err(|e| match e {
                 FillError::Storage(e) => e,
                 other => StorageError::Corrupt {
                     what: "history fill".into(),

@@ -21,14 +21,15 @@
 //!   each key they name keeps only what compaction keeps ([`KeyIndex::plan_fold`]): the
 //!   newest version at or below the mark, written as a base when its record goes. Reads at
 //!   the mark or later, and watches from after it, never see a difference.
-//! - The index changes under the state's write lock, with the writes; a history read takes
-//!   locations from it, then reads them: a location a fold moved meanwhile is missing, and
-//!   the caller reads again ([`super::state_view::read_unswept`]).
+//! - The index changes with the writes (the state machine's under the state's write lock, a
+//!   fill's under its gate); a history read takes locations from it a piece at a time, then
+//!   reads them: a location a fold moved meanwhile is missing, and the caller reads again
+//!   ([`super::state_view::read_unswept`]).
 //!
 //! # What it must not do
 //! Decide what is kept (the domain does) or answer a read below the floor (callers check it).
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::ops::Bound;
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
@@ -40,8 +41,8 @@ use crate::domain::key_index::{FoldEdit, KeyIndex, Loc};
 use crate::domain::kv::{KeyMap, Versioned};
 use crate::domain::mvcc::{
     EVENT_PREFIX, INDEX_PREFIX, LEGACY_PREFIXES, Malformed, decode_events, decode_version,
-    encode_events, encode_version, encode_version_of, event_key, events_from, index_key,
-    is_tombstone, parse_event_key, parse_index_key, pick_events, skim_events, version_of,
+    encode_events, encode_version, encode_version_of, event_key, events_from, find_event,
+    index_key, is_tombstone, parse_event_key, parse_index_key, skim_events, version_of,
 };
 use crate::domain::types::Revision;
 use crate::storage::StorageError;
@@ -278,6 +279,8 @@ pub fn sweep_limit(tree: &sled::Tree) -> Result<Option<Revision>, StorageError> 
 
 /// Live keys read per look at the index by the paged reads ([`LiveKeys`]).
 pub const LIVE_PAGE: usize = 1_024;
+/// Keys of the index looked at per hold of its lock by a long read.
+const WALK_STEP: usize = 4_096;
 
 /// A history: the state tree and the index of its versions.
 #[derive(Clone)]
@@ -321,9 +324,44 @@ impl History {
         self.index().versions()
     }
 
-    /// The live keys as the versions say: the whole range at the highest revision.
+    /// The live keys as the versions say: the whole range at the highest revision, in one
+    /// pass over the records that hold them.
     pub fn load(&self) -> Result<KeyMap, StorageError> {
-        self.live_keys(Revision(u64::MAX)).collect()
+        let everything = KeyRange {
+            start: Vec::new(),
+            end: None,
+        };
+        Ok(self
+            .range_at(&everything, Revision(u64::MAX))?
+            .into_iter()
+            .collect())
+    }
+
+    /// The locations of at most `limit` live keys at `revision` in `(start, end)`, walked a
+    /// piece at a time: the index's lock is never held for long (an apply waits for it
+    /// while it holds the state's lock).
+    fn locate(
+        &self,
+        mut start: Bound<Box<[u8]>>,
+        end: Bound<&[u8]>,
+        revision: Revision,
+        limit: usize,
+    ) -> Vec<(Box<[u8]>, Loc)> {
+        let mut out = Vec::new();
+        loop {
+            let (found, next) = self.index().live_at(
+                start.as_ref().map(|k| &k[..]),
+                end,
+                revision,
+                limit - out.len(),
+                WALK_STEP,
+            );
+            out.extend(found);
+            match next {
+                Some(key) if out.len() < limit => start = Bound::Included(key),
+                _ => return out,
+            }
+        }
     }
 
     /// The live keys of `range` as they were at `revision` (at or above the floor), in key
@@ -337,9 +375,8 @@ impl History {
             .end
             .as_deref()
             .map_or(Bound::Unbounded, Bound::Excluded);
-        let locs = self
-            .index()
-            .live_at(Bound::Included(&range.start), end, revision, usize::MAX);
+        let start = Bound::Included(range.start.clone().into_boxed_slice());
+        let locs = self.locate(start, end, revision, usize::MAX);
         self.read_locs(locs)
     }
 
@@ -350,10 +387,8 @@ impl History {
         revision: Revision,
         limit: usize,
     ) -> Result<Vec<(String, Versioned)>, StorageError> {
-        let start = after.map_or(Bound::Unbounded, |a| Bound::Excluded(a.as_bytes()));
-        let locs = self
-            .index()
-            .live_at(start, Bound::Unbounded, revision, limit);
+        let start = after.map_or(Bound::Unbounded, |a| Bound::Excluded(a.as_bytes().into()));
+        let locs = self.locate(start, Bound::Unbounded, revision, limit);
         self.read_locs(locs)
     }
 
@@ -394,7 +429,7 @@ impl History {
         let Some(loc) = self.index().before(key.as_bytes(), revision) else {
             return Ok(None);
         };
-        if loc.tombstone {
+        if loc.tombstone() {
             return Ok(None);
         }
         let mut read = self.read_locs(vec![(key.as_bytes().into(), loc)])?;
@@ -409,23 +444,15 @@ impl History {
     ) -> Result<Vec<(String, Versioned)>, StorageError> {
         let moved = || corrupt("version", "not where the index says (moved by compaction?)");
         // Each record is read and decoded once, however many of its versions are asked for.
-        // Record -> revision -> the slots wanted from it (a revision changes several keys
-        // in a transaction).
-        let mut wanted: BTreeMap<Revision, HashMap<Revision, Vec<usize>>> = BTreeMap::new();
+        // Each record is read once, however many of its versions are wanted.
+        let mut wanted: BTreeMap<Revision, Vec<usize>> = BTreeMap::new();
         let mut out: Vec<Option<(String, Versioned)>> = vec![None; locs.len()];
         for (i, (key, loc)) in locs.iter().enumerate() {
-            let name =
-                String::from_utf8(key.to_vec()).map_err(|e| corrupt("version", e.to_string()))?;
             match loc.record() {
-                Some(record) => {
-                    wanted
-                        .entry(record)
-                        .or_default()
-                        .entry(loc.revision)
-                        .or_default()
-                        .push(i);
-                }
+                Some(record) => wanted.entry(record).or_default().push(i),
                 None => {
+                    let name = String::from_utf8(key.to_vec())
+                        .map_err(|e| corrupt("version", e.to_string()))?;
                     let bytes = self
                         .tree
                         .get(index_key(&name, loc.revision))?
@@ -438,31 +465,16 @@ impl History {
                 }
             }
         }
-        for (record, mut slots) in wanted {
+        for (record, slots) in wanted {
             let bytes = self.tree.get(event_key(record))?.ok_or_else(moved)?;
-            // Only the wanted events are decoded whole.
-            let picked = std::cell::Cell::new(0usize);
-            pick_events(
-                &bytes,
-                |revision, _, key| {
-                    let Some(at) = slots.get_mut(&revision) else {
-                        return false;
-                    };
-                    match at.iter().position(|&i| *locs[i].0 == *key.as_bytes()) {
-                        Some(j) => {
-                            picked.set(at.swap_remove(j));
-                            true
-                        }
-                        None => false,
-                    }
-                },
-                |e| {
-                    out[picked.get()] = version_of(&e).map(|v| (e.key, v));
-                },
-            )
-            .map_err(malformed("history event"))?;
-            if slots.values().any(|left| !left.is_empty()) {
-                return Err(moved());
+            for i in slots {
+                let (key, loc) = &locs[i];
+                let key =
+                    std::str::from_utf8(key).map_err(|e| corrupt("version", e.to_string()))?;
+                let event = find_event(&bytes, loc.revision, key)
+                    .map_err(malformed("history event"))?
+                    .ok_or_else(moved)?;
+                out[i] = version_of(&event).map(|v| (event.key, v));
             }
         }
         Ok(out.into_iter().flatten().collect())
@@ -491,11 +503,17 @@ impl History {
             let record = parse_event_key(&k).ok_or_else(|| corrupt("history event", "bad key"))?;
             let events = decode_events(&v).map_err(malformed("history event"))?;
             seen += events.len().max(1);
+            // Each key's last event here: the version compaction keeps, if it is in this
+            // record (the record is wholly at or below the mark).
+            let mut last: HashMap<&str, usize> = HashMap::new();
+            for (i, e) in events.iter().enumerate() {
+                last.insert(&e.key, i);
+            }
             // Planned against the index as it was before this step: a key in two records of
-            // one step is planned twice, the later record's plan last (and right).
-            let mut planned: HashSet<&str> = HashSet::new();
-            for e in &events {
-                if !planned.insert(&e.key) {
+            // one step is planned twice, the later record's plan last (and right). In the
+            // record's order, so that every replica writes the same.
+            for (i, e) in events.iter().enumerate() {
+                if last.get(e.key.as_str()) != Some(&i) {
                     continue;
                 }
                 let plan = index.plan_fold(e.key.as_bytes(), compact, record);
@@ -503,16 +521,13 @@ impl History {
                     batch.remove(index_key(&e.key, dropped));
                 }
                 if let Some(kept) = plan.write_base {
-                    let version = events
-                        .iter()
-                        .find(|x| x.revision == kept && x.key == e.key)
-                        .ok_or_else(|| {
-                            corrupt(
-                                "history event",
-                                "a version the index places in it is missing",
-                            )
-                        })?;
-                    batch.insert(index_key(&e.key, kept), encode_version_of(version));
+                    if e.revision != kept {
+                        return Err(corrupt(
+                            "history event",
+                            "the version the index places in it is not its last of the key",
+                        ));
+                    }
+                    batch.insert(index_key(&e.key, kept), encode_version_of(e));
                 }
                 step.folds.push((e.key.as_bytes().into(), plan.edit));
             }
@@ -520,6 +535,27 @@ impl History {
             step.removes = true;
         }
         Ok(step)
+    }
+
+    /// Add a history fill's versions (all older than this index's of their keys) a few
+    /// thousand keys per hold of the lock, each key's at once, each step while `hold`'s
+    /// guard is held (the fill's gate: an install that replaced the index meanwhile stops it).
+    pub fn merge_older<G, E>(
+        &self,
+        older: &KeyIndex,
+        hold: impl Fn() -> Result<G, E>,
+    ) -> Result<(), E> {
+        let mut after: Option<Box<[u8]>> = None;
+        loop {
+            let _held = hold()?;
+            let next = self
+                .index_mut()
+                .merge_older(older, after.as_deref(), WALK_STEP);
+            match next {
+                Some(key) => after = Some(key),
+                None => return Ok(()),
+            }
+        }
     }
 
     /// Make a sweep step's changes to the index (with its writes, under the state's lock).

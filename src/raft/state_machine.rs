@@ -808,7 +808,9 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             state.insert(KEY_INSTALLING, enc(&marker)?)?;
             install_writes(&state, &meta_owned, &kv, stop_after)?;
             complete_install(&state, &dir)?;
-            Ok::<_, crate::storage::StorageError>(kv)
+            // The key index of what the install left: one base version per key.
+            let index = mvcc_store::base_index(kv.keys.iter());
+            Ok::<_, crate::storage::StorageError>((kv, index))
         })
         .await
         .map_err(write_err)?
@@ -816,10 +818,10 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
 
         // The tracker (if this node leads, which it does not while installing) re-learns every
         // lease at its next promote; the watch hub learns that history before `revision` is gone.
-        let index = mvcc_store::base_index(kv.keys.iter());
+        let (kv, index) = kv;
         let installed = KvState::from_snapshot(kv);
         let lease_clock_ms = installed.lease_clock_ms();
-        {
+        let replaced = {
             let mut kv = self.kv.write().unwrap_or_else(|p| p.into_inner());
             self.written = Written {
                 compact: installed.compact_revision(),
@@ -827,10 +829,13 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                 // `restart` wrote it.
                 sweep_limit: revision,
             };
-            *kv = installed;
-            *self.history.index_mut() = index;
+            let old = std::mem::replace(&mut *kv, installed);
+            let old_index = std::mem::replace(&mut *self.history.index_mut(), index);
             self.history_start.store(revision.0, Ordering::Release);
-        }
+            (old, old_index)
+        };
+        // A million keys take a while to free: not while the state is locked.
+        drop(replaced);
         self.db.flush_async().await.map_err(write_err)?;
         self.last_applied = meta.last_log_id;
         self.membership = meta.last_membership.clone();

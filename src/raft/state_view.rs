@@ -7,11 +7,10 @@
 //! - A history read checks the floor before and after reading: a compaction that applied
 //!   meanwhile makes it answer `compacted`, never a half-swept answer.
 //! - A history read that overlapped the compaction sweep's removal of history records reads
-//!   again ([`read_unswept`]). (A snapshot install raises the floor to the current revision
-//!   before it rewrites the tree, so history reads answer `compacted` until it is done.) sled's scans are
-//!   not snapshots: a scan that read a key's older version just before the sweep removed it,
-//!   and reached the key's tombstone just after, would answer a deleted key as live, at a
-//!   revision the floor still allows.
+//!   again ([`read_unswept`]): it takes locations from the key index, then reads them, and
+//!   a fold may have moved one meanwhile (a kept version whose record went is rewritten as a
+//!   base). (A snapshot install raises the floor to the current revision before it rewrites
+//!   the tree, so history reads answer `compacted` until it is done.)
 //!
 //! # What it must not do
 //! Write anything, or hold its lock across an await.
