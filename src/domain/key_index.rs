@@ -189,9 +189,10 @@ impl KeyIndex {
         (out, None)
     }
 
-    /// Add the versions of `older`, each older than every version this index holds of its
-    /// key (a history fill's), for the keys in `(after, ...]` up to `count` keys: the key to
-    /// go on after, if any is left. A key's versions are added at once.
+    /// Add the versions of `older`, none newer than any version this index holds of its key
+    /// (a history fill's; at the same revision a base wins), for at most `count` (at least
+    /// one) keys after `after`: the key to go on after, if any is left. A key's versions are
+    /// added at once.
     pub fn merge_older(
         &mut self,
         older: &KeyIndex,
@@ -203,7 +204,7 @@ impl KeyIndex {
         for (key, old) in older
             .keys
             .range::<[u8], _>((start, Bound::Unbounded))
-            .take(count)
+            .take(count.max(1))
         {
             let locs = self.keys.entry(key.clone()).or_default();
             let before = locs.len();

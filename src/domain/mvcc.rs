@@ -237,10 +237,15 @@ pub fn encode_events(events: &[Event]) -> Vec<u8> {
     out
 }
 
+/// Whether an event record has an offset table (one written before format 6 has not).
+pub fn has_offsets(bytes: &[u8]) -> bool {
+    bytes.first() == Some(&TABLE_TAG)
+}
+
 /// A record's event count, its offset table (empty in a record without one) and a reader
 /// at its first event.
 fn open_record(bytes: &[u8]) -> Result<(usize, &[u8], Reader<'_>), Malformed> {
-    let tagged = bytes.first() == Some(&TABLE_TAG);
+    let tagged = has_offsets(bytes);
     let mut r = Reader(if tagged { &bytes[1..] } else { bytes });
     let count = r.u32()? as usize;
     let table = if tagged {

@@ -297,8 +297,8 @@ impl FillStore {
     }
 }
 
-/// Copy the staged records into the state tree (newest first, though nothing reads them
-/// until the key index has them: [`FillStore::adopt`]). Each step of [`MOVE_STEP`] records
+/// Copy the staged records into the state tree, last key first (nothing reads them until
+/// the key index has them all: [`FillStore::move_in`]). Each step of [`MOVE_STEP`] records
 /// is made while `hold`'s guard is held. `stop_after` (tests) fails after that many records.
 /// How many were moved.
 fn move_newest_first<G>(

@@ -42,7 +42,8 @@ use crate::domain::kv::{KeyMap, Versioned};
 use crate::domain::mvcc::{
     EVENT_PREFIX, INDEX_PREFIX, LEGACY_PREFIXES, Malformed, decode_events, decode_version,
     encode_events, encode_version, encode_version_of, event_key, events_from, find_event,
-    index_key, is_tombstone, parse_event_key, parse_index_key, skim_events, version_of,
+    has_offsets, index_key, is_tombstone, parse_event_key, parse_index_key, skim_events,
+    version_of,
 };
 use crate::domain::types::Revision;
 use crate::storage::StorageError;
@@ -442,8 +443,12 @@ impl History {
         &self,
         locs: Vec<(Box<[u8]>, Loc)>,
     ) -> Result<Vec<(String, Versioned)>, StorageError> {
-        let moved = || corrupt("version", "not where the index says (moved by compaction?)");
-        // Each record is read and decoded once, however many of its versions are asked for.
+        let moved = || {
+            corrupt(
+                "version",
+                "not where the key index says (moved by a compaction meanwhile, or a damaged record)",
+            )
+        };
         // Each record is read once, however many of its versions are wanted.
         let mut wanted: BTreeMap<Revision, Vec<usize>> = BTreeMap::new();
         let mut out: Vec<Option<(String, Versioned)>> = vec![None; locs.len()];
@@ -467,6 +472,29 @@ impl History {
         }
         for (record, slots) in wanted {
             let bytes = self.tree.get(event_key(record))?.ok_or_else(moved)?;
+            if slots.len() > 1 && !has_offsets(&bytes) {
+                // A record without an offset table (written before it had one) is decoded
+                // once for all its wanted versions, not skimmed once per version.
+                let mut by_revision: HashMap<Revision, Vec<usize>> = HashMap::new();
+                for &i in &slots {
+                    by_revision.entry(locs[i].1.revision).or_default().push(i);
+                }
+                let mut left = slots.len();
+                for e in decode_events(&bytes).map_err(malformed("history event"))? {
+                    let Some(at) = by_revision.get_mut(&e.revision) else {
+                        continue;
+                    };
+                    if let Some(j) = at.iter().position(|&i| *locs[i].0 == *e.key.as_bytes()) {
+                        let i = at.swap_remove(j);
+                        out[i] = version_of(&e).map(|v| (e.key.clone(), v));
+                        left -= 1;
+                    }
+                }
+                if left > 0 {
+                    return Err(moved());
+                }
+                continue;
+            }
             for i in slots {
                 let (key, loc) = &locs[i];
                 let key =
@@ -537,7 +565,7 @@ impl History {
         Ok(step)
     }
 
-    /// Add a history fill's versions (all older than this index's of their keys) a few
+    /// Add a history fill's versions (none newer than this index's of their keys) a few
     /// thousand keys per hold of the lock, each key's at once, each step while `hold`'s
     /// guard is held (the fill's gate: an install that replaced the index meanwhile stops it).
     pub fn merge_older<G, E>(
@@ -803,6 +831,7 @@ mod tests {
             chunk in 1usize..5,
             record_budget in prop_oneof![Just(usize::MAX), 60usize..200],
             format_5 in proptest::bool::ANY,
+            untagged in proptest::bool::ANY,
         ) {
             let t = tree();
             let mut h = history_in(&t);
@@ -813,6 +842,17 @@ mod tests {
                 // opens it and reads, compacts and sweeps it the same.
                 for e in &events {
                     t.insert(index_key(&e.key, e.revision), encode_version_of(e)).unwrap();
+                }
+                h = history_in(&t);
+            }
+            if untagged {
+                // Records without an offset table (as written before it had one) read the same.
+                for item in t.scan_prefix(EVENT_PREFIX) {
+                    let (k, v) = item.unwrap();
+                    let n = u32::from_be_bytes(v[1..5].try_into().unwrap()) as usize;
+                    let mut old = v[1..5].to_vec();
+                    old.extend_from_slice(&v[5 + 4 * n..]);
+                    t.insert(k, old).unwrap();
                 }
                 h = history_in(&t);
             }

@@ -785,7 +785,10 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         }
         // History reads stop reading the tree the install rewrites: they answer `compacted`
         // below the current revision (its own reads come from memory) until the swap below.
+        // Under the fill's gate (which stops any fill in progress), so that a fill finishing
+        // now cannot lower the floor again after it is raised.
         {
+            let _fill = self.fill_gate.install();
             let kv = self.kv.write().unwrap_or_else(|p| p.into_inner());
             self.history_start
                 .fetch_max(kv.revision().0, Ordering::AcqRel);
@@ -834,8 +837,9 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             self.history_start.store(revision.0, Ordering::Release);
             (old, old_index)
         };
-        // A million keys take a while to free: not while the state is locked.
-        drop(replaced);
+        // A million keys take a while to free: not while the state is locked, nor on an
+        // async worker.
+        tokio::task::spawn_blocking(move || drop(replaced));
         self.db.flush_async().await.map_err(write_err)?;
         self.last_applied = meta.last_log_id;
         self.membership = meta.last_membership.clone();
