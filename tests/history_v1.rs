@@ -351,6 +351,33 @@ async fn a_follower_that_installed_a_snapshot_fills_in_the_history() {
         }
     };
     assert_eq!(floor(lagging_url.clone()).await, compact_at as f64);
+    // And the size of its history, in its key index: at least a version per key, on the
+    // leader and on the filled node.
+    let gauge = |url: String, name: &'static str| {
+        let http = http.clone();
+        async move {
+            let text = http
+                .get(format!("{url}/metrics"))
+                .send()
+                .await
+                .unwrap()
+                .text()
+                .await
+                .unwrap();
+            text.lines()
+                .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+                .and_then(|v| v.trim().parse::<f64>().ok())
+                .expect("the history gauges")
+        }
+    };
+    for url in [l.clone(), lagging_url.clone()] {
+        let versions = gauge(url.clone(), "leasecore_history_versions").await;
+        let keys = gauge(url, "leasecore_history_keys").await;
+        assert!(
+            versions >= keys && keys > 0.0,
+            "{versions} versions of {keys} keys"
+        );
+    }
     assert_eq!(floor(l.clone()).await, compact_at as f64);
     let events = watch(lagging_url.clone()).await;
     assert!(events.as_array().is_some_and(|e| e.len() > 20), "{events}");

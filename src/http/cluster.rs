@@ -237,6 +237,17 @@ pub async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
             state.consensus.view().history_floor().0 as f64,
         ),
         (
+            "leasecore_history_keys",
+            "Keys with a version in this node's history (its key index).",
+            state.consensus.view().history_size().0 as f64,
+        ),
+        (
+            "leasecore_history_versions",
+            "Versions held in this node's history, tombstones included (its key index, in \
+             memory: compaction bounds it).",
+            state.consensus.view().history_size().1 as f64,
+        ),
+        (
             "leasecore_cluster_nodes",
             "Nodes in the membership (voters and learners).",
             v.nodes.len() as f64,

@@ -320,9 +320,10 @@ impl History {
         self.index.read().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// How many versions the index holds.
-    pub fn versions(&self) -> usize {
-        self.index().versions()
+    /// How many keys have a version in the index, and how many versions it holds.
+    pub fn size(&self) -> (usize, usize) {
+        let index = self.index();
+        (index.keys(), index.versions())
     }
 
     /// The live keys as the versions say: the whole range at the highest revision, in one

@@ -278,6 +278,12 @@ impl StateView {
         self.bounds().0
     }
 
+    /// The key index's size: keys with a version held, and versions held (what compaction
+    /// bounds; each costs memory).
+    pub fn history_size(&self) -> (usize, usize) {
+        self.history.size()
+    }
+
     /// How far back this node's history reaches (a peer's fill asks).
     pub fn reach(&self) -> HistoryReach {
         let (floor, revision) = self.bounds();
