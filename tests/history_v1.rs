@@ -332,27 +332,9 @@ async fn a_follower_that_installed_a_snapshot_fills_in_the_history() {
             v["events"].clone()
         }
     };
-    // Operators see it in the metrics: the same floor as the leader's, the compaction mark.
-    let floor = |url: String| {
-        let http = http.clone();
-        async move {
-            let text = http
-                .get(format!("{url}/metrics"))
-                .send()
-                .await
-                .unwrap()
-                .text()
-                .await
-                .unwrap();
-            text.lines()
-                .find_map(|l| l.strip_prefix("leasecore_history_floor_revision "))
-                .and_then(|v| v.trim().parse::<f64>().ok())
-                .expect("the floor gauge")
-        }
-    };
-    assert_eq!(floor(lagging_url.clone()).await, compact_at as f64);
-    // And the size of its history, in its key index: at least a version per key, on the
-    // leader and on the filled node.
+    // Operators see it in the metrics: the same floor as the leader's, the compaction mark,
+    // and the size of the history in the key index (at least a version per key, on the
+    // leader and on the filled node).
     let gauge = |url: String, name: &'static str| {
         let http = http.clone();
         async move {
@@ -367,9 +349,11 @@ async fn a_follower_that_installed_a_snapshot_fills_in_the_history() {
             text.lines()
                 .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
                 .and_then(|v| v.trim().parse::<f64>().ok())
-                .expect("the history gauges")
+                .unwrap_or_else(|| panic!("no gauge {name}"))
         }
     };
+    let floor = |url: String| gauge(url, "leasecore_history_floor_revision");
+    assert_eq!(floor(lagging_url.clone()).await, compact_at as f64);
     for url in [l.clone(), lagging_url.clone()] {
         let versions = gauge(url.clone(), "leasecore_history_versions").await;
         let keys = gauge(url, "leasecore_history_keys").await;
