@@ -202,7 +202,7 @@ pub fn build_index(tree: &sled::Tree) -> Result<KeyIndex, StorageError> {
 
 /// Index one item of a history: a base version, or the versions of an event record (any
 /// other item is not history: nothing).
-pub fn index_item(index: &mut KeyIndex, k: &[u8], v: &[u8]) -> Result<(), StorageError> {
+fn index_item(index: &mut KeyIndex, k: &[u8], v: &[u8]) -> Result<(), StorageError> {
     if k.starts_with(INDEX_PREFIX) {
         let (key, rev) = parse_index_key(k).ok_or_else(|| corrupt("version", "bad key"))?;
         index.add(key.as_bytes(), Loc::base(rev, is_tombstone(v)));

@@ -383,11 +383,7 @@ impl PeerClient {
         body: &Req,
         timeout: Duration,
     ) -> Result<Resp, PeerError> {
-        let bytes = serde_json::to_vec(body).map_err(|e| PeerError::Transport {
-            addr: addr.to_string(),
-            detail: e.to_string(),
-        })?;
-        self.post_bytes(addr, path, "application/json", bytes, timeout)
+        self.post_json_within(addr, path, body, timeout, MAX_ANSWER_BYTES)
             .await
     }
 

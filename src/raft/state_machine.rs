@@ -721,7 +721,9 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             batch
                 .persist(&self.state, self.inline_limit, self.stop_writes_after)
                 .map_err(write_err)?;
-            mvcc_store::index_records(&mut self.history.index_mut(), &records);
+            if !records.is_empty() {
+                mvcc_store::index_records(&mut self.history.index_mut(), &records);
+            }
             self.history.apply_folds(swept.folds);
             drop(sweeping);
             self.written = Written {
