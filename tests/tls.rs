@@ -229,9 +229,13 @@ async fn three_nodes_with_client_and_peer_tls() {
         client.put("tls/k", "v1", None, None).await.ok()
     })
     .await;
-    for a in &addrs {
+    for (a, proc) in addrs.iter().zip(&procs) {
         let one = Client::with_tls(&[a], Duration::from_secs(10), &tls).unwrap();
-        let got = one.get("tls/k", false).await.unwrap().expect("the key");
+        let got = one
+            .get("tls/k", false)
+            .await
+            .unwrap_or_else(|e| panic!("get from {a}: {e}; its log:\n{}", proc.log_tail()))
+            .expect("the key");
         assert_eq!(got.kv.value, "v1");
     }
 

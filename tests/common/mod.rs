@@ -83,13 +83,26 @@ pub async fn bind_pair() -> (tokio::net::TcpListener, tokio::net::TcpListener) {
 
 /// Addresses for `n` nodes run as separate processes: free loopback client ports whose peer
 /// port (client port + the peer offset) is free too. Released before returning, a moment
-/// before the nodes bind them.
+/// before the nodes bind them; so they are drawn below Linux's ephemeral range (32768 and up),
+/// where no outgoing connection's source port (nor another test's port-0 listener) can take
+/// one in that moment, and each call starts from its own place in the range, so that the
+/// tests of one binary (run in parallel) do not draw the same ones.
 pub fn free_node_addrs(n: usize) -> Vec<String> {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static CALLS: AtomicU32 = AtomicU32::new(0);
+    let call = CALLS.fetch_add(1, Ordering::Relaxed);
+    let mut next = std::process::id()
+        .wrapping_mul(31)
+        .wrapping_add(call.wrapping_mul(7_919));
     let mut held = Vec::new();
     'nodes: for _ in 0..n {
-        for _ in 0..200 {
-            let client = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-            let addr = client.local_addr().unwrap().to_string();
+        for _ in 0..500 {
+            next = next.wrapping_add(97);
+            let port = 21_000 + (next % 10_500) as u16;
+            let addr = format!("127.0.0.1:{port}");
+            let Ok(client) = std::net::TcpListener::bind(&addr) else {
+                continue;
+            };
             let Ok(peer_addr) = leasecore::domain::resources::peer_address(&addr) else {
                 continue;
             };
@@ -98,7 +111,7 @@ pub fn free_node_addrs(n: usize) -> Vec<String> {
                 continue 'nodes;
             }
         }
-        panic!("no free client/peer port pair on 127.0.0.1");
+        panic!("no free client/peer port pair on 127.0.0.1 below the ephemeral range");
     }
     held.into_iter().map(|(addr, _, _)| addr).collect()
 }
