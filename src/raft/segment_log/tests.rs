@@ -148,11 +148,18 @@ proptest! {
     /// Against a model (a list of entries and a purge point): every read returns the
     /// model's entries, a crash loses only entries written since the last sync and keeps
     /// a prefix, and reopening finds what was there.
+    /// With space reserved ahead of the records (`reserve`), a crash leaves the unsynced
+    /// bytes as zeros (reserved space never written); without, it cuts the file.
     #[test]
-    fn the_log_behaves_as_its_model(ops in prop::collection::vec(op(), 1..40)) {
+    fn the_log_behaves_as_its_model(
+        ops in prop::collection::vec(op(), 1..40),
+        reserve in any::<bool>(),
+    ) {
         let tmp = tempfile::TempDir::new().unwrap();
         let seg_bytes = 300;
-        let mut log = SegmentLog::open_with(tmp.path(), None, seg_bytes).unwrap();
+        let reserve_bytes = if reserve { 64 } else { 0 };
+        let open = |purged| SegmentLog::open_reserving(tmp.path(), purged, seg_bytes, reserve_bytes);
+        let mut log = open(None).unwrap();
         // The readable entries (index, size) and the purge point.
         let mut model: Vec<(u64, usize)> = Vec::new();
         let mut purged: Option<u64> = None;
@@ -186,12 +193,10 @@ proptest! {
                 Op::Sync => {
                     log.sync().unwrap();
                     synced_len = model.len();
-                    synced_file = newest_segment(tmp.path()).map(|seg| {
-                        let len = std::fs::metadata(&seg).unwrap().len();
-                        (seg, len)
-                    });
+                    synced_file = log.lock().segments.back().map(|s| (s.path.clone(), s.end));
                 }
                 Op::Crash { keep } => {
+                    let written = log.lock().segments.back().map_or(0, |s| s.end);
                     drop(log);
                     // Lose part of what was written since the last sync, in the newest
                     // segment only (segments before it were synced when closed... or not:
@@ -199,11 +204,16 @@ proptest! {
                     if let Some((seg, len)) = &synced_file
                         && newest_segment(tmp.path()).as_ref() == Some(seg)
                     {
-                        let now = std::fs::metadata(seg).unwrap().len();
-                        let cut = *len + u64::from(keep) % (now - len + 1);
-                        OpenOptions::new().write(true).open(seg).unwrap().set_len(cut).unwrap();
+                        let cut = *len + u64::from(keep) % (written - len + 1);
+                        let file = OpenOptions::new().write(true).open(seg).unwrap();
+                        if reserve {
+                            let size = std::fs::metadata(seg).unwrap().len();
+                            file.write_all_at(&vec![0; (size - cut) as usize], cut).unwrap();
+                        } else {
+                            file.set_len(cut).unwrap();
+                        }
                     }
-                    log = SegmentLog::open_with(tmp.path(), purged, seg_bytes).unwrap();
+                    log = open(purged).unwrap();
                     let span = log.span();
                     if let Some((f, _)) = span {
                         prop_assert_eq!(Some(f), model.first().map(|e| e.0));
@@ -227,4 +237,55 @@ proptest! {
             }
         }
     }
+}
+
+#[test]
+fn reserved_space_is_not_a_record_and_the_log_goes_on_after_it() {
+    let tmp = tempfile::TempDir::new().unwrap();
+    let log = SegmentLog::open_reserving(tmp.path(), None, 1 << 20, 4096).unwrap();
+    log.append(&records(1, &[50, 50, 50])).unwrap();
+    log.sync().unwrap();
+    let seg = newest_segment(tmp.path()).unwrap();
+    // The file was made a whole reservation long: an fdatasync has no size to journal.
+    assert_eq!(std::fs::metadata(&seg).unwrap().len(), 4096);
+    drop(log);
+    let log = SegmentLog::open_reserving(tmp.path(), None, 1 << 20, 4096).unwrap();
+    assert_eq!(log.span(), Some((1, 3)));
+    // Kept, not cut as a torn tail, and the next record goes right after the last.
+    assert_eq!(std::fs::metadata(&seg).unwrap().len(), 4096);
+    log.append(&records(4, &[5000])).unwrap();
+    assert_eq!(std::fs::metadata(&seg).unwrap().len(), 8192);
+    drop(log);
+    let log = SegmentLog::open_reserving(tmp.path(), None, 1 << 20, 4096).unwrap();
+    assert_eq!(log.read(1, 5, usize::MAX).unwrap()[3], payload(4, 5000));
+
+    // A segment closed with reserved space after its records keeps its zeros: it is not
+    // damaged. (Reservations are clamped to the segment size: 1000 here.)
+    drop(log);
+    let tmp = tempfile::TempDir::new().unwrap();
+    let log = SegmentLog::open_reserving(tmp.path(), None, 1000, 4096).unwrap();
+    log.append(&records(11, &[600])).unwrap();
+    log.append(&records(12, &[600])).unwrap();
+    log.append(&records(13, &[600])).unwrap();
+    log.sync().unwrap();
+    let first = tmp.path().join(segment_name(11));
+    assert_eq!(std::fs::metadata(&first).unwrap().len(), 2000);
+    drop(log);
+    let log = SegmentLog::open_reserving(tmp.path(), None, 1000, 4096).unwrap();
+    assert_eq!(log.span(), Some((11, 13)));
+    log.purge(10).unwrap();
+
+    // Half a record written into reserved space, then zeros: a torn tail, cut.
+    log.append(&records(14, &[30])).unwrap();
+    drop(log);
+    let seg = newest_segment(tmp.path()).unwrap();
+    let file = OpenOptions::new().write(true).open(&seg).unwrap();
+    let record_end = (HEADER + 600 + HEADER + 30) as u64;
+    file.write_all_at(&[0; 10], record_end - 10).unwrap();
+    let log = SegmentLog::open_reserving(tmp.path(), Some(10), 1000, 4096).unwrap();
+    assert_eq!(log.span(), Some((11, 13)));
+    log.append(&records(14, &[7])).unwrap();
+    drop(log);
+    let log = SegmentLog::open_reserving(tmp.path(), Some(10), 1000, 4096).unwrap();
+    assert_eq!(log.read(11, 15, usize::MAX).unwrap()[3], payload(14, 7));
 }
