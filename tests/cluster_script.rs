@@ -18,26 +18,33 @@ fn script(dir: &Path, base_port: u16, args: &[&str]) -> Output {
         .expect("run scripts/cluster.sh")
 }
 
-/// A base port with `n` free consecutive client ports after it, and their peer ports (+1000).
+/// A base port with `n` free consecutive client ports after it, and their peer ports (+1000);
+/// with the listeners that checked them (client ports first, then peer ports), for a caller
+/// that must keep one of them taken without a moment when another process could take it.
 /// Each call draws from its own part of the range, so the tests of this file (which run in
 /// parallel in one process) never pick the same ports. The range stays below Linux's
 /// ephemeral ports (32768 and up): a port checked free there could be taken by any outgoing
 /// connection before the node binds it.
-fn free_range(n: u16) -> u16 {
+fn free_range_held(n: u16) -> (u16, Vec<std::net::TcpListener>) {
     static CALLS: std::sync::atomic::AtomicU16 = std::sync::atomic::AtomicU16::new(0);
     let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let seed = (std::process::id() as u16).wrapping_add(call.wrapping_mul(4_999));
     for attempt in 0..200u16 {
         let base = 20_000 + (seed.wrapping_add(attempt.wrapping_mul(97)) % 11_000);
         let held: Vec<_> = (0..n)
-            .flat_map(|i| [base + i, base + 1000 + i])
+            .map(|i| base + i)
+            .chain((0..n).map(|i| base + 1000 + i))
             .map_while(|port| std::net::TcpListener::bind(("127.0.0.1", port)).ok())
             .collect();
         if held.len() == 2 * n as usize {
-            return base;
+            return (base, held);
         }
     }
     panic!("no free port range");
+}
+
+fn free_range(n: u16) -> u16 {
+    free_range_held(n).0
 }
 
 fn pids(dir: &Path) -> Vec<String> {
@@ -102,9 +109,11 @@ fn starting_twice_refuses_and_keeps_the_running_cluster() {
 fn a_node_that_cannot_bind_fails_the_start() {
     let tmp = tempfile::TempDir::new().unwrap();
     let dir = tmp.path().join("cluster");
-    let base = free_range(3);
-    // Someone else holds node 2's port: node 2 dies with "address in use".
-    let _squatter = std::net::TcpListener::bind(("127.0.0.1", base + 1)).unwrap();
+    // Someone else holds node 2's port: node 2 dies with "address in use". Kept from the
+    // check that found it free (bound again after, it could be taken in between).
+    let (base, mut held) = free_range_held(3);
+    let _squatter = held.remove(1);
+    drop(held);
     let out = script(&dir, base, &["start", "3"]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "a start with a dead node must fail");
