@@ -23,7 +23,7 @@ fn entries(first: u64, cmds: Vec<Command>) -> Vec<Entry> {
         .enumerate()
         .map(|(i, cmd)| Entry {
             log_id: LogId::new(CommittedLeaderId::new(1, 1), first + i as u64),
-            payload: EntryPayload::Normal(cmd),
+            payload: EntryPayload::Normal(cmd.into()),
         })
         .collect()
 }

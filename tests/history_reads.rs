@@ -24,7 +24,7 @@ use tempfile::TempDir;
 fn entry(index: u64, cmd: Command) -> Entry {
     Entry {
         log_id: LogId::new(CommittedLeaderId::new(1, 1), index),
-        payload: EntryPayload::Normal(cmd),
+        payload: EntryPayload::Normal(cmd.into()),
     }
 }
 

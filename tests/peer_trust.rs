@@ -97,12 +97,15 @@ fn forged_append(c: &TestCluster, target: NodeId, claimed_leader: NodeId, value:
         prev_log_id: Some(prev),
         entries: vec![Entry {
             log_id,
-            payload: EntryPayload::Normal(Command::Put {
-                key: "diverged".into(),
-                value: value.into(),
-                lease: None,
-                prev_revision: None,
-            }),
+            payload: EntryPayload::Normal(
+                Command::Put {
+                    key: "diverged".into(),
+                    value: value.into(),
+                    lease: None,
+                    prev_revision: None,
+                }
+                .into(),
+            ),
         }],
         leader_commit: Some(log_id),
     };

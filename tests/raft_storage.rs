@@ -36,7 +36,7 @@ fn entries(
         .enumerate()
         .map(|(i, cmd)| leasecore::raft::Entry {
             log_id: LogId::new(CommittedLeaderId::new(1, 1), first + i as u64),
-            payload: EntryPayload::Normal(cmd),
+            payload: EntryPayload::Normal(cmd.into()),
         })
         .collect()
 }
@@ -118,7 +118,7 @@ async fn a_restart_loads_the_snapshot_and_replays_the_history_after_it() {
         index += 1;
         Entry {
             log_id: LogId::new(CommittedLeaderId::new(1, 1), index),
-            payload: EntryPayload::Normal(cmd),
+            payload: EntryPayload::Normal(cmd.into()),
         }
     };
     let put = |k: usize, v: usize| Command::Put {
@@ -191,12 +191,15 @@ async fn a_format_3_log_moves_out_of_sled_when_opened() {
     let dir = TempDir::new().unwrap();
     let entry = |index: u64| Entry::<TypeConfig> {
         log_id: LogId::new(CommittedLeaderId::new(2, 1), index),
-        payload: EntryPayload::Normal(Command::Put {
-            key: format!("k{index}"),
-            value: "v".into(),
-            lease: None,
-            prev_revision: None,
-        }),
+        payload: EntryPayload::Normal(
+            Command::Put {
+                key: format!("k{index}"),
+                value: "v".into(),
+                lease: None,
+                prev_revision: None,
+            }
+            .into(),
+        ),
     };
     {
         let db = open_db(dir.path(), 8 << 20).unwrap();
@@ -250,12 +253,15 @@ async fn entries_apply_only_once_the_log_is_durable_up_to_them() {
     let id = |index| LogId::new(CommittedLeaderId::new(1, 1), index);
     let put = move |index: u64| Entry::<TypeConfig> {
         log_id: id(index),
-        payload: EntryPayload::Normal(Command::Put {
-            key: format!("k{index}"),
-            value: "v".into(),
-            lease: None,
-            prev_revision: None,
-        }),
+        payload: EntryPayload::Normal(
+            Command::Put {
+                key: format!("k{index}"),
+                value: "v".into(),
+                lease: None,
+                prev_revision: None,
+            }
+            .into(),
+        ),
     };
     let dir = TempDir::new().unwrap();
     let db = open_db(dir.path(), 8 << 20).unwrap();
@@ -610,12 +616,15 @@ async fn a_build_that_finishes_after_an_install_keeps_the_installed_snapshot() {
     let puts: Vec<Entry> = (1..=10)
         .map(|i| Entry {
             log_id: id(i),
-            payload: EntryPayload::Normal(Command::Put {
-                key: format!("k{i}"),
-                value: "v".into(),
-                lease: None,
-                prev_revision: None,
-            }),
+            payload: EntryPayload::Normal(
+                Command::Put {
+                    key: format!("k{i}"),
+                    value: "v".into(),
+                    lease: None,
+                    prev_revision: None,
+                }
+                .into(),
+            ),
         })
         .collect();
     let src_dir = TempDir::new().unwrap();

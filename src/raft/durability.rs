@@ -208,10 +208,13 @@ mod tests {
     fn normal(term: u64, node: NodeId, index: u64) -> Entry {
         Entry {
             log_id: id(term, node, index),
-            payload: EntryPayload::Normal(Command::Delete {
-                key: "k".into(),
-                prev_revision: None,
-            }),
+            payload: EntryPayload::Normal(
+                Command::Delete {
+                    key: "k".into(),
+                    prev_revision: None,
+                }
+                .into(),
+            ),
         }
     }
 

@@ -57,7 +57,7 @@ impl ProposalQueue {
                 true => commands.into_iter().next().expect("one command"),
                 false => Command::Batch { commands },
             };
-            match self.raft.client_write_ff(cmd).await {
+            match self.raft.client_write_ff(cmd.into()).await {
                 Ok(applied) => {
                     tokio::spawn(async move {
                         let result = match applied.await {
