@@ -39,7 +39,7 @@ use crate::domain::resources::{Quota, peer_address};
 use crate::domain::types::NodeId;
 use crate::domain::types::Revision;
 use crate::http::listener::{ListenerLimits, serve_limited};
-use crate::http::{self, AppState};
+use crate::http::{self, AppState, AppStateParts};
 use crate::metrics::Metrics;
 use crate::raft::Raft;
 use crate::raft::consensus::{Consensus, ConsensusError, ConsensusTimeouts, StorageUse};
@@ -510,7 +510,7 @@ impl Node {
             let _ = metrics.tls.set(reloadable.clone());
             tasks.spawn(run_reloader(reloadable, RELOAD_POLL, cancel.clone()));
         }
-        let state = AppState {
+        let state = AppState::new(AppStateParts {
             consensus: consensus.clone(),
             limits: cfg.limits,
             metrics: metrics.clone(),
@@ -524,7 +524,7 @@ impl Node {
                 // Half the cores at most: password checks never take every core.
                 std::thread::available_parallelism().map_or(1, |n| n.get() / 2),
             )),
-        };
+        });
         if let (Some(listener), Some(bound)) = (etcd_listener, etcd_addr) {
             let scheme = if client_tls.is_some() {
                 "https"
