@@ -298,7 +298,9 @@ impl SegmentLog {
                 .open(&path)
                 .map_err(LogFileError::io("opening", &path))?;
             let mut allocated = data.len() as u64;
-            if stop.is_some() {
+            // Cut a torn tail; and reserved zeros after a closed segment's records, which a
+            // crash can leave before its trim was synced (see `append`).
+            if stop.is_some() || (!newest && end < allocated) {
                 file.set_len(end)
                     .and_then(|_| file.sync_all())
                     .map_err(LogFileError::io("cutting", &path))?;
@@ -408,6 +410,22 @@ impl SegmentLog {
                 Some(s) => s.end >= self.segment_bytes || s.next != records[at].0,
             };
             if roll {
+                // A closed segment keeps no reserved space: its records end where its file
+                // does, as a build without reservations expects of every segment but the
+                // newest (it would call the zeros damage), and the disk holds no more than
+                // one reservation.
+                if let Some(last) = inner.segments.back_mut()
+                    && last.allocated > last.end
+                {
+                    last.file
+                        .set_len(last.end)
+                        .map_err(LogFileError::io("trimming", &last.path))?;
+                    last.allocated = last.end;
+                    let file = last.file.clone();
+                    if !inner.dirty.iter().any(|f| Arc::ptr_eq(f, &file)) {
+                        inner.dirty.push(file);
+                    }
+                }
                 self.create_segment(&mut inner, records[at].0)?;
             }
             let seg = inner.segments.back().expect("an active segment");
