@@ -41,6 +41,21 @@ fn entries(
         .collect()
 }
 
+/// A put of `k<index>` = "v" as the entry at `index`, written by leader 1 in `term`.
+fn put_entry(term: u64, index: u64) -> leasecore::raft::Entry {
+    use openraft::{CommittedLeaderId, EntryPayload, LogId};
+    let cmd = leasecore::domain::command::Command::Put {
+        key: format!("k{index}"),
+        value: "v".into(),
+        lease: None,
+        prev_revision: None,
+    };
+    leasecore::raft::Entry {
+        log_id: LogId::new(CommittedLeaderId::new(term, 1), index),
+        payload: EntryPayload::Normal(cmd.into()),
+    }
+}
+
 #[test]
 fn sled_stores_pass_openraft_suite() {
     Suite::test_all(SledBuilder).expect("openraft storage suite");
@@ -183,24 +198,12 @@ async fn a_restart_loads_the_snapshot_and_replays_the_history_after_it() {
 /// them, and the move is not repeated on the next open.
 #[tokio::test]
 async fn a_format_3_log_moves_out_of_sled_when_opened() {
-    use leasecore::domain::command::Command;
     use leasecore::raft::log_store::{LOG_DIR, encode_entry};
     use openraft::storage::RaftLogStorage;
-    use openraft::{CommittedLeaderId, Entry, EntryPayload, LogId, RaftLogReader};
+    use openraft::{CommittedLeaderId, LogId, RaftLogReader};
 
     let dir = TempDir::new().unwrap();
-    let entry = |index: u64| Entry::<TypeConfig> {
-        log_id: LogId::new(CommittedLeaderId::new(2, 1), index),
-        payload: EntryPayload::Normal(
-            Command::Put {
-                key: format!("k{index}"),
-                value: "v".into(),
-                lease: None,
-                prev_revision: None,
-            }
-            .into(),
-        ),
-    };
+    let entry = |index: u64| put_entry(2, index);
     {
         let db = open_db(dir.path(), 8 << 20).unwrap();
         let tree = db.open_tree(leasecore::storage::TREE_RAFT).unwrap();
@@ -245,24 +248,12 @@ async fn a_format_3_log_moves_out_of_sled_when_opened() {
 /// a sync failed. On a paused clock: the wait is on the durable mark alone, never on time.
 #[tokio::test(start_paused = true)]
 async fn entries_apply_only_once_the_log_is_durable_up_to_them() {
-    use leasecore::domain::command::Command;
     use leasecore::raft::durability::Durability;
     use openraft::storage::RaftStateMachine;
-    use openraft::{CommittedLeaderId, Entry, EntryPayload, LogId};
+    use openraft::{CommittedLeaderId, LogId};
 
     let id = |index| LogId::new(CommittedLeaderId::new(1, 1), index);
-    let put = move |index: u64| Entry::<TypeConfig> {
-        log_id: id(index),
-        payload: EntryPayload::Normal(
-            Command::Put {
-                key: format!("k{index}"),
-                value: "v".into(),
-                lease: None,
-                prev_revision: None,
-            }
-            .into(),
-        ),
-    };
+    let put = |index: u64| put_entry(1, index);
     let dir = TempDir::new().unwrap();
     let db = open_db(dir.path(), 8 << 20).unwrap();
     let (mut sm, view) = StateMachine::open(&db, dir.path(), Arc::new(DiscardEvents)).unwrap();
