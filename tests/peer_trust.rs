@@ -612,7 +612,15 @@ async fn transfer_calls_hold_elections_only_for_the_leader_and_only_while_they_l
     let leader = c.leader().await;
     let target = other_member(&c, &[leader]);
     let bystander = other_member(&c, &[leader, target]);
-    let term = c.nodes[&target].consensus().cluster_view().term;
+    // The leader's term, once the target has heard of it too (a node just started may still
+    // be a term behind: a call in what the test takes for "another term" would be in its own).
+    let term = c.nodes[&leader].consensus().cluster_view().term;
+    eventually(
+        Duration::from_secs(10),
+        "the target in the leader's term",
+        || async { (c.nodes[&target].consensus().cluster_view().term == term).then_some(()) },
+    )
+    .await;
     let call = |term: u64, to: NodeId| {
         serde_json::to_vec(&serde_json::json!({"term": term, "target": to, "hold_ms": 60_000}))
             .unwrap()

@@ -30,7 +30,8 @@
 //! - A segment's records end at the end of its file or where the rest of it is all zeros
 //!   (reserved space never written). Only the active segment holds reserved space: a closed
 //!   one is trimmed to its records, so that a build without reservations, which reads zeros
-//!   in any segment but the newest as damage, can open the log after a downgrade. Opening cuts a torn or corrupt tail of the newest segment (a crash in the middle of a
+//!   in any segment but the newest as damage, can open the log after a downgrade.
+//! - Opening cuts a torn or corrupt tail of the newest segment (a crash in the middle of a
 //!   write, never acknowledged) and refuses a bad record anywhere else: that is damage, and
 //!   dropping entries a quorum may count on would be worse than not starting.
 //! - A truncation is durable before it returns. Newer segments go first, then the cut, so a
