@@ -2,6 +2,8 @@
 //! ports): a second `start` must not orphan the running cluster; `kill` of a stopped node says
 //! so plainly; `clean` wipes the cluster.
 
+mod common;
+
 use std::path::Path;
 use std::process::{Command, Output};
 
@@ -18,29 +20,11 @@ fn script(dir: &Path, base_port: u16, args: &[&str]) -> Output {
         .expect("run scripts/cluster.sh")
 }
 
-/// A base port with `n` free consecutive client ports after it, and their peer ports (+1000);
-/// with the listeners that checked them (client ports first, then peer ports), for a caller
-/// that must keep one of them taken without a moment when another process could take it.
-/// Each call draws from its own part of the range, so the tests of this file (which run in
-/// parallel in one process) never pick the same ports. The range stays below Linux's
-/// ephemeral ports (32768 and up): a port checked free there could be taken by any outgoing
-/// connection before the node binds it.
+/// A base port with `n` free consecutive client ports after it and their peer ports (+1000),
+/// with the listeners that checked them: client ports first, then peer ports.
 fn free_range_held(n: u16) -> (u16, Vec<std::net::TcpListener>) {
-    static CALLS: std::sync::atomic::AtomicU16 = std::sync::atomic::AtomicU16::new(0);
-    let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let seed = (std::process::id() as u16).wrapping_add(call.wrapping_mul(4_999));
-    for attempt in 0..200u16 {
-        let base = 20_000 + (seed.wrapping_add(attempt.wrapping_mul(97)) % 11_000);
-        let held: Vec<_> = (0..n)
-            .map(|i| base + i)
-            .chain((0..n).map(|i| base + 1000 + i))
-            .map_while(|port| std::net::TcpListener::bind(("127.0.0.1", port)).ok())
-            .collect();
-        if held.len() == 2 * n as usize {
-            return (base, held);
-        }
-    }
-    panic!("no free port range");
+    let offsets: Vec<u16> = (0..n).chain((0..n).map(|i| 1000 + i)).collect();
+    common::free_ports_at(&offsets)
 }
 
 fn free_range(n: u16) -> u16 {

@@ -189,6 +189,7 @@ pub async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
         .await
         .unwrap_or(0);
     let v = state.consensus.cluster_view();
+    let (history_keys, history_versions) = state.consensus.view().history_size();
     let is_leader = if v.leader_id == Some(v.node_id) && v.state == "leader" {
         1.0
     } else {
@@ -239,13 +240,13 @@ pub async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
         (
             "leasecore_history_keys",
             "Keys with a version in this node's history (its key index).",
-            state.consensus.view().history_size().0 as f64,
+            history_keys as f64,
         ),
         (
             "leasecore_history_versions",
             "Versions held in this node's history, tombstones included (its key index, in \
              memory: compaction bounds it).",
-            state.consensus.view().history_size().1 as f64,
+            history_versions as f64,
         ),
         (
             "leasecore_cluster_nodes",

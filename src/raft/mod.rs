@@ -101,3 +101,28 @@ pub type StoredMembership = openraft::StoredMembership<NodeId, BasicNode>;
 pub(crate) fn any_err<E: std::error::Error + 'static>(e: &E) -> openraft::AnyError {
     openraft::AnyError::new(e)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Logs and snapshots written before entries shared their command hold the command's own
+    /// encodings: a `LogCommand` must write and read exactly those.
+    #[test]
+    fn a_shared_command_encodes_as_the_command() {
+        let cmd = Command::Put {
+            key: "k".into(),
+            value: "v".into(),
+            lease: Some("l".into()),
+            prev_revision: None,
+        };
+        let shared = LogCommand::new(cmd.clone());
+        let packed = rmp_serde::to_vec(&cmd).unwrap();
+        assert_eq!(rmp_serde::to_vec(&shared).unwrap(), packed);
+        let back: LogCommand = rmp_serde::from_slice(&packed).unwrap();
+        assert_eq!(*back, cmd);
+        let text = serde_json::to_vec(&cmd).unwrap();
+        assert_eq!(serde_json::to_vec(&shared).unwrap(), text);
+        assert_eq!(*serde_json::from_slice::<LogCommand>(&text).unwrap(), cmd);
+    }
+}

@@ -81,39 +81,43 @@ pub async fn bind_pair() -> (tokio::net::TcpListener, tokio::net::TcpListener) {
     panic!("no free client/peer port pair on 127.0.0.1");
 }
 
-/// Addresses for `n` nodes run as separate processes: free loopback client ports whose peer
-/// port (client port + the peer offset) is free too. Released before returning, a moment
-/// before the nodes bind them; so they are drawn below Linux's ephemeral range (32768 and up),
-/// where no outgoing connection's source port (nor another test's port-0 listener) can take
-/// one in that moment, and each call starts from its own place in the range, so that the
-/// tests of one binary (run in parallel) do not draw the same ones.
-pub fn free_node_addrs(n: usize) -> Vec<String> {
+/// A base port with `base + offset` free on 127.0.0.1 for every one of `offsets`, and the
+/// listeners that checked them (in the order of `offsets`): drop them a moment before what
+/// needs the ports binds them, or keep one to hold its port. The base is drawn below Linux's
+/// ephemeral range (32768 and up), where no outgoing connection's source port (nor a port-0
+/// listener) can take a port in that moment, and each call starts from its own place in the
+/// range, so that the tests of one binary (run in parallel) do not draw the same ones.
+/// `offsets` must stay under 1700.
+pub fn free_ports_at(offsets: &[u16]) -> (u16, Vec<std::net::TcpListener>) {
     use std::sync::atomic::{AtomicU32, Ordering};
     static CALLS: AtomicU32 = AtomicU32::new(0);
     let call = CALLS.fetch_add(1, Ordering::Relaxed);
     let mut next = std::process::id()
         .wrapping_mul(31)
         .wrapping_add(call.wrapping_mul(7_919));
-    let mut held = Vec::new();
-    'nodes: for _ in 0..n {
-        for _ in 0..500 {
-            next = next.wrapping_add(97);
-            let port = 21_000 + (next % 10_500) as u16;
-            let addr = format!("127.0.0.1:{port}");
-            let Ok(client) = std::net::TcpListener::bind(&addr) else {
-                continue;
-            };
-            let Ok(peer_addr) = leasecore::domain::resources::peer_address(&addr) else {
-                continue;
-            };
-            if let Ok(peer) = std::net::TcpListener::bind(&peer_addr) {
-                held.push((addr, client, peer));
-                continue 'nodes;
-            }
+    for _ in 0..500 {
+        next = next.wrapping_add(97);
+        let base = 20_000 + (next % 11_000) as u16;
+        let held: Vec<_> = offsets
+            .iter()
+            .map_while(|o| std::net::TcpListener::bind(("127.0.0.1", base + o)).ok())
+            .collect();
+        if held.len() == offsets.len() {
+            return (base, held);
         }
-        panic!("no free client/peer port pair on 127.0.0.1 below the ephemeral range");
     }
-    held.into_iter().map(|(addr, _, _)| addr).collect()
+    panic!("no free ports at {offsets:?} from a base below the ephemeral range");
+}
+
+/// Addresses for `n` nodes run as separate processes: free client ports whose peer port
+/// (client port + the peer offset) is free too ([`free_ports_at`]). Released before returning,
+/// a moment before the nodes bind them.
+pub fn free_node_addrs(n: usize) -> Vec<String> {
+    let offsets = [0, leasecore::domain::resources::PEER_PORT_OFFSET];
+    let held: Vec<_> = (0..n).map(|_| free_ports_at(&offsets)).collect();
+    held.into_iter()
+        .map(|(base, _)| format!("127.0.0.1:{base}"))
+        .collect()
 }
 
 /// Adjusts every node's configuration (kept for restarts).
