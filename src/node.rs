@@ -524,6 +524,11 @@ impl Node {
                 // Half the cores at most: password checks never take every core.
                 std::thread::available_parallelism().map_or(1, |n| n.get() / 2),
             )),
+            peer_streams: http::peer_stream::PeerStreams::new(
+                tasks.clone(),
+                cancel.clone(),
+                cfg.peer_limits.header_timeout,
+            ),
         });
         if let (Some(listener), Some(bound)) = (etcd_listener, etcd_addr) {
             let scheme = if client_tls.is_some() {

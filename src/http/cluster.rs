@@ -249,6 +249,12 @@ pub async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
             history_versions as f64,
         ),
         (
+            "leasecore_peer_streams_open",
+            "Peer streams this node serves now (connections upgraded from its peer port, \
+             counted apart from leasecore_peer_connections_open).",
+            state.peer_streams.open() as f64,
+        ),
+        (
             "leasecore_cluster_nodes",
             "Nodes in the membership (voters and learners).",
             v.nodes.len() as f64,

@@ -291,19 +291,26 @@ impl From<LeaseError> for ApiError {
     }
 }
 
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        let retryable = self.status == StatusCode::SERVICE_UNAVAILABLE
-            || self.code == "membership_change_in_progress"
-            || self.code == "leader_transfer_in_progress";
-        let body = ErrorBody {
+impl ApiError {
+    /// The JSON document of the error (the body of its HTTP answer).
+    pub fn body(self) -> serde_json::Value {
+        json!(ErrorBody {
             error: ErrorDetail {
                 code: self.code.to_string(),
                 message: self.message,
                 details: self.details,
             },
-        };
-        let mut resp = (self.status, axum::Json(json!(body))).into_response();
+        })
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let retryable = self.status == StatusCode::SERVICE_UNAVAILABLE
+            || self.code == "membership_change_in_progress"
+            || self.code == "leader_transfer_in_progress";
+        let status = self.status;
+        let mut resp = (status, axum::Json(self.body())).into_response();
         if retryable {
             resp.headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));

@@ -372,7 +372,11 @@ impl Conn {
             .timer(TokioTimer::new())
             .header_read_timeout(self.header_timeout)
             .keep_alive(true);
-        let conn = builder.serve_connection(TokioIo::new(stream), svc);
+        // With upgrades: a peer stream (`http::peer_stream`) takes the connection over; the
+        // connection then leaves this table and is counted there.
+        let conn = builder
+            .serve_connection(TokioIo::new(stream), svc)
+            .with_upgrades();
         tokio::pin!(conn);
         let result = tokio::select! {
             r = conn.as_mut() => r,

@@ -23,6 +23,7 @@ pub mod leases;
 pub mod listener;
 pub mod members;
 pub mod peer;
+pub mod peer_stream;
 pub mod peer_trust;
 pub mod recipes;
 pub mod snapshot;
@@ -94,6 +95,8 @@ pub struct AppStateParts {
     pub watch: Arc<WatchHub>,
     pub flease: Arc<FleaseService>,
     pub auth: Arc<crate::runtime::auth::AuthService>,
+    /// The peer streams this node serves (`peer_stream`).
+    pub peer_streams: peer_stream::PeerStreams,
 }
 
 /// Who a route is for.
@@ -302,6 +305,7 @@ pub fn route_table() -> Vec<RouteSpec> {
             delete(auth::role_revoke),
         ),
         spec("POST", routes::APPEND, Peer, post(peer::append)),
+        spec("GET", routes::STREAM, Peer, get(peer_stream::open)),
         spec("POST", routes::VOTE, Peer, post(peer::vote)),
         spec("POST", routes::SNAPSHOT, Peer, post(peer::snapshot)),
         spec("POST", routes::PROPOSE, Peer, post(peer::propose)),

@@ -57,12 +57,25 @@ pub async fn append(
     State(state): State<AppState>,
     Extension(PeerSender(sender)): Extension<PeerSender>,
     body: Bytes,
-) -> Result<Json<Result<AppendEntriesResponse<NodeId>, RaftError<NodeId>>>, ApiError> {
+) -> Result<Json<AppendAnswer>, ApiError> {
+    append_answer(&state, sender, &body).await.map(Json)
+}
+
+/// What an append is answered with (the remote Raft's error travels inside, for openraft).
+pub type AppendAnswer = Result<AppendEntriesResponse<NodeId>, RaftError<NodeId>>;
+
+/// Check and hand an AppendEntries request (MessagePack) from `sender` to Raft: the HTTP route
+/// and the peer stream (`http::peer_stream`) both answer through this.
+pub async fn append_answer(
+    state: &AppState,
+    sender: NodeId,
+    body: &[u8],
+) -> Result<AppendAnswer, ApiError> {
     // MessagePack (see raft::network): values travel as raw bytes.
-    let req: AppendEntriesRequest<TypeConfig> = rmp_serde::from_slice(&body)
+    let req: AppendEntriesRequest<TypeConfig> = rmp_serde::from_slice(body)
         .map_err(|e| ApiError::invalid(format!("undecodable append request: {e}")))?;
     let leader = req.vote.leader_id().node_id;
-    claim(&state, sender, leader, routes::APPEND)?;
+    claim(state, sender, leader, routes::APPEND)?;
     let from_leader = req.vote.is_committed();
     let answer = state.consensus.raft().append_entries(req).await;
     if from_leader && matches!(&answer, Ok(r) if !matches!(r, AppendEntriesResponse::HigherVote(_)))
@@ -73,7 +86,7 @@ pub async fn append(
         contacts.heard_from(leader);
         contacts.led_now();
     }
-    Ok(Json(answer))
+    Ok(answer)
 }
 
 pub async fn vote(

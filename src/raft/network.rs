@@ -43,11 +43,12 @@ use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
 use openraft::raft::{
     AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, VoteRequest, VoteResponse,
 };
-use openraft::{BasicNode, EntryPayload, OptionalSend, Snapshot, Vote};
+use openraft::{AnyError, BasicNode, EntryPayload, OptionalSend, Snapshot, Vote};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use super::durability::DurableView;
+use super::peer_stream::{self, PeerStream, StreamPool};
 use super::{Entry, NodeId, SnapshotMeta, TypeConfig};
 use crate::domain::peer_link::{LinkPolicy, LinkReport, PeerLink};
 use crate::domain::peer_trust::SENDER_HEADER;
@@ -108,6 +109,8 @@ pub mod routes {
     pub const HISTORY_PAGE: &str = "/raft/history/page";
     /// This node's view of the cluster (`GET /v1/cluster`'s document), for the start-up probe.
     pub const STATUS: &str = "/raft/status";
+    /// A peer stream (`raft::peer_stream`): an HTTP/1.1 upgrade to framed messages.
+    pub const STREAM: &str = "/raft/stream";
 }
 
 /// A failed peer call.
@@ -292,6 +295,8 @@ pub struct PeerClient {
     faults: Arc<Faults>,
     contacts: Arc<Contacts>,
     links: Arc<LinkLog>,
+    /// Open peer streams, idle between exchanges.
+    streams: Arc<StreamPool>,
     /// This node's id, sent as [`SENDER_HEADER`].
     me: String,
 }
@@ -336,6 +341,7 @@ impl PeerClient {
             faults: Arc::default(),
             contacts: Arc::default(),
             links: Arc::default(),
+            streams: Arc::default(),
             me: me.to_string(),
         }
     }
@@ -458,6 +464,29 @@ impl PeerClient {
             addr: addr.to_string(),
             detail,
         };
+        // Over a peer stream when the peer serves them: all but snapshots (bulk) and the
+        // status document (open to non-members, which cannot open a stream).
+        if path != routes::SNAPSHOT && path != routes::STATUS {
+            let frame = peer_stream::request_frame(path, content_type, &body)
+                .map_err(|e| transport(e.to_string()))?;
+            if let Some((kind, answer)) = self
+                .stream_call(addr, &frame, timeout, cap.saturating_add(2))
+                .await?
+            {
+                if kind != peer_stream::ANSWERED {
+                    return Err(transport(format!(
+                        "refused on the peer stream: {}",
+                        String::from_utf8_lossy(&answer[..answer.len().min(512)])
+                    )));
+                }
+                let (status, body) =
+                    peer_stream::parse_answer(&answer).map_err(|e| transport(e.into()))?;
+                let status = reqwest::StatusCode::from_u16(status)
+                    .map_err(|_| transport(format!("an impossible status {status}")))?;
+                let body = bytes::Bytes::copy_from_slice(body);
+                return answered_with(addr, path, status, body);
+            }
+        }
         let url = self.url(addr, path).map_err(transport)?;
         if self.faults.is_blocked(addr) {
             // A partition: the message is lost; the sender learns only that it timed out.
@@ -473,32 +502,146 @@ impl PeerClient {
             .timeout(timeout)
             .send()
             .await
-            .map_err(|e| {
-                if e.is_connect() {
-                    PeerError::Unreachable {
-                        addr: addr.to_string(),
-                        source: e,
-                    }
-                } else {
-                    transport(crate::transport::cause(&e))
-                }
-            })?;
+            .map_err(|e| send_failed(addr, e))?;
         let status = resp.status();
         let body = read_bounded(resp, cap).await.map_err(transport)?;
-        // An unknown route answers 404 with no body; every route of ours answers with one.
-        if status == reqwest::StatusCode::NOT_FOUND && body.is_empty() {
-            return Err(PeerError::NoRoute {
-                addr: addr.to_string(),
-                path: path.to_string(),
-            });
-        }
-        if !status.is_success() {
-            return Err(transport(format!(
+        answered_with(addr, path, status, body)
+    }
+}
+
+/// A peer's answer to a request for `path`: its body if the status is a success.
+fn answered_with(
+    addr: &str,
+    path: &str,
+    status: reqwest::StatusCode,
+    body: bytes::Bytes,
+) -> Result<bytes::Bytes, PeerError> {
+    // An unknown route answers 404 with no body; every route of ours answers with one.
+    if status == reqwest::StatusCode::NOT_FOUND && body.is_empty() {
+        return Err(PeerError::NoRoute {
+            addr: addr.to_string(),
+            path: path.to_string(),
+        });
+    }
+    if !status.is_success() {
+        return Err(PeerError::Transport {
+            addr: addr.to_string(),
+            detail: format!(
                 "status {status}: {}",
                 String::from_utf8_lossy(&body[..body.len().min(512)])
-            )));
+            ),
+        });
+    }
+    Ok(body)
+}
+
+/// A request that could not be sent or got no answer: `Unreachable` if the connection could
+/// not be made (certainly not delivered).
+fn send_failed(addr: &str, e: reqwest::Error) -> PeerError {
+    if e.is_connect() {
+        PeerError::Unreachable {
+            addr: addr.to_string(),
+            source: e,
         }
-        Ok(body)
+    } else {
+        PeerError::Transport {
+            addr: addr.to_string(),
+            detail: crate::transport::cause(&e),
+        }
+    }
+}
+
+impl PeerClient {
+    /// Send one request frame to `addr` over a peer stream (a pooled one, or a new one) and
+    /// return the answer frame, all within `timeout`. `Ok(None)`: the peer does not serve
+    /// streams; send the message over plain HTTP instead.
+    pub async fn stream_call(
+        &self,
+        addr: &str,
+        frame: &[u8],
+        timeout: Duration,
+        cap: usize,
+    ) -> Result<Option<peer_stream::Frame>, PeerError> {
+        let transport = |detail: String| PeerError::Transport {
+            addr: addr.to_string(),
+            detail,
+        };
+        if self.streams.plain(addr) {
+            return Ok(None);
+        }
+        if self.faults.is_blocked(addr) {
+            tokio::time::sleep(timeout.min(Duration::from_millis(50))).await;
+            return Err(transport("partitioned (fault injection)".into()));
+        }
+        let exchange = async {
+            let mut stream = match self.streams.take(addr) {
+                Some(stream) => stream,
+                None => match self.open_stream(addr, timeout).await? {
+                    Some(stream) => stream,
+                    None => return Ok(None),
+                },
+            };
+            let answer = stream
+                .exchange(frame, cap)
+                .await
+                .map_err(|e| transport(format!("peer stream: {e}")))?;
+            // Only a stream whose exchange completed is reused: any failure above drops it
+            // (an answer may still be on its way).
+            self.streams.give_back(addr, stream);
+            Ok(Some(answer))
+        };
+        tokio::time::timeout(timeout, exchange)
+            .await
+            .unwrap_or_else(|_| Err(transport("timed out".into())))
+    }
+
+    /// Open a peer stream to `addr`. `Ok(None)` if the peer does not open one: it has no such
+    /// route (a build before streams; remembered for a while), or it refused (not a member of
+    /// its cluster yet, or at its cap of streams): the message then goes over plain HTTP, which
+    /// answers as it always did.
+    async fn open_stream(
+        &self,
+        addr: &str,
+        timeout: Duration,
+    ) -> Result<Option<PeerStream>, PeerError> {
+        let transport = |detail: String| PeerError::Transport {
+            addr: addr.to_string(),
+            detail,
+        };
+        let url = self.url(addr, routes::STREAM).map_err(transport)?;
+        let resp = self
+            .http()
+            .get(&url)
+            .header(reqwest::header::CONNECTION, "upgrade")
+            .header(reqwest::header::UPGRADE, peer_stream::PROTOCOL)
+            .header(SENDER_HEADER, &self.me)
+            .timeout(timeout)
+            .send()
+            .await
+            .map_err(|e| send_failed(addr, e))?;
+        let status = resp.status();
+        if status == reqwest::StatusCode::SWITCHING_PROTOCOLS {
+            let io = resp
+                .upgrade()
+                .await
+                .map_err(|e| transport(format!("peer stream upgrade: {e}")))?;
+            return Ok(Some(PeerStream::new(io)));
+        }
+        let body = read_bounded(resp, peer_stream::MAX_ANSWER_FRAME)
+            .await
+            .map_err(transport)?;
+        // A build before streams answers 404 (its unknown-route document).
+        if status == reqwest::StatusCode::NOT_FOUND {
+            self.streams.use_plain(addr);
+        } else {
+            tracing::debug!(
+                addr,
+                %status,
+                answer = %String::from_utf8_lossy(&body[..body.len().min(200)]),
+                "peer stream refused: plain HTTP for this message"
+            );
+        }
+        Ok(None)
     }
 }
 
@@ -633,6 +776,14 @@ impl PeerConnection {
         self.client.links.answered(self.target, &self.addr);
     }
 
+    /// A transport failure of this peer's RPC.
+    fn transport(&self, detail: String) -> PeerError {
+        PeerError::Transport {
+            addr: self.addr.clone(),
+            detail,
+        }
+    }
+
     /// An RPC failed: maybe the start of an outage worth a log line; openraft's error.
     fn failed<E: std::error::Error>(&self, e: PeerError) -> RPCError<NodeId, BasicNode, E> {
         self.client.links.failed(self.target, &self.addr, &e);
@@ -660,13 +811,42 @@ impl RaftNetwork<TypeConfig> for PeerConnection {
         }
         let cut = cut_to_budget(&mut rpc.entries);
         let last_sent = rpc.entries.last().map(|e| e.log_id);
-        let body =
-            rmp_serde::to_vec_named(&rpc).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
-        let answer: Result<AppendEntriesResponse<NodeId>, RaftError<NodeId>> = self
+        let network = |e: &dyn std::error::Error| {
+            RPCError::Network(NetworkError::new(&AnyError::error(e.to_string())))
+        };
+        // The MessagePack body is encoded once, straight into a stream frame; over plain HTTP
+        // the same bytes (after the frame's head) are the request body.
+        let estimate = rpc.entries.iter().map(approx_entry_bytes).sum::<usize>() + 64;
+        let mut frame = peer_stream::start_frame(peer_stream::KIND_APPEND, estimate);
+        rmp_serde::encode::write_named(&mut frame, &rpc).map_err(|e| network(&e))?;
+        let frame = peer_stream::finish_frame(frame).map_err(|e| network(&e))?;
+        let ttl = option.hard_ttl();
+        let answer: Result<AppendEntriesResponse<NodeId>, RaftError<NodeId>> = match self
             .client
-            .post_bytes(&self.addr, routes::APPEND, MSGPACK, body, option.hard_ttl())
+            .stream_call(&self.addr, &frame, ttl, peer_stream::MAX_ANSWER_FRAME)
             .await
-            .map_err(|e| self.failed(e))?;
+        {
+            Ok(Some((peer_stream::ANSWERED, body))) => serde_json::from_slice(&body)
+                .map_err(|e| self.failed(self.transport(format!("undecodable answer: {e}"))))?,
+            Ok(Some((status, body))) => {
+                let why = String::from_utf8_lossy(&body[..body.len().min(512)]).into_owned();
+                return Err(self.failed(self.transport(format!(
+                    "append refused on the peer stream (status {status}): {why}"
+                ))));
+            }
+            Ok(None) => self
+                .client
+                .post_bytes(
+                    &self.addr,
+                    routes::APPEND,
+                    MSGPACK,
+                    frame[5..].to_vec(),
+                    ttl,
+                )
+                .await
+                .map_err(|e| self.failed(e))?,
+            Err(e) => return Err(self.failed(e)),
+        };
         self.answered();
         match answer {
             Ok(AppendEntriesResponse::Success) if cut => {
@@ -771,5 +951,42 @@ mod tests {
             let read = read_bounded(get().await.unwrap(), 100).await.unwrap();
             assert_eq!(read.len(), 100, "{path}");
         }
+    }
+
+    /// A peer of a build before streams (its unknown routes answer 404 with a JSON document):
+    /// a message goes over plain HTTP, and the stream is not asked for again at once.
+    #[tokio::test]
+    async fn a_peer_without_streams_is_reached_over_plain_http() {
+        use axum::routing::post;
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let asked = Arc::new(AtomicUsize::new(0));
+        let counter = asked.clone();
+        let app = axum::Router::new()
+            .route(
+                routes::READ_INDEX,
+                post(|| async { axum::Json(serde_json::json!({"Ok": 7})) }),
+            )
+            .fallback(move || {
+                counter.fetch_add(1, Ordering::SeqCst);
+                async { (axum::http::StatusCode::NOT_FOUND, "{\"error\":{}}") }
+            });
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        let offset = crate::domain::resources::PEER_PORT_OFFSET;
+        let addr = format!("127.0.0.1:{}", port - offset);
+        let client = PeerClient::new(1);
+        for _ in 0..3 {
+            let answer: Result<u64, String> = client
+                .post_json(&addr, routes::READ_INDEX, &(), Duration::from_secs(5))
+                .await
+                .unwrap();
+            assert_eq!(answer, Ok(7));
+        }
+        assert_eq!(
+            asked.load(Ordering::SeqCst),
+            1,
+            "the stream was asked for once"
+        );
     }
 }
