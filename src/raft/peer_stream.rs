@@ -228,6 +228,20 @@ impl PeerStream {
         }
     }
 
+    /// Whether the peer has closed the stream (or sent what it should not have) while it sat
+    /// idle in the pool. Checked without waiting: a peer that restarted has closed its end,
+    /// and a request sent on that stream would fail after it may have been delivered (a
+    /// forwarded write would then answer `outcome_unknown`) instead of going on a new one.
+    fn is_stale(&mut self) -> bool {
+        use tokio::io::AsyncBufRead;
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        // Pending (nothing to read) is the healthy idle state; anything ready is the end of
+        // the stream, an error, or bytes no request asked for.
+        std::pin::Pin::new(&mut self.io)
+            .poll_fill_buf(&mut cx)
+            .is_ready()
+    }
+
     /// Send one request frame and read its answer (of at most `cap` bytes).
     pub async fn exchange(&mut self, frame: &[u8], cap: usize) -> std::io::Result<Frame> {
         write_frame(self.io.get_mut(), frame).await?;
@@ -252,8 +266,8 @@ impl StreamPool {
         let now = self.clock.mono();
         let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
         let streams = idle.get_mut(addr)?;
-        while let Some(s) = streams.pop() {
-            if s.idle_since.until(now) < MAX_IDLE.as_millis() as u64 {
+        while let Some(mut s) = streams.pop() {
+            if s.idle_since.until(now) < MAX_IDLE.as_millis() as u64 && !s.is_stale() {
                 return Some(s);
             }
         }
