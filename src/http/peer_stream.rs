@@ -13,7 +13,7 @@
 //! # Invariants
 //! - At most [`MAX_PEER_STREAMS`] streams are served at once (an upgraded connection leaves
 //!   the listener's connection table, so it is counted here instead); one more is refused
-//!   with 503 before the upgrade.
+//!   with 429 before the upgrade (its sender then uses plain HTTP).
 //! - Every stream task is tracked by the node's task tracker and ends when the node's token
 //!   fires (between frames: a frame being handled finishes first).
 //!
@@ -98,9 +98,10 @@ pub async fn open(
         ));
     };
     let Ok(slot) = state.peer_streams.slots.clone().try_acquire_owned() else {
+        // The peer then sends over plain HTTP (any answer but 101 means that).
         return Err(ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "too_many_streams",
+            StatusCode::TOO_MANY_REQUESTS,
+            "too_many_requests",
             format!("this node serves at most {MAX_PEER_STREAMS} peer streams"),
         ));
     };
