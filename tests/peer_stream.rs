@@ -235,3 +235,43 @@ async fn a_restarted_peer_gets_new_streams_not_dead_ones() {
     let _answered = call(&c).await.expect("an answer on a new stream");
     c.shutdown().await;
 }
+
+/// A peer that leaves in the middle of a request cancels it, as closing an HTTP connection
+/// cancels its handler: a leadership transfer's "hold your elections" call lasts as long as the
+/// leader's call does (the leader ends it by dropping the call), not until its time is up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_request_is_dropped_when_its_sender_leaves() {
+    let c = TestCluster::start(3).await;
+    let leader = c.leader().await;
+    let target = *c.nodes.keys().find(|id| **id != leader).unwrap();
+    let other = *c
+        .nodes
+        .keys()
+        .find(|id| ![leader, target].contains(id))
+        .unwrap();
+    let term = c.nodes[&target].consensus().cluster_view().term;
+    let mut io = open_stream(&c, target, &leader.to_string())
+        .await
+        .expect("the leader's stream");
+    let hold = serde_json::json!({"term": term, "target": other, "hold_ms": 20_000});
+    let frame = request_frame(
+        "/raft/transfer",
+        "application/json",
+        hold.to_string().as_bytes(),
+    )
+    .unwrap();
+    write_frame(io.get_mut(), &frame).await.unwrap();
+    let held = || c.nodes[&target].consensus().elections_held();
+    eventually(Duration::from_secs(10), "elections held", || async {
+        held().then_some(())
+    })
+    .await;
+    drop(io);
+    eventually(
+        Duration::from_secs(5),
+        "the hold ended with its call",
+        || async { (!held()).then_some(()) },
+    )
+    .await;
+    c.shutdown().await;
+}

@@ -8,7 +8,8 @@
 //! the very checks of its HTTP route (`http::peer::append_answer`: decoding, the leader it
 //! claims). A frame that fails them is answered `REFUSED` with the JSON error a 4xx would
 //! carry; a frame whose length is impossible, or a read or write that times out, ends the
-//! stream.
+//! stream. A sender that closes the stream while its request is handled cancels the request
+//! (the handler's future is dropped), as a closed HTTP connection cancels its handler.
 //!
 //! # Invariants
 //! - At most [`MAX_PEER_STREAMS`] streams are served at once (an upgraded connection leaves
@@ -30,7 +31,7 @@ use axum::extract::{Request, State};
 use axum::http::{StatusCode, header};
 use axum::response::Response;
 use hyper_util::rt::TokioIo;
-use tokio::io::{AsyncRead, AsyncWrite, BufReader};
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWrite, BufReader};
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -154,11 +155,24 @@ where
                 return;
             }
         };
-        let answer = if kind == KIND_REQUEST {
-            let router = router.get_or_insert_with(|| super::peer_router(state.clone()));
-            tunneled(router.clone(), sender, &payload).await
-        } else {
-            answer(state, sender, kind, &payload).await
+        let work = async {
+            if kind == KIND_REQUEST {
+                let router = router.get_or_insert_with(|| super::peer_router(state.clone()));
+                tunneled(router.clone(), sender, &payload).await
+            } else {
+                answer(state, sender, kind, &payload).await
+            }
+        };
+        // A sender that leaves before its answer cancels its request, as closing an HTTP
+        // connection cancels its handler (a transfer's "hold elections" call lasts exactly as
+        // long as the leader's call). It may send nothing while it waits: anything it sends
+        // ends the stream too.
+        let answer = tokio::select! {
+            answer = work => answer,
+            _ = io.fill_buf() => {
+                tracing::debug!(peer = sender, "peer stream: the sender left before its answer");
+                return;
+            }
         };
         drop(payload);
         let written =
