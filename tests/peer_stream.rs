@@ -8,7 +8,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{TestCluster, eventually};
+use common::{TestCluster, eventually, metrics_of};
 use leasecore::domain::types::NodeId;
 use leasecore::raft::peer_stream::{
     self, ANSWERED, KIND_APPEND, MAX_ANSWER_FRAME, PROTOCOL, REFUSED, parse_answer, read_frame,
@@ -19,13 +19,11 @@ use tokio::io::{AsyncWriteExt, BufReader};
 
 const SENDER: &str = "x-leasecore-node";
 
-async fn metrics_of(c: &TestCluster, id: NodeId) -> String {
-    reqwest::get(format!("{}/metrics", c.url(id)))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap()
+/// The leader, a follower, and the other follower.
+async fn roles(c: &TestCluster) -> (NodeId, NodeId, NodeId) {
+    let leader = c.leader().await;
+    let mut followers = c.nodes.keys().copied().filter(|id| *id != leader);
+    (leader, followers.next().unwrap(), followers.next().unwrap())
 }
 
 /// The value of the first metric line that starts with `prefix` (0 if none).
@@ -102,13 +100,7 @@ async fn raft_and_forwarded_calls_ride_peer_streams() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn streams_are_for_members_and_every_frame_is_checked() {
     let c = TestCluster::start(3).await;
-    let leader = c.leader().await;
-    let target = *c.nodes.keys().find(|id| **id != leader).unwrap();
-    let other = *c
-        .nodes
-        .keys()
-        .find(|id| ![leader, target].contains(id))
-        .unwrap();
+    let (_leader, target, other) = roles(&c).await;
     c.client().put("before", "v", None, None).await.unwrap();
     let revision = |c: &TestCluster| c.nodes[&target].consensus().cluster_view().revision;
 
@@ -242,13 +234,7 @@ async fn a_restarted_peer_gets_new_streams_not_dead_ones() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_request_is_dropped_when_its_sender_leaves() {
     let c = TestCluster::start(3).await;
-    let leader = c.leader().await;
-    let target = *c.nodes.keys().find(|id| **id != leader).unwrap();
-    let other = *c
-        .nodes
-        .keys()
-        .find(|id| ![leader, target].contains(id))
-        .unwrap();
+    let (leader, target, other) = roles(&c).await;
     let term = c.nodes[&target].consensus().cluster_view().term;
     let mut io = open_stream(&c, target, &leader.to_string())
         .await

@@ -6,7 +6,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{TestCluster, eventually};
+use common::{TestCluster, eventually, metrics_of};
 use leasecore::domain::command::{Command, LeaseRef};
 use leasecore::domain::flease::{Ballot, Envelope, FleaseConfig, Msg, Protocol, Slot};
 use leasecore::domain::types::{NodeId, Revision, WallMillis};
@@ -64,15 +64,6 @@ fn error_reason(body: &[u8]) -> (String, String) {
         doc["error"]["code"].as_str().unwrap_or("").to_string(),
         doc["error"]["reason"].as_str().unwrap_or("").to_string(),
     )
-}
-
-async fn metrics_of(c: &TestCluster, id: NodeId) -> String {
-    reqwest::get(format!("{}/metrics", c.url(id)))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap()
 }
 
 fn refused(page: &str, reason: &str) -> u64 {

@@ -19,6 +19,16 @@ use leasecore::node::{Node, NodeConfig, RaftTimings};
 use tempfile::TempDir;
 
 /// Poll `check` until it returns `Some`, or panic with `what` at the deadline.
+/// The `/metrics` page of node `id`.
+pub async fn metrics_of(c: &TestCluster, id: NodeId) -> String {
+    reqwest::get(format!("{}/metrics", c.url(id)))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
+}
+
 pub async fn eventually<T, F, Fut>(timeout: Duration, what: &str, mut check: F) -> T
 where
     F: FnMut() -> Fut,
