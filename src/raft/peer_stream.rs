@@ -1,5 +1,6 @@
-//! Peer streams: Raft's AppendEntries (and heartbeats) as length-prefixed frames on persistent
-//! connections, instead of one HTTP request each.
+//! Peer streams: Raft's AppendEntries (heartbeats included) and the other peer requests
+//! (tunneled: path, content type, body) as length-prefixed frames on persistent connections,
+//! instead of one HTTP request each. Snapshots and the status document stay on plain HTTP.
 //!
 //! A stream starts as an HTTP/1.1 request on the peer listener, `GET /raft/stream` with
 //! `Upgrade: leasecore-peer/1` and the sender header, so it passes the same TLS and the same
@@ -25,8 +26,11 @@
 //! # Invariants
 //! - Every length is checked against a cap before anything is allocated for it (a hostile
 //!   peer cannot make this node reserve a gigabyte with five bytes).
-//! - A peer that does not serve streams (a build before them: 404 with no body) is asked again
-//!   only after [`FALLBACK_FOR`]; meanwhile its messages go over plain HTTP as before.
+//! - A peer that does not serve streams (a build before them answers the upgrade with 404) is
+//!   asked again only after [`FALLBACK_FOR`]; meanwhile its messages go over plain HTTP as
+//!   before. Any other refusal of the upgrade sends that one message over plain HTTP.
+//! - A stream's sender that leaves before its answer cancels the request on the other side
+//!   (`http::peer_stream`), as closing an HTTP connection cancels its handler.
 //!
 //! # What it must not do
 //! Decide anything about Raft: it moves frames; `raft::network` maps errors for openraft and
