@@ -88,8 +88,14 @@ pub fn admit_sender(header: Option<&str>, members: &BTreeSet<NodeId>) -> Result<
     let sender: NodeId = header
         .and_then(|h| h.trim().parse().ok())
         .ok_or(Refusal::NoSender)?;
+    is_member(sender, members).map(|()| sender)
+}
+
+/// The membership rule alone, for a sender already named (a peer stream's, at each frame):
+/// a member, or any node while this one knows no membership yet.
+pub fn is_member(sender: NodeId, members: &BTreeSet<NodeId>) -> Result<(), Refusal> {
     if members.is_empty() || members.contains(&sender) {
-        Ok(sender)
+        Ok(())
     } else {
         Err(Refusal::NotMember)
     }

@@ -46,6 +46,10 @@ impl ApiError {
         Self::new(StatusCode::BAD_REQUEST, "invalid_argument", message)
     }
 
+    pub fn internal(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", message)
+    }
+
     pub fn too_large(message: impl Into<String>) -> Self {
         Self::new(StatusCode::PAYLOAD_TOO_LARGE, "too_large", message)
     }

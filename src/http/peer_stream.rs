@@ -39,7 +39,7 @@ use tokio_util::task::TaskTracker;
 use super::AppState;
 use super::error::ApiError;
 use super::peer_trust::{PeerSender, member_ids, refuse};
-use crate::domain::peer_trust::{Refusal, SENDER_HEADER};
+use crate::domain::peer_trust::{SENDER_HEADER, is_member};
 use crate::domain::types::NodeId;
 use crate::raft::network::routes;
 use crate::raft::peer_stream::{self, ANSWERED, KIND_APPEND, KIND_REQUEST, REFUSED};
@@ -122,7 +122,7 @@ pub async fn open(
         .header(header::CONNECTION, "upgrade")
         .header(header::UPGRADE, peer_stream::PROTOCOL)
         .body(Body::empty())
-        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))
+        .map_err(|e| ApiError::internal(e.to_string()))
 }
 
 /// Answer `sender`'s frames until the stream ends.
@@ -158,7 +158,7 @@ where
         let work = async {
             if kind == KIND_REQUEST {
                 let router = router.get_or_insert_with(|| super::peer_router(state.clone()));
-                tunneled(router.clone(), sender, &payload).await
+                tunneled(router.clone(), sender, payload).await
             } else {
                 answer(state, sender, kind, &payload).await
             }
@@ -174,7 +174,6 @@ where
                 return;
             }
         };
-        drop(payload);
         let written =
             tokio::time::timeout(idle, peer_stream::write_frame(io.get_mut(), &answer)).await;
         if !matches!(written, Ok(Ok(()))) {
@@ -189,76 +188,62 @@ where
 
 /// The answer frame to one request frame.
 async fn answer(state: &AppState, sender: NodeId, kind: u8, payload: &[u8]) -> Vec<u8> {
-    let answered = if !still_member(state, sender) {
-        Err(refuse(
-            state,
-            Refusal::NotMember,
-            Some(sender),
-            routes::STREAM,
-        ))
-    } else {
-        match kind {
+    let members = member_ids(&state.consensus);
+    let answered = match is_member(sender, &members) {
+        Err(why) => Err(refuse(state, why, Some(sender), routes::STREAM)),
+        Ok(()) => match kind {
             KIND_APPEND => super::peer::append_answer(state, sender, payload)
                 .await
                 .and_then(|doc| {
-                    serde_json::to_vec(&doc).map_err(|e| {
-                        ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string())
-                    })
+                    serde_json::to_vec(&doc).map_err(|e| ApiError::internal(e.to_string()))
                 }),
             other => Err(ApiError::invalid(format!(
                 "unknown peer stream request kind {other}"
             ))),
-        }
+        },
     };
-    let framed = match answered {
-        Ok(doc) => peer_stream::frame(ANSWERED, &doc),
-        Err(e) => peer_stream::frame(REFUSED, e.body().to_string().as_bytes()),
-    };
-    // An answer is a small document (an append's outcome or an error): it always fits.
-    framed.unwrap_or_else(|_| vec![0, 0, 0, 1, REFUSED])
+    match answered {
+        // An answer is a small document (an append's outcome): it always fits a frame.
+        Ok(doc) => peer_stream::frame(ANSWERED, &doc)
+            .unwrap_or_else(|e| refused(ApiError::internal(e.to_string()))),
+        Err(e) => refused(e),
+    }
+}
+
+/// The frame of a refusal: the JSON error a 4xx HTTP answer would carry.
+fn refused(e: ApiError) -> Vec<u8> {
+    // An error document always fits a frame; the bare status byte is the impossible case.
+    peer_stream::frame(REFUSED, e.body().to_string().as_bytes())
+        .unwrap_or_else(|_| vec![0, 0, 0, 1, REFUSED])
 }
 
 /// Answer a tunneled request as the peer router answers it over HTTP: as if `sender` had
 /// sent it (the sender header is the stream's, whatever the payload says), through the gate,
 /// the route's body limit and its handler.
-async fn tunneled(router: axum::Router, sender: NodeId, payload: &[u8]) -> Vec<u8> {
+async fn tunneled(router: axum::Router, sender: NodeId, payload: Vec<u8>) -> Vec<u8> {
     use tower::ServiceExt;
-    let refused = |e: ApiError| {
-        peer_stream::frame(REFUSED, e.body().to_string().as_bytes())
-            .unwrap_or_else(|_| vec![0, 0, 0, 1, REFUSED])
-    };
-    let (path, content_type, body) = match peer_stream::parse_request(payload) {
-        Ok(parts) => parts,
+    let request = match peer_stream::parse_request(&payload) {
+        Ok((path, content_type, body)) => {
+            // The body is the payload's tail: handed on without a copy.
+            let body_at = payload.len() - body.len();
+            let request = axum::http::Request::post(path)
+                .header(header::CONTENT_TYPE, content_type)
+                .header(SENDER_HEADER, sender.to_string());
+            let body = bytes::Bytes::from(payload).slice(body_at..);
+            match request.body(Body::from(body)) {
+                Ok(r) => r,
+                Err(e) => return refused(ApiError::invalid(format!("a tunneled request: {e}"))),
+            }
+        }
         Err(why) => return refused(ApiError::invalid(why)),
-    };
-    let request = axum::http::Request::post(path)
-        .header(header::CONTENT_TYPE, content_type)
-        .header(SENDER_HEADER, sender.to_string())
-        .body(Body::from(body.to_vec()));
-    let request = match request {
-        Ok(r) => r,
-        Err(e) => return refused(ApiError::invalid(format!("a tunneled request: {e}"))),
     };
     let Ok(response) = router.oneshot(request).await;
     let status = response.status().as_u16();
     match axum::body::to_bytes(response.into_body(), super::MAX_PEER_BODY_BYTES).await {
-        Ok(body) => peer_stream::answer_frame(status, &body).unwrap_or_else(|e| {
-            refused(ApiError::new(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "internal",
-                e.to_string(),
-            ))
-        }),
-        Err(e) => refused(ApiError::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "internal",
-            format!("the answer could not be read: {e}"),
-        )),
+        Ok(body) => peer_stream::answer_frame(status, &body)
+            .unwrap_or_else(|e| refused(ApiError::internal(e.to_string()))),
+        Err(e) => refused(ApiError::internal(format!(
+            "the answer could not be read: {e}"
+        ))),
     }
-}
-
-/// Whether `sender` is still a member of this node's cluster (the gate's rule, per frame).
-fn still_member(state: &AppState, sender: NodeId) -> bool {
-    let members = member_ids(&state.consensus);
-    members.is_empty() || members.contains(&sender)
 }

@@ -479,11 +479,12 @@ impl PeerClient {
                         String::from_utf8_lossy(&answer[..answer.len().min(512)])
                     )));
                 }
-                let (status, body) =
+                let (status, _) =
                     peer_stream::parse_answer(&answer).map_err(|e| transport(e.into()))?;
                 let status = reqwest::StatusCode::from_u16(status)
                     .map_err(|_| transport(format!("an impossible status {status}")))?;
-                let body = bytes::Bytes::copy_from_slice(body);
+                // The body is the answer after its 2-byte status: no copy.
+                let body = bytes::Bytes::from(answer).slice(2..);
                 return answered_with(addr, path, status, body);
             }
         }
