@@ -377,7 +377,7 @@ run_etcd_api() {  # run_etcd_api SYSTEM WORKLOAD REP: leasecore bench --etcd aga
   out=$(tail -1 <<<"$out")
   "${CTL[@]}" emit --out "$RESULTS" --stdin kind=etcd-api system="$sys" workload="$wl" rep="$rep" \
     target=leader endpoint="$ep" <<<"$out" >/dev/null
-  log "$sys etcd-api $wl rep $rep: $(python3 -c 'import json,sys; d=json.loads(sys.argv[1]); print("%.0f ok/s, p50 %.2f ms, p99 %.2f ms, ok %d, errors %d, stored %s (%s), server %s, server CPU %s us/op" % (d["throughput"], d["p50_ms"], d["p99_ms"], d["ok"], d["errors"], d["stored"], d["stored_check"], d["server_version"], round(d.get("server_cpu_us_per_op") or 0)))' "$out")"
+  log "$sys etcd-api $wl rep $rep: $(python3 -c 'import json,sys; d=json.loads(sys.argv[1]); print("%.0f ok/s, p50 %.2f ms, p99 %.2f ms, ok %d, errors %d, stored %s (%s), server %s, server CPU %s us/op, client CPU %s us/op" % (d["throughput"], d["p50_ms"], d["p99_ms"], d["ok"], d["errors"], d["stored"], d["stored_check"], d["server_version"], round(d.get("server_cpu_us_per_op") or 0), round(d.get("client_cpu_us_per_op") or 0)))' "$out")"
   python3 -c 'import json,sys; d=json.loads(sys.argv[1]); sys.exit(0 if d["errors"] == 0 and d["ok"] > 0 and d["stored_check"] != "failed" else 1)' "$out" ||
     fail "$sys etcd-api $wl rep $rep: errors, no success or a failed stored-count check: $out"
 }

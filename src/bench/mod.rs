@@ -14,6 +14,7 @@
 pub mod churn;
 pub mod etcd;
 pub mod experiments;
+pub mod h2_conn;
 pub mod handover;
 
 use std::fmt;
