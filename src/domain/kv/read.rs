@@ -1,0 +1,132 @@
+//! The reads of [`KvState`]: one key, a prefix or a range of live keys, the leases, the auth
+//! state, and the revisions and counters that the storage quota and the lease tracker ask for.
+//!
+//! # Invariants
+//! - Every answer is the present state, at the store revision. Older revisions are the MVCC
+//!   history's ([`crate::domain::mvcc`]); [`KvState::check_revision`] only says whether one may
+//!   be asked for.
+//! - Listings and ranges come in key order, as the key map holds them.
+//!
+//! # What it must not do
+//! Change the state: every method here takes `&self`.
+
+use super::{KvState, LeaseMap, LeaseRecord, Versioned};
+use crate::domain::auth::{AuthState, KeyRange};
+use crate::domain::command::KvError;
+use crate::domain::lease::LeaseFacts;
+use crate::domain::types::Revision;
+
+impl KvState {
+    /// The MVCC compaction mark.
+    pub fn compact_revision(&self) -> Revision {
+        self.compact_revision
+    }
+
+    /// Whether the state at `revision` can be asked for: not compacted, not in the future.
+    /// (Whether this node still holds it is the history's floor, a storage matter.)
+    pub fn check_revision(&self, revision: Revision) -> Result<(), KvError> {
+        if revision < self.compact_revision {
+            Err(KvError::Compacted {
+                revision,
+                compacted: self.compact_revision,
+            })
+        } else if revision > self.revision {
+            Err(KvError::FutureRevision {
+                revision,
+                current: self.revision,
+            })
+        } else {
+            Ok(())
+        }
+    }
+
+    /// The lease clock: the highest checkpoint stamp applied.
+    pub fn lease_clock_ms(&self) -> u64 {
+        self.lease_clock_ms
+    }
+
+    /// Bytes of every live key and value.
+    pub fn data_bytes(&self) -> u64 {
+        self.data_bytes
+    }
+
+    /// The store revision.
+    pub fn revision(&self) -> Revision {
+        self.revision
+    }
+
+    /// The number of live keys.
+    pub fn len(&self) -> usize {
+        self.keys.len()
+    }
+
+    /// Whether the store holds no key.
+    pub fn is_empty(&self) -> bool {
+        self.keys.is_empty()
+    }
+
+    /// One key.
+    pub fn get(&self, key: &str) -> Option<&Versioned> {
+        self.keys.get(key)
+    }
+
+    /// Keys starting with `prefix`, in key order, at most `limit` of them.
+    pub fn list(&self, prefix: &str, limit: usize) -> Vec<(&str, &Versioned)> {
+        self.keys
+            .range::<_, str>((
+                std::ops::Bound::Included(prefix),
+                std::ops::Bound::Unbounded,
+            ))
+            .take_while(|(k, _)| k.starts_with(prefix))
+            .take(limit)
+            .map(|(k, v)| (k.as_str(), v))
+            .collect()
+    }
+
+    /// The live keys in `range`, in key order.
+    pub fn range<'a>(
+        &'a self,
+        range: &'a KeyRange,
+    ) -> impl Iterator<Item = (&'a str, &'a Versioned)> + 'a {
+        // Keys are UTF-8 and the range's bounds any bytes: start at the longest UTF-8 prefix of
+        // the start (it sorts at or before it) and skip what lies below the start.
+        let start = match std::str::from_utf8(&range.start) {
+            Ok(s) => s,
+            Err(e) => std::str::from_utf8(&range.start[..e.valid_up_to()]).unwrap_or_default(),
+        };
+        self.keys
+            .range::<_, str>((std::ops::Bound::Included(start), std::ops::Bound::Unbounded))
+            .skip_while(|(k, _)| k.as_bytes() < range.start.as_slice())
+            .take_while(|(k, _)| range.end.as_deref().is_none_or(|e| k.as_bytes() < e))
+            .map(|(k, v)| (k.as_str(), v))
+    }
+
+    /// Users, roles and the auth switch.
+    pub fn auth(&self) -> &AuthState {
+        &self.auth
+    }
+
+    /// One lease.
+    pub fn lease(&self, name: &str) -> Option<&LeaseRecord> {
+        self.leases.get(name)
+    }
+
+    /// Every lease, by name.
+    pub fn leases(&self) -> &LeaseMap {
+        &self.leases
+    }
+
+    /// What a newly promoted leader needs to track every lease.
+    pub fn lease_facts(&self) -> Vec<LeaseFacts> {
+        self.leases
+            .iter()
+            .map(|(name, l)| LeaseFacts {
+                name: name.clone(),
+                revision: l.revision,
+                ttl_ms: l.ttl_ms,
+                checkpoint_ms: l.checkpoint_ms,
+                checkpoint_clock_ms: l.checkpoint_clock_ms,
+            })
+            .collect()
+    }
+}

@@ -1,0 +1,348 @@
+//! Reading the history: the live keys at a revision (a whole range, a page, or an iterator
+//! that reads a page at a time), a key's version before a change, the events after a revision
+//! for watches, and a snapshot's keys brought forward by the records after it.
+//!
+//! # Invariants
+//! - Locations are taken from the index a piece at a time, its lock never held for long (an
+//!   apply waits for it while it holds the state's lock), then read: a location that a fold
+//!   moved meanwhile is an error, and the caller reads again.
+//! - A page of events ends at a revision's end: a revision's events are never split.
+//! - An event record is read once per read of versions, however many of them it holds.
+//!
+//! # What it must not do
+//! Write anything, or answer below the floor: callers check the revision first.
+
+use std::collections::{BTreeMap, HashMap};
+use std::ops::Bound;
+
+use super::{History, LIVE_PAGE, WALK_STEP, corrupt, malformed};
+use crate::domain::auth::KeyRange;
+use crate::domain::command::Event;
+use crate::domain::history::{Batch, KeyFilter};
+use crate::domain::key_index::Loc;
+use crate::domain::kv::{KeyMap, Versioned};
+use crate::domain::mvcc::{
+    decode_events, decode_version, encode_version_of, event_key, events_from, find_event,
+    has_offsets, index_key, parse_event_key, version_of,
+};
+use crate::domain::types::Revision;
+use crate::storage::StorageError;
+
+/// The live keys at `through`: `base`, the live keys at `base_revision` (a snapshot's),
+/// with the changes of the event records after it. The caller has checked that those
+/// records are all there: `base_revision` is at or above the history's start and the sweep
+/// limit.
+pub fn replay_onto(
+    tree: &sled::Tree,
+    mut base: KeyMap,
+    base_revision: Revision,
+    through: Revision,
+) -> Result<(KeyMap, usize), StorageError> {
+    if through <= base_revision {
+        return Ok((base, 0));
+    }
+    let everything = KeyFilter::Prefix(String::new());
+    let batch = events_since(
+        tree,
+        Revision(base_revision.0 + 1),
+        through,
+        &everything,
+        usize::MAX,
+    )?;
+    let replayed = batch.events.len();
+    for e in batch.events {
+        // Through the version encoding, so that the result is exactly what a read of the
+        // versions gives.
+        match decode_version(e.revision, &encode_version_of(&e)).map_err(malformed("event"))? {
+            Some(version) => base.insert(e.key, version),
+            None => base.remove(&e.key),
+        };
+    }
+    Ok((base, replayed))
+}
+
+impl History {
+    /// The live keys as the versions say: the whole range at the highest revision, in one
+    /// pass over the records that hold them.
+    pub fn load(&self) -> Result<KeyMap, StorageError> {
+        let everything = KeyRange {
+            start: Vec::new(),
+            end: None,
+        };
+        Ok(self
+            .range_at(&everything, Revision(u64::MAX))?
+            .into_iter()
+            .collect())
+    }
+
+    /// The locations of at most `limit` live keys at `revision` in `(start, end)`, walked a
+    /// piece at a time: the index's lock is never held for long (an apply waits for it
+    /// while it holds the state's lock).
+    fn locate(
+        &self,
+        mut start: Bound<Box<[u8]>>,
+        end: Bound<&[u8]>,
+        revision: Revision,
+        limit: usize,
+    ) -> Vec<(Box<[u8]>, Loc)> {
+        let mut out = Vec::new();
+        loop {
+            let (found, next) = self.index().live_at(
+                start.as_ref().map(|k| &k[..]),
+                end,
+                revision,
+                limit - out.len(),
+                WALK_STEP,
+            );
+            out.extend(found);
+            match next {
+                Some(key) if out.len() < limit => start = Bound::Included(key),
+                _ => return out,
+            }
+        }
+    }
+
+    /// The live keys of `range` as they were at `revision` (at or above the floor), in key
+    /// order.
+    pub fn range_at(
+        &self,
+        range: &KeyRange,
+        revision: Revision,
+    ) -> Result<Vec<(String, Versioned)>, StorageError> {
+        let end = range
+            .end
+            .as_deref()
+            .map_or(Bound::Unbounded, Bound::Excluded);
+        let start = Bound::Included(range.start.clone().into_boxed_slice());
+        let locs = self.locate(start, end, revision, usize::MAX);
+        self.read_locs(locs)
+    }
+
+    /// At most `limit` live keys at `revision`, after `after` (from the first when `None`).
+    pub fn live_page(
+        &self,
+        after: Option<&str>,
+        revision: Revision,
+        limit: usize,
+    ) -> Result<Vec<(String, Versioned)>, StorageError> {
+        let start = after.map_or(Bound::Unbounded, |a| Bound::Excluded(a.as_bytes().into()));
+        let locs = self.locate(start, Bound::Unbounded, revision, limit);
+        self.read_locs(locs)
+    }
+
+    /// Every live key at `revision`, in key order, read a page at a time as it is consumed.
+    pub fn live_keys(&self, revision: Revision) -> LiveKeys<'_> {
+        LiveKeys::new(move |after| self.live_page(after, revision, LIVE_PAGE))
+    }
+
+    /// A page of the live keys at `revision`, in key order: those after `after` (from the
+    /// first key when `None`), at most `limit` of them, ended early once their keys and
+    /// values pass `max_bytes`. `true` with it: no live key comes after the page.
+    pub fn range_page(
+        &self,
+        after: Option<&str>,
+        revision: Revision,
+        limit: usize,
+        max_bytes: usize,
+    ) -> Result<(Vec<(String, Versioned)>, bool), StorageError> {
+        let mut page = self.live_page(after, revision, limit)?;
+        let mut bytes = 0usize;
+        for (i, (k, v)) in page.iter().enumerate() {
+            bytes = bytes.saturating_add(k.len() + v.value.len());
+            if bytes >= max_bytes && i + 1 < page.len() {
+                page.truncate(i + 1);
+                return Ok((page, false));
+            }
+        }
+        let done = page.len() < limit && bytes < max_bytes;
+        Ok((page, done))
+    }
+
+    /// The version of `key` before the change at `revision` (`prev_kv`), if it was live.
+    pub fn version_before(
+        &self,
+        key: &str,
+        revision: Revision,
+    ) -> Result<Option<Versioned>, StorageError> {
+        let Some(loc) = self.index().before(key.as_bytes(), revision) else {
+            return Ok(None);
+        };
+        if loc.tombstone() {
+            return Ok(None);
+        }
+        let mut read = self.read_locs(vec![(key.as_bytes().into(), loc)])?;
+        Ok(read.pop().map(|(_, v)| v))
+    }
+
+    /// The versions at `locs` (live ones), in the same order. A location that is not there
+    /// (a fold moved it after it was taken) is an error: the caller reads again.
+    fn read_locs(
+        &self,
+        locs: Vec<(Box<[u8]>, Loc)>,
+    ) -> Result<Vec<(String, Versioned)>, StorageError> {
+        let moved = || {
+            corrupt(
+                "version",
+                "not where the key index says (moved by a compaction meanwhile, or a damaged record)",
+            )
+        };
+        // Each record is read once, however many of its versions are wanted.
+        let mut wanted: BTreeMap<Revision, Vec<usize>> = BTreeMap::new();
+        let mut out: Vec<Option<(String, Versioned)>> = vec![None; locs.len()];
+        for (i, (key, loc)) in locs.iter().enumerate() {
+            match loc.record() {
+                Some(record) => wanted.entry(record).or_default().push(i),
+                None => {
+                    let name = String::from_utf8(key.to_vec())
+                        .map_err(|e| corrupt("version", e.to_string()))?;
+                    let bytes = self
+                        .tree
+                        .get(index_key(&name, loc.revision))?
+                        .ok_or_else(moved)?;
+                    if let Some(v) =
+                        decode_version(loc.revision, &bytes).map_err(malformed("version"))?
+                    {
+                        out[i] = Some((name, v));
+                    }
+                }
+            }
+        }
+        for (record, slots) in wanted {
+            let bytes = self.tree.get(event_key(record))?.ok_or_else(moved)?;
+            if slots.len() > 1 && !has_offsets(&bytes) {
+                // A record without an offset table (written before it had one) is decoded
+                // once for all its wanted versions, not skimmed once per version.
+                let mut by_revision: HashMap<Revision, Vec<usize>> = HashMap::new();
+                for &i in &slots {
+                    by_revision.entry(locs[i].1.revision).or_default().push(i);
+                }
+                let mut left = slots.len();
+                for e in decode_events(&bytes).map_err(malformed("history event"))? {
+                    let Some(at) = by_revision.get_mut(&e.revision) else {
+                        continue;
+                    };
+                    if let Some(j) = at.iter().position(|&i| *locs[i].0 == *e.key.as_bytes()) {
+                        let i = at.swap_remove(j);
+                        out[i] = version_of(&e).map(|v| (e.key.clone(), v));
+                        left -= 1;
+                    }
+                }
+                if left > 0 {
+                    return Err(moved());
+                }
+                continue;
+            }
+            for i in slots {
+                let (key, loc) = &locs[i];
+                let key =
+                    std::str::from_utf8(key).map_err(|e| corrupt("version", e.to_string()))?;
+                let event = find_event(&bytes, loc.revision, key)
+                    .map_err(malformed("history event"))?
+                    .ok_or_else(moved)?;
+                out[i] = version_of(&event).map(|v| (event.key, v));
+            }
+        }
+        Ok(out.into_iter().flatten().collect())
+    }
+}
+
+/// Live keys and their versions, in key order.
+pub type KeyPage = Vec<(String, Versioned)>;
+/// Reads the page of live keys after a key (from the first when `None`).
+type PageReader<'a> = Box<dyn FnMut(Option<&str>) -> Result<KeyPage, StorageError> + 'a>;
+
+/// The live keys at a revision, in key order, read a page at a time through `page` (which
+/// takes the last key read).
+pub struct LiveKeys<'a> {
+    page: PageReader<'a>,
+    buffered: std::vec::IntoIter<(String, Versioned)>,
+    after: Option<String>,
+    done: bool,
+}
+
+impl<'a> LiveKeys<'a> {
+    pub fn new(page: impl FnMut(Option<&str>) -> Result<KeyPage, StorageError> + 'a) -> Self {
+        LiveKeys {
+            page: Box::new(page),
+            buffered: Vec::new().into_iter(),
+            after: None,
+            done: false,
+        }
+    }
+}
+
+impl Iterator for LiveKeys<'_> {
+    type Item = Result<(String, Versioned), StorageError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        loop {
+            if let Some((k, v)) = self.buffered.next() {
+                self.after = Some(k.clone());
+                return Some(Ok((k, v)));
+            }
+            if self.done {
+                return None;
+            }
+            match (self.page)(self.after.as_deref()) {
+                Ok(page) if page.is_empty() => self.done = true,
+                Ok(page) => self.buffered = page.into_iter(),
+                Err(e) => {
+                    self.done = true;
+                    return Some(Err(e));
+                }
+            }
+        }
+    }
+}
+
+/// Matching events with revision `>= from`, up to `through` (inclusive), at most `limit`
+/// (a revision's events are never split). `from` must be above the floor.
+pub fn events_since(
+    tree: &sled::Tree,
+    from: Revision,
+    through: Revision,
+    filter: &KeyFilter,
+    limit: usize,
+) -> Result<Batch, StorageError> {
+    events_page(tree, from, through, filter, limit, usize::MAX)
+}
+
+/// [`events_since`], also ended (at a revision's end) once the keys and values taken pass
+/// `max_bytes`.
+pub fn events_page(
+    tree: &sled::Tree,
+    from: Revision,
+    through: Revision,
+    filter: &KeyFilter,
+    limit: usize,
+    max_bytes: usize,
+) -> Result<Batch, StorageError> {
+    let mut events: Vec<Event> = Vec::new();
+    let mut bytes = 0usize;
+    for item in tree.range(events_from(from)..) {
+        let (k, v) = item?;
+        if parse_event_key(&k).is_none() {
+            break; // past the event records
+        }
+        for e in decode_events(&v).map_err(malformed("history event"))? {
+            if e.revision < from {
+                continue;
+            }
+            if e.revision > through {
+                return Ok(Batch { events, through });
+            }
+            let full = events.len() >= limit || bytes >= max_bytes;
+            if full && events.last().is_none_or(|l| l.revision != e.revision) {
+                return Ok(Batch {
+                    events,
+                    through: Revision(e.revision.0 - 1),
+                });
+            }
+            if filter.matches(&e.key) {
+                bytes = bytes.saturating_add(e.key.len() + e.value.as_ref().map_or(0, String::len));
+                events.push(e);
+            }
+        }
+    }
+    Ok(Batch { events, through })
+}
