@@ -1,0 +1,378 @@
+//! One connection's closed loop: a [`Job`] sends one request of its workload at a time until
+//! the deadline, checks every answer and tallies it ([`Tally`]): a checked success's latency,
+//! or a failure.
+//!
+//! # Invariants
+//! - Only a checked success counts: a put's revision must be above the connection's last, a
+//!   range must find the preloaded value, a txn must succeed as a compare-and-set above the
+//!   key's last mod revision, a grant must return a lease with the whole TTL, a keepalive must
+//!   renew the connection's own lease with the whole TTL.
+//! - Only the request is timed: learning the txn key's mod revision (at the start, and after a
+//!   failure whose outcome is unknown) is not.
+//! - A connection writes only keys of its own (under the run's prefix, with its number):
+//!   connections never contend for a key.
+//! - A keepalive stream that failed is dropped; the next keepalive opens a new one.
+//!
+//! # What it must not do
+//! Count a failure as a success, or stop at one: a failure is tallied and the loop goes on.
+
+use std::time::Instant;
+
+use leasecore_etcd_api::etcdserverpb::lease_client::LeaseClient;
+use leasecore_etcd_api::etcdserverpb::{
+    Compare, LeaseGrantRequest, LeaseKeepAliveRequest, LeaseKeepAliveResponse, PutRequest,
+    RangeRequest, RequestOp, TxnRequest, TxnResponse, compare, request_op, response_op,
+};
+use tonic::Streaming;
+
+use super::{
+    EtcdWorkload, LEASE_TTL_S, TIMEOUT, header_revision, key_name, kv_client, lease_client,
+    status_text,
+};
+use crate::bench::h2_conn::H2Conn;
+use crate::bench::value_for;
+
+/// One connection's work.
+pub(super) struct Job {
+    pub(super) w: usize,
+    /// Where put and txn write (see [`run_prefix`](super::run_prefix)).
+    pub(super) prefix: String,
+    pub(super) workload: EtcdWorkload,
+    pub(super) keys: usize,
+    pub(super) value_size: usize,
+    /// The pre-granted lease of the keepalive workload.
+    pub(super) lease: Option<i64>,
+    pub(super) deadline: Instant,
+}
+
+/// One connection's figures.
+#[derive(Default)]
+pub(super) struct Tally {
+    pub(super) latencies_us: Vec<u32>,
+    pub(super) errors: u64,
+    pub(super) first_error: Option<String>,
+    /// lease-grant: the leases acknowledged.
+    pub(super) granted: Vec<i64>,
+}
+
+impl Tally {
+    fn record(&mut self, sent: Instant, checked: Result<(), String>) {
+        match checked {
+            Ok(()) => self
+                .latencies_us
+                .push(sent.elapsed().as_micros().min(u128::from(u32::MAX)) as u32),
+            Err(e) => self.fail(e),
+        }
+    }
+
+    fn fail(&mut self, e: String) {
+        self.errors += 1;
+        if self.first_error.is_none() {
+            self.first_error = Some(e);
+        }
+    }
+}
+
+/// A keepalive stream: where requests go, and where answers come from.
+type KeepAlive = (
+    tokio::sync::mpsc::Sender<LeaseKeepAliveRequest>,
+    Streaming<LeaseKeepAliveResponse>,
+);
+
+impl Job {
+    pub(super) async fn run(self, ch: H2Conn) -> Tally {
+        let mut t = Tally::default();
+        // Connections start at different keys so that they do not write one key in lockstep.
+        let mut i = self.w.wrapping_mul(7919) % self.keys;
+        let mut kv = kv_client(ch.clone());
+        let mut lease = lease_client(ch);
+        // The revision of this connection's last write: each must be above it.
+        let mut last = 0i64;
+        // put: this connection's writes so far (each to a new key).
+        let mut written = 0usize;
+        // txn: this connection's key (new), and its mod revision if known.
+        let txn_key = format!("{}{:04}", self.prefix, self.w).into_bytes();
+        let mut txn_mod: Option<i64> = Some(0);
+        let mut keepalive: Option<KeepAlive> = None;
+        while Instant::now() < self.deadline {
+            match self.workload {
+                EtcdWorkload::Put => {
+                    written += 1;
+                    let req = PutRequest {
+                        key: format!("{}{:04}/{written:08}", self.prefix, self.w).into_bytes(),
+                        value: value_for(i, self.value_size).into_bytes(),
+                        ..PutRequest::default()
+                    };
+                    let sent = Instant::now();
+                    let checked = match kv.put(req).await {
+                        Ok(r) => {
+                            let rev = header_revision(r.get_ref().header.as_ref());
+                            let checked = if rev > last {
+                                Ok(())
+                            } else {
+                                Err(format!("put: revision {rev} not above {last}"))
+                            };
+                            last = last.max(rev);
+                            checked
+                        }
+                        Err(s) => Err(format!("put: {}", status_text(&s))),
+                    };
+                    t.record(sent, checked);
+                }
+                EtcdWorkload::Range | EtcdWorkload::RangeSerializable => {
+                    let key = key_name(i);
+                    let req = RangeRequest {
+                        key: key.clone(),
+                        serializable: self.workload == EtcdWorkload::RangeSerializable,
+                        ..RangeRequest::default()
+                    };
+                    let sent = Instant::now();
+                    let checked = match kv.range(req).await {
+                        Ok(r) => {
+                            let r = r.get_ref();
+                            let found = r.kvs.first();
+                            if r.count == 1
+                                && r.kvs.len() == 1
+                                && found.is_some_and(|kv| {
+                                    kv.key == key
+                                        && kv.value == value_for(i, self.value_size).as_bytes()
+                                })
+                            {
+                                Ok(())
+                            } else {
+                                Err(format!(
+                                    "range {}: {} keys, not the preloaded value",
+                                    String::from_utf8_lossy(&key),
+                                    r.kvs.len()
+                                ))
+                            }
+                        }
+                        Err(s) => Err(format!("range: {}", status_text(&s))),
+                    };
+                    t.record(sent, checked);
+                }
+                EtcdWorkload::Txn => {
+                    let key = txn_key.clone();
+                    let Some(expected) = txn_mod else {
+                        // Learn the key's mod revision (not timed): at the start, and after a
+                        // failure whose outcome is unknown.
+                        match kv
+                            .range(RangeRequest {
+                                key,
+                                ..RangeRequest::default()
+                            })
+                            .await
+                        {
+                            Ok(r) => {
+                                txn_mod =
+                                    Some(r.get_ref().kvs.first().map_or(0, |kv| kv.mod_revision))
+                            }
+                            Err(s) => t.fail(format!("txn's key: {}", status_text(&s))),
+                        }
+                        continue;
+                    };
+                    let req = cas_put(&key, expected, value_for(i, self.value_size));
+                    let sent = Instant::now();
+                    let checked = match kv.txn(req).await {
+                        Ok(r) => {
+                            let (checked, now) = check_cas(r.get_ref(), expected);
+                            txn_mod = now;
+                            checked
+                        }
+                        Err(s) => {
+                            txn_mod = None;
+                            Err(format!("txn: {}", status_text(&s)))
+                        }
+                    };
+                    t.record(sent, checked);
+                }
+                EtcdWorkload::LeaseGrant => {
+                    let req = LeaseGrantRequest {
+                        ttl: LEASE_TTL_S,
+                        id: 0,
+                    };
+                    let sent = Instant::now();
+                    let checked = match lease.lease_grant(req).await {
+                        Ok(r) => {
+                            let g = r.get_ref();
+                            if g.id > 0 && g.ttl >= LEASE_TTL_S && g.error.is_empty() {
+                                t.granted.push(g.id);
+                                Ok(())
+                            } else {
+                                Err(format!(
+                                    "lease grant: id {}, ttl {} ({})",
+                                    g.id, g.ttl, g.error
+                                ))
+                            }
+                        }
+                        Err(s) => Err(format!("lease grant: {}", status_text(&s))),
+                    };
+                    t.record(sent, checked);
+                }
+                EtcdWorkload::LeaseKeepalive => {
+                    let Some(id) = self.lease else {
+                        t.fail("no pre-granted lease".into());
+                        return t;
+                    };
+                    let sent = Instant::now();
+                    let checked = match tokio::time::timeout(
+                        TIMEOUT,
+                        keep_alive_once(&mut lease, &mut keepalive, id),
+                    )
+                    .await
+                    {
+                        Ok(Ok(r)) if r.id == id && r.ttl == LEASE_TTL_S => Ok(()),
+                        Ok(Ok(r)) => Err(format!("keepalive of {id}: id {}, ttl {}", r.id, r.ttl)),
+                        Ok(Err(e)) => Err(e),
+                        Err(_) => Err(format!("keepalive of {id}: no answer within {TIMEOUT:?}")),
+                    };
+                    if checked.is_err() {
+                        keepalive = None; // open a new stream
+                    }
+                    t.record(sent, checked);
+                }
+            }
+            i = (i + 1) % self.keys;
+        }
+        t
+    }
+}
+
+/// A compare-and-set: put `key` if its mod revision is still `expected` (0: it does not
+/// exist), else read it.
+fn cas_put(key: &[u8], expected: i64, value: String) -> TxnRequest {
+    TxnRequest {
+        compare: vec![Compare {
+            result: compare::CompareResult::Equal as i32,
+            target: compare::CompareTarget::Mod as i32,
+            key: key.to_vec(),
+            range_end: Vec::new(),
+            target_union: Some(compare::TargetUnion::ModRevision(expected)),
+        }],
+        success: vec![RequestOp {
+            request: Some(request_op::Request::RequestPut(PutRequest {
+                key: key.to_vec(),
+                value: value.into_bytes(),
+                ..PutRequest::default()
+            })),
+        }],
+        failure: vec![RequestOp {
+            request: Some(request_op::Request::RequestRange(RangeRequest {
+                key: key.to_vec(),
+                ..RangeRequest::default()
+            })),
+        }],
+    }
+}
+
+/// Check a [`cas_put`]'s answer: it must have succeeded with one put at a revision above
+/// `expected`. Returns the check and the key's mod revision now, if known.
+fn check_cas(r: &TxnResponse, expected: i64) -> (Result<(), String>, Option<i64>) {
+    let rev = header_revision(r.header.as_ref());
+    let put = matches!(
+        r.responses.as_slice(),
+        [leasecore_etcd_api::etcdserverpb::ResponseOp {
+            response: Some(response_op::Response::ResponsePut(_))
+        }]
+    );
+    if r.succeeded && put && rev > expected {
+        return (Ok(()), Some(rev));
+    }
+    // A failed compare read the key: its mod revision now.
+    let now = match r.responses.as_slice() {
+        [
+            leasecore_etcd_api::etcdserverpb::ResponseOp {
+                response: Some(response_op::Response::ResponseRange(range)),
+            },
+        ] => Some(range.kvs.first().map_or(0, |kv| kv.mod_revision)),
+        _ => None,
+    };
+    (
+        Err(format!(
+            "txn: succeeded {}, {} responses, revision {rev} after {expected}",
+            r.succeeded,
+            r.responses.len()
+        )),
+        now,
+    )
+}
+
+/// Send one keepalive for `id` on the connection's stream (opened when there is none) and
+/// wait for its answer.
+async fn keep_alive_once(
+    lease: &mut LeaseClient<H2Conn>,
+    stream: &mut Option<KeepAlive>,
+    id: i64,
+) -> Result<LeaseKeepAliveResponse, String> {
+    let req = LeaseKeepAliveRequest { id };
+    let closed = |_| format!("keepalive of {id}: the stream closed");
+    if let Some((tx, inbound)) = stream.as_mut() {
+        tx.send(req).await.map_err(closed)?;
+        return match inbound.message().await {
+            Ok(Some(m)) => Ok(m),
+            Ok(None) => Err(format!("keepalive of {id}: the stream ended")),
+            Err(s) => Err(format!("keepalive of {id}: {}", status_text(&s))),
+        };
+    }
+    // The first request is queued before the call: a server may send the stream's headers only
+    // with its first answer.
+    let (tx, rx) = tokio::sync::mpsc::channel(1);
+    tx.send(req).await.map_err(closed)?;
+    let outbound =
+        futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|m| (m, rx)) });
+    let mut inbound = lease
+        .lease_keep_alive(outbound)
+        .await
+        .map_err(|s| format!("keepalive stream: {}", status_text(&s)))?
+        .into_inner();
+    let first = match inbound.message().await {
+        Ok(Some(m)) => m,
+        Ok(None) => return Err(format!("keepalive of {id}: the stream ended")),
+        Err(s) => return Err(format!("keepalive of {id}: {}", status_text(&s))),
+    };
+    *stream = Some((tx, inbound));
+    Ok(first)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cas_answer_is_checked() {
+        use leasecore_etcd_api::etcdserverpb::{
+            PutResponse, RangeResponse, ResponseHeader, ResponseOp,
+        };
+        let header = |revision| {
+            Some(ResponseHeader {
+                revision,
+                ..ResponseHeader::default()
+            })
+        };
+        let put = TxnResponse {
+            header: header(8),
+            succeeded: true,
+            responses: vec![ResponseOp {
+                response: Some(response_op::Response::ResponsePut(PutResponse::default())),
+            }],
+        };
+        assert_eq!(check_cas(&put, 5), (Ok(()), Some(8)));
+        assert!(check_cas(&put, 8).0.is_err());
+        let lost = TxnResponse {
+            header: header(9),
+            succeeded: false,
+            responses: vec![ResponseOp {
+                response: Some(response_op::Response::ResponseRange(RangeResponse {
+                    kvs: vec![leasecore_etcd_api::mvccpb::KeyValue {
+                        mod_revision: 7,
+                        ..Default::default()
+                    }],
+                    ..RangeResponse::default()
+                })),
+            }],
+        };
+        let (checked, now) = check_cas(&lost, 5);
+        assert!(checked.is_err());
+        assert_eq!(now, Some(7));
+    }
+}
