@@ -21,6 +21,11 @@ if ! command -v openssl >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 &&
   echo "installing openssl"; (apt-get update -qq && apt-get install -y -qq openssl) >/dev/null
 fi
 
+# strace holds a follower's syncs back in tests/fault.rs (a slow disk); that test skips without it.
+if ! command -v strace >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+  echo "installing strace"; (apt-get update -qq && apt-get install -y -qq strace) >/dev/null
+fi
+
 # etcdctl 3.4 (Debian's etcd-client) drives the etcd v3 API tests (tests/etcd_api.rs); with the
 # variable set they fail rather than skip when it is missing.
 if ! command -v etcdctl >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then

@@ -20,6 +20,9 @@
 //! that shut down with a write in its log answered `503 shutting_down` (a promise that nothing
 //! was done, so the client resent it) although the write may still commit.
 //!
+//! A third test holds both followers' syncs back (strace's fault injection, 150 ms each, longer
+//! than the leader's append timeout): writes must keep committing and be on every node.
+//!
 //! Reproduce a run with `LEASECORE_FAULT_SEED=<seed>` (the seed is printed first). When a check
 //! fails the nodes' logs and data dirs are kept and their path printed, with the tail of each
 //! log; `LEASECORE_FAULT_KEEP=1` keeps them after a passing run too.
@@ -816,4 +819,129 @@ async fn a_write_in_flight_when_the_leader_shuts_down_is_never_answered_as_not_d
     );
     assert_eq!((status, code.as_str()), (503, "outcome_unknown"));
     c.shutdown().await;
+}
+
+/// Both followers' disks sync slower than openraft 0.9's append timeout (its heartbeat
+/// interval, 100 ms here): every `fdatasync` they make is held 150 ms by strace's fault
+/// injection, so every append to them times out on the leader before its answer comes. The
+/// retry finds the entries already there and is answered: writes keep committing, slowly, and
+/// every acknowledged one is on every node afterwards. Skipped, with a message, where strace
+/// is missing or may not trace (no ptrace permission).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn writes_commit_while_the_followers_disks_sync_slower_than_the_append_timeout() {
+    use std::io::{BufRead, BufReader};
+    use std::process::Stdio;
+
+    if Command::new("strace").arg("-V").output().is_err() {
+        eprintln!("SKIPPED: strace is not installed (apt-get install strace)");
+        return;
+    }
+    let mut c = Cluster::new();
+    for id in 1..=NODES {
+        c.start(id, "slow follower disks");
+    }
+    let leader = c.wait_healthy("a healthy cluster").await;
+    let term_before = c.view(leader).await.expect("the leader answers").term;
+
+    // One tracer per follower; each says "attached" on stderr once it holds the process.
+    let mut tracers = Vec::new();
+    for id in (1..=NODES).filter(|i| *i != leader) {
+        let mut tracer = Command::new("strace")
+            .args(["-f", "-e", "trace=fdatasync"])
+            .args(["-e", "inject=fdatasync:delay_exit=150000"])
+            .args(["-o", "/dev/null", "-p", &c.pid(id)])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn strace");
+        let stderr = tracer.stderr.take().unwrap();
+        let said = tokio::task::spawn_blocking(move || {
+            let mut lines = BufReader::new(stderr).lines();
+            let first = lines.next().and_then(Result::ok).unwrap_or_default();
+            // Keep draining, so that strace never blocks on a full pipe.
+            std::thread::spawn(move || lines.for_each(drop));
+            first
+        });
+        let first = tokio::time::timeout(WAIT, said)
+            .await
+            .expect("strace says something")
+            .unwrap();
+        if !first.contains("attached") {
+            for mut t in tracers.into_iter().chain([tracer]) {
+                let _ = t.kill();
+                let _ = t.wait();
+            }
+            eprintln!("SKIPPED: strace cannot trace here: {first}");
+            return;
+        }
+        tracers.push(tracer);
+    }
+
+    // Four writers, each putting its own keys one after another: the acknowledged ones must
+    // all be there afterwards, on every node.
+    const EACH: usize = 8;
+    let writers = (0..4).map(|w| {
+        let client = c.client(&[1, 2, 3]);
+        async move {
+            let mut acked = Vec::new();
+            for i in 0..EACH {
+                let key = format!("w/slow-{w}-{i}");
+                for attempt in 1.. {
+                    match client.put(&key, "v", None, None).await {
+                        Ok(put) => {
+                            acked.push((key.clone(), put.revision.0));
+                            break;
+                        }
+                        // Nothing was done: the same put again is the same write.
+                        Err(e)
+                            if e.status() == Some(503) && e.code() != Some("outcome_unknown") =>
+                        {
+                            assert!(
+                                attempt < 20,
+                                "{key}: still refused after {attempt} tries: {e}"
+                            )
+                        }
+                        Err(e) => panic!("{key}: {e}"),
+                    }
+                }
+            }
+            acked
+        }
+    });
+    let acked: Vec<(String, u64)> = futures::future::join_all(writers)
+        .await
+        .into_iter()
+        .flatten()
+        .collect();
+    for mut t in tracers {
+        // SIGTERM: strace detaches, and the follower syncs at full speed again.
+        let _ = Command::new("kill")
+            .args(["-TERM", &t.id().to_string()])
+            .status();
+        let _ = t.wait();
+    }
+    assert_eq!(acked.len(), 4 * EACH);
+    let term_after = c.view(leader).await.map(|v| v.term);
+    eprintln!("term before the slow syncs {term_before}, after {term_after:?}");
+
+    for id in 1..=NODES {
+        let listing = c
+            .wait(
+                &format!("node {id} holds every acknowledged write"),
+                || async {
+                    let list = c.listing(id).await?;
+                    let have: BTreeMap<String, u64> = list
+                        .items
+                        .iter()
+                        .map(|kv| (kv.key.clone(), kv.mod_revision.0))
+                        .collect();
+                    acked
+                        .iter()
+                        .all(|(k, rev)| have.get(k) == Some(rev))
+                        .then_some(have)
+                },
+            )
+            .await;
+        assert!(listing.len() >= acked.len());
+    }
 }
