@@ -899,7 +899,8 @@ async fn writes_commit_while_the_followers_disks_sync_slower_than_the_append_tim
                             assert!(
                                 attempt < 20,
                                 "{key}: still refused after {attempt} tries: {e}"
-                            )
+                            );
+                            tokio::time::sleep(Duration::from_millis(100)).await;
                         }
                         Err(e) => panic!("{key}: {e}"),
                     }
