@@ -30,7 +30,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::clock::{Clock, SystemClock};
-use crate::domain::bootstrap::{DataDir, Refusal, may_start};
+use crate::domain::bootstrap::{DataDir, Refusal, first_campaign_delay, may_start};
 use crate::domain::flease::FleaseConfig;
 use crate::domain::history::HistoryLimits;
 use crate::domain::limits::Limits;
@@ -616,11 +616,22 @@ impl Node {
             cancel,
             tasks,
         };
-        if let Some(voters) = initial_voters(&cfg, &advertise)
-            && let Err(e) = node.consensus.initialize(voters).await
-        {
-            node.shutdown().await;
-            return Err(e.into());
+        if let Some(voters) = initial_voters(&cfg, &advertise) {
+            let step = Duration::from_millis(cfg.timings.election_max_ms);
+            let delay = first_campaign_delay(cfg.id, voters.keys().copied(), step);
+            if delay.is_zero() {
+                if let Err(e) = node.consensus.initialize(voters).await {
+                    node.shutdown().await;
+                    return Err(e.into());
+                }
+            } else {
+                node.tasks.spawn(initialize_later(
+                    node.consensus.clone(),
+                    voters,
+                    delay,
+                    node.cancel.clone(),
+                ));
+            }
         }
         tracing::info!(
             id = cfg.id,
@@ -801,6 +812,24 @@ fn storage_revision(db: &sled::Db) -> Result<Revision, storage::StorageError> {
 }
 
 /// The voters to initialize with, or `None` when this node must wait to be added.
+/// Initialize the new cluster after `delay`, unless shut down first: a listed node that is not
+/// the lowest id gives the first leader time to reach it ([`first_campaign_delay`]); reached,
+/// it holds a vote or a log, and `initialize` is refused harmlessly.
+async fn initialize_later(
+    consensus: Consensus,
+    voters: BTreeMap<NodeId, String>,
+    delay: Duration,
+    cancel: CancellationToken,
+) {
+    tokio::select! {
+        _ = cancel.cancelled() => return,
+        _ = tokio::time::sleep(delay) => {}
+    }
+    if let Err(e) = consensus.initialize(voters).await {
+        tracing::error!(error = %e, "could not form the new cluster");
+    }
+}
+
 fn initial_voters(cfg: &NodeConfig, advertise: &str) -> Option<BTreeMap<NodeId, String>> {
     if cfg.join {
         return None;

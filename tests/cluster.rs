@@ -196,3 +196,33 @@ async fn concurrent_compare_and_set_increments_never_lose_an_update() {
     assert_eq!(n, 6 * per_client);
     c.shutdown().await;
 }
+
+/// A fresh cluster keeps its first leader. Every listed node of a new cluster used to campaign
+/// for the first term as soon as it started; openraft orders same-term votes by node id, so a
+/// later candidate with a higher id made the first leader step down at its first append, and
+/// the survivors (who had just heard from that leader) refused every vote until their leader
+/// lease ran out: about two seconds with no leader, seen as `503 outcome_unknown` on the
+/// first writes. Only the lowest id campaigns at once now; the others wait to be reached.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_fresh_cluster_elects_one_leader_in_the_first_term_and_keeps_it() {
+    for round in 0..3 {
+        let c = TestCluster::start(3).await;
+        let leader = c.leader().await;
+        let client = c.client_of(leader);
+        for i in 0..20 {
+            client
+                .put(&format!("first/{round}/{i}"), "v", None, None)
+                .await
+                .unwrap_or_else(|e| panic!("round {round}: write {i} failed: {e}"));
+        }
+        for (id, node) in &c.nodes {
+            let v = node.consensus().cluster_view();
+            assert_eq!(
+                (v.term, v.leader_id),
+                (1, Some(leader)),
+                "round {round}: node {id} moved past the first term or leader"
+            );
+        }
+        c.shutdown().await;
+    }
+}

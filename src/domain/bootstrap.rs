@@ -16,6 +16,14 @@
 //! - a node with an empty data dir started with `--join` refuses while a peer still lists it as a
 //!   member (the leader would keep its stale progress): remove it first.
 //!
+//! And who campaigns first in a brand-new cluster ([`first_campaign_delay`]): openraft's
+//! `initialize` starts an election at once, and it orders two votes of one term by node id,
+//! so a listed node that campaigned for the first term after another had won it deposed that
+//! leader at its first append; the survivors, having just heard from a leader, refused every
+//! vote until their leader lease ran out (about two seconds without a leader). So only the
+//! lowest listed id initializes at once; each other waits its rank's turn, and by then has
+//! usually been reached by the first leader (its `initialize` is then refused, harmlessly).
+//!
 //! # Invariants
 //! - Pure: the caller gathers the reports (bounded wait) and acts on the decision.
 //! - An unreachable peer proves nothing: with no report of a running cluster, the node proceeds
@@ -103,9 +111,34 @@ pub fn may_start(
     Ok(())
 }
 
+/// How long listed node `me` waits before it initializes a new cluster of `voters` (and so
+/// campaigns): zero for the lowest id, one `step` more for each id below it. A node the
+/// first leader reached meanwhile holds a vote or a log by then, and openraft refuses its
+/// `initialize`; one that was not (the lower ids are down) forms the cluster itself, later.
+pub fn first_campaign_delay(
+    me: NodeId,
+    voters: impl IntoIterator<Item = NodeId>,
+    step: std::time::Duration,
+) -> std::time::Duration {
+    let rank = voters.into_iter().filter(|id| *id < me).count();
+    step.saturating_mul(u32::try_from(rank).unwrap_or(u32::MAX))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn only_the_lowest_listed_id_campaigns_at_once() {
+        let step = Duration::from_millis(500);
+        assert_eq!(first_campaign_delay(1, [1, 2, 3], step), Duration::ZERO);
+        assert_eq!(first_campaign_delay(2, [1, 2, 3], step), step);
+        assert_eq!(first_campaign_delay(3, [3, 1, 2], step), step * 2);
+        // Ids need not be dense; a lone node campaigns at once.
+        assert_eq!(first_campaign_delay(7, [4, 7, 9], step), step);
+        assert_eq!(first_campaign_delay(5, [5], step), Duration::ZERO);
+    }
 
     fn report(peer: NodeId, leader: Option<NodeId>, members: &[NodeId]) -> PeerReport {
         PeerReport {
