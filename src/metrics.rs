@@ -57,16 +57,22 @@ impl Histogram {
     }
 }
 
-/// Key of one route's statistics.
-type RouteKey = (String, String);
+/// One (method, route) pair's requests: counts by status, and latency.
+#[derive(Default, Clone, Debug)]
+struct RouteStats {
+    by_status: BTreeMap<u16, u64>,
+    latency: Histogram,
+}
+
+/// route template -> method -> statistics. Nested, so that a request finds its entry by
+/// borrowed strings and allocates only the first time its route and method are seen.
+type RouteTable = BTreeMap<String, BTreeMap<String, RouteStats>>;
 
 /// The node's metric registry.
 #[derive(Default)]
 pub struct Metrics {
-    /// (method, route) -> status -> count.
-    requests: Mutex<BTreeMap<RouteKey, BTreeMap<u16, u64>>>,
-    /// (method, route) -> latency.
-    latency: Mutex<BTreeMap<RouteKey, Histogram>>,
+    /// Requests by route and method (one lock, one lookup per request).
+    requests: Mutex<RouteTable>,
     /// Commands proposed through this node.
     pub proposals: AtomicU64,
     /// Proposals that failed (no leader, timeout, ...), not counting domain rejections.
@@ -86,16 +92,17 @@ pub struct Metrics {
 impl Metrics {
     /// Record one finished request.
     pub fn observe_request(&self, method: &str, route: &str, status: u16, elapsed: Duration) {
-        let key = (method.to_string(), route.to_string());
-        {
-            let mut req = self.requests.lock().unwrap_or_else(|p| p.into_inner());
-            *req.entry(key.clone())
-                .or_default()
-                .entry(status)
-                .or_default() += 1;
-        }
-        let mut lat = self.latency.lock().unwrap_or_else(|p| p.into_inner());
-        lat.entry(key).or_default().observe(elapsed.as_secs_f64());
+        let mut table = self.requests.lock().unwrap_or_else(|p| p.into_inner());
+        let by_method = match table.get_mut(route) {
+            Some(m) => m,
+            None => table.entry(route.to_string()).or_default(),
+        };
+        let stats = match by_method.get_mut(method) {
+            Some(s) => s,
+            None => by_method.entry(method.to_string()).or_default(),
+        };
+        *stats.by_status.entry(status).or_default() += 1;
+        stats.latency.observe(elapsed.as_secs_f64());
     }
 
     /// Count one refused peer message; the count of that reason so far.
@@ -201,8 +208,18 @@ impl Metrics {
             out,
             "# HELP leasecore_http_requests_total HTTP requests by route and status.\n# TYPE leasecore_http_requests_total counter"
         );
-        for ((method, route), by_status) in &requests {
-            for (status, n) in by_status {
+        // Sorted by method, then route, as the scrape has always listed them.
+        let mut rows: Vec<(&str, &str, &RouteStats)> = requests
+            .iter()
+            .flat_map(|(route, by_method)| {
+                by_method
+                    .iter()
+                    .map(move |(method, stats)| (method.as_str(), route.as_str(), stats))
+            })
+            .collect();
+        rows.sort_by(|a, b| (a.0, a.1).cmp(&(b.0, b.1)));
+        for (method, route, stats) in &rows {
+            for (status, n) in &stats.by_status {
                 let _ = writeln!(
                     out,
                     "leasecore_http_requests_total{{method=\"{method}\",route=\"{route}\",status=\"{status}\"}} {n}"
@@ -210,18 +227,13 @@ impl Metrics {
             }
         }
 
-        let latency = self
-            .latency
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone();
         let name = "leasecore_http_request_duration_seconds";
         let _ = writeln!(
             out,
             "# HELP {name} HTTP request latency by route.\n# TYPE {name} histogram"
         );
-        for ((method, route), h) in &latency {
-            h.render(
+        for (method, route, stats) in &rows {
+            stats.latency.render(
                 &mut out,
                 name,
                 &format!("method=\"{method}\",route=\"{route}\""),

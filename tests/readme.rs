@@ -299,7 +299,17 @@ async fn json_answers_end_with_a_newline() {
     let c = TestCluster::start(1).await;
     c.leader().await;
     let http = reqwest::Client::new();
-    for path in ["/v1/cluster", "/v1/kv/missing", "/no/such/route"] {
+    // An answer past 16 KiB gets its newline as a second chunk rather than by a copy.
+    c.client()
+        .put("big", &"x".repeat(40_000), None, None)
+        .await
+        .unwrap();
+    for path in [
+        "/v1/cluster",
+        "/v1/kv/missing",
+        "/no/such/route",
+        "/v1/kv/big",
+    ] {
         let resp = http
             .get(format!("{}{path}", c.url(1)))
             .send()

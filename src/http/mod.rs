@@ -419,6 +419,8 @@ fn build(state: AppState, audiences: &[Audience]) -> Router {
 /// shell prompt (JSON parsers skip the whitespace). The body is streamed on with one more
 /// chunk, never buffered; a known `Content-Length` grows by one byte.
 async fn end_json_with_newline(resp: Response) -> Response {
+    /// Answers up to this size get their newline by a copy rather than a second chunk.
+    const SMALL_JSON_BYTES: u64 = 16 << 10;
     use futures::StreamExt;
     let is_json = resp
         .headers()
@@ -431,7 +433,29 @@ async fn end_json_with_newline(resp: Response) -> Response {
     // A whole body (every JSON answer but a long listing's) keeps a Content-Length; otherwise
     // hyper sends it chunked.
     parts.headers.remove(axum::http::header::CONTENT_LENGTH);
-    if let Some(len) = http_body::Body::size_hint(&body).exact() {
+    let exact = http_body::Body::size_hint(&body).exact();
+    if let Some(len) = exact.filter(|len| *len <= SMALL_JSON_BYTES) {
+        // A small answer is in memory already: one buffer with its newline costs less than
+        // a stream of two chunks (boxed, polled twice, written as one anyway).
+        let bytes = match axum::body::to_bytes(body, SMALL_JSON_BYTES as usize).await {
+            Ok(b) => b,
+            // Unreachable for an in-memory body; say so rather than send half an answer.
+            Err(e) => {
+                tracing::error!(error = %e, "a JSON answer could not be read back");
+                return axum::response::IntoResponse::into_response(ApiError::internal(
+                    "the answer could not be produced",
+                ));
+            }
+        };
+        let mut with_newline = Vec::with_capacity(bytes.len() + 1);
+        with_newline.extend_from_slice(&bytes);
+        with_newline.push(b'\n');
+        parts
+            .headers
+            .insert(axum::http::header::CONTENT_LENGTH, (len + 1).into());
+        return Response::from_parts(parts, axum::body::Body::from(with_newline));
+    }
+    if let Some(len) = exact {
         parts
             .headers
             .insert(axum::http::header::CONTENT_LENGTH, (len + 1).into());
@@ -456,18 +480,18 @@ async fn wrong_method() -> ApiError {
 /// Count and time every request by its route template.
 #[allow(clippy::disallowed_methods)]
 async fn track(State(state): State<AppState>, req: Request, next: Next) -> Response {
-    let route = req
-        .extensions()
-        .get::<MatchedPath>()
-        .map(|p| p.as_str().to_string())
-        .unwrap_or_else(|| "unmatched".to_string());
-    let method = req.method().as_str().to_string();
+    // Both are reference-counted or inline: nothing is allocated per request.
+    let route = req.extensions().get::<MatchedPath>().cloned();
+    let method = req.method().clone();
     // Latency is an observation, not a decision: the one clock read outside clock.rs.
     let started = Instant::now();
     let resp = next.run(req).await;
-    state
-        .metrics
-        .observe_request(&method, &route, resp.status().as_u16(), started.elapsed());
+    state.metrics.observe_request(
+        method.as_str(),
+        route.as_ref().map_or("unmatched", MatchedPath::as_str),
+        resp.status().as_u16(),
+        started.elapsed(),
+    );
     resp
 }
 
