@@ -226,3 +226,29 @@ async fn a_fresh_cluster_elects_one_leader_in_the_first_term_and_keeps_it() {
         c.shutdown().await;
     }
 }
+
+/// With the lowest listed id down from the start, the next one forms the cluster (an election
+/// timeout later) and the others follow it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_new_cluster_forms_without_its_lowest_listed_id() {
+    let c = TestCluster::start_without(3, &[2, 3]).await;
+    let leader = c.leader().await;
+    assert!([2, 3].contains(&leader), "leader {leader}");
+    let put = c
+        .client_of(leader)
+        .put("formed/without-1", "v", None, None)
+        .await
+        .unwrap();
+    for id in [2u64, 3] {
+        eventually(
+            Duration::from_secs(10),
+            "the write on both nodes",
+            || async {
+                let got = c.client_of(id).get("formed/without-1", true).await.ok()??;
+                (got.kv.mod_revision == put.revision).then_some(())
+            },
+        )
+        .await;
+    }
+    c.shutdown().await;
+}

@@ -176,6 +176,17 @@ impl TestCluster {
         max_value_bytes: Option<usize>,
         tweak: Option<Tweak>,
     ) -> TestCluster {
+        Self::start_some(n, snapshot_threshold, max_value_bytes, tweak, &[]).await
+    }
+
+    /// Start the listed voters in `only` (every one of the `n` when empty).
+    async fn start_some(
+        n: u64,
+        snapshot_threshold: u64,
+        max_value_bytes: Option<usize>,
+        tweak: Option<Tweak>,
+        only: &[NodeId],
+    ) -> TestCluster {
         init_tracing();
         let tmp = TempDir::new().unwrap();
         let mut listeners = BTreeMap::new();
@@ -195,12 +206,21 @@ impl TestCluster {
             tweak,
         };
         for (id, (l, p)) in listeners {
+            if !only.is_empty() && !only.contains(&id) {
+                // Down from the start: its ports refuse connections.
+                continue;
+            }
             let node = Node::start_on_both(c.config(id, false), l, p)
                 .await
                 .unwrap();
             c.nodes.insert(id, node);
         }
         c
+    }
+
+    /// A new cluster of `n` listed voters of which only `running` ever start.
+    pub async fn start_without(n: u64, running: &[NodeId]) -> TestCluster {
+        Self::start_some(n, 10_000, None, None, running).await
     }
 
     pub fn data_dir(&self, id: NodeId) -> PathBuf {
