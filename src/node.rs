@@ -812,9 +812,10 @@ fn storage_revision(db: &sled::Db) -> Result<Revision, storage::StorageError> {
 }
 
 /// The voters to initialize with, or `None` when this node must wait to be added.
-/// Initialize the new cluster after `delay`, unless shut down first: a listed node that is not
-/// the lowest id gives the first leader time to reach it ([`first_campaign_delay`]); reached,
-/// it holds a vote or a log, and `initialize` is refused harmlessly.
+/// Initialize the new cluster after `delay`, unless shut down first or reached by a leader
+/// meanwhile: a listed node that is not the lowest id gives the first leader time to reach it
+/// ([`first_campaign_delay`]). (Reached between the check and the call, `initialize` is
+/// refused harmlessly: the node holds a vote or a log by then.)
 async fn initialize_later(
     consensus: Consensus,
     voters: BTreeMap<NodeId, String>,
@@ -825,8 +826,28 @@ async fn initialize_later(
         _ = cancel.cancelled() => return,
         _ = tokio::time::sleep(delay) => {}
     }
-    if let Err(e) = consensus.initialize(voters).await {
-        tracing::error!(error = %e, "could not form the new cluster");
+    let view = consensus.cluster_view();
+    if view.nodes.is_empty() {
+        if let Err(e) = consensus.initialize(voters).await {
+            tracing::error!(error = %e, "could not form the new cluster");
+        }
+        return;
+    }
+    // Reached by a leader: an operator who gave the nodes different `--peers` lists learns it
+    // here rather than from a cluster of unexpected members.
+    let formed: BTreeMap<NodeId, String> = view
+        .nodes
+        .iter()
+        .filter(|n| n.voter)
+        .map(|n| (n.id, n.address.clone()))
+        .collect();
+    if formed != voters {
+        tracing::warn!(
+            listed = ?voters,
+            formed = ?formed,
+            "the cluster formed with other voters than this node's --peers lists: give every \
+             node the same list"
+        );
     }
 }
 

@@ -22,10 +22,22 @@ impl Drop for Proc {
 }
 
 fn spawn(id: usize, addrs: &[String], data: &Path, log: &Path, extra: &[&str]) -> Proc {
-    let peers: Vec<String> = addrs
+    let all: Vec<usize> = (1..=addrs.len()).collect();
+    spawn_listing(id, addrs, &all, data, log, extra)
+}
+
+/// Start node `id` with `--peers` naming only the ids in `listed`.
+fn spawn_listing(
+    id: usize,
+    addrs: &[String],
+    listed: &[usize],
+    data: &Path,
+    log: &Path,
+    extra: &[&str],
+) -> Proc {
+    let peers: Vec<String> = listed
         .iter()
-        .enumerate()
-        .map(|(i, a)| format!("{}={a}", i + 1))
+        .map(|i| format!("{i}={}", addrs[i - 1]))
         .collect();
     let file = std::fs::File::create(log).unwrap();
     let child = Command::new(env!("CARGO_BIN_EXE_leasecore"))
@@ -100,6 +112,10 @@ async fn logs_are_plain_in_files_json_on_request_and_report_a_down_peer_once() {
             !text.contains("error sending request"),
             "causes are named:\n{text}"
         );
+        assert!(
+            !text.contains("other voters"),
+            "the same --peers lists everywhere:\n{text}"
+        );
     }
     for line in read(&json_log).lines() {
         let doc: serde_json::Value =
@@ -113,5 +129,34 @@ async fn logs_are_plain_in_files_json_on_request_and_report_a_down_peer_once() {
         read(&text_log).contains(" INFO "),
         "text lines: {}",
         read(&text_log)
+    );
+}
+
+/// An operator who gives the nodes different `--peers` lists is told so by the node whose list
+/// differs from the cluster that formed (here node 2 forgot node 3; node 1, the lowest id,
+/// formed the cluster with its own list).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_whose_peer_list_differs_from_the_formed_cluster_says_so() {
+    let tmp = tempfile::tempdir().unwrap();
+    let addrs = free_node_addrs(3);
+    let log1 = tmp.path().join("node-1.log");
+    let log2 = tmp.path().join("node-2.log");
+    let _n1 = spawn_listing(1, &addrs, &[1, 2, 3], tmp.path(), &log1, &[]);
+    let _n2 = spawn_listing(2, &addrs, &[1, 2], tmp.path(), &log2, &[]);
+    eventually(
+        Duration::from_secs(60),
+        "node 2 warns of the lists",
+        || async {
+            read(&log2)
+                .lines()
+                .any(|l| l.contains("WARN") && l.contains("other voters than this node's --peers"))
+                .then_some(())
+        },
+    )
+    .await;
+    assert!(
+        !read(&log1).contains("other voters"),
+        "node 1 formed the cluster from its own list:\n{}",
+        read(&log1)
     );
 }
