@@ -617,8 +617,16 @@ impl Node {
             tasks,
         };
         if let Some(voters) = initial_voters(&cfg, &advertise) {
-            let step = Duration::from_millis(cfg.timings.election_max_ms);
-            let delay = first_campaign_delay(cfg.id, voters.keys().copied(), step);
+            // A node with data was initialized long ago (openraft refuses the call at once);
+            // only a new one waits its turn, and only a new one compares the lists.
+            let delay = match data {
+                DataDir::Empty => first_campaign_delay(
+                    cfg.id,
+                    voters.keys().copied(),
+                    Duration::from_millis(cfg.timings.election_max_ms),
+                ),
+                DataDir::Existing => Duration::ZERO,
+            };
             if delay.is_zero() {
                 if let Err(e) = node.consensus.initialize(voters).await {
                     node.shutdown().await;
