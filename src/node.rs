@@ -633,12 +633,13 @@ impl Node {
                     return Err(e.into());
                 }
             } else {
-                node.tasks.spawn(initialize_later(
-                    node.consensus.clone(),
-                    voters,
-                    delay,
-                    node.cancel.clone(),
-                ));
+                node.tasks
+                    .spawn(crate::runtime::bootstrap::initialize_later(
+                        node.consensus.clone(),
+                        voters,
+                        delay,
+                        node.cancel.clone(),
+                    ));
             }
         }
         tracing::info!(
@@ -820,45 +821,6 @@ fn storage_revision(db: &sled::Db) -> Result<Revision, storage::StorageError> {
 }
 
 /// The voters to initialize with, or `None` when this node must wait to be added.
-/// Initialize the new cluster after `delay`, unless shut down first or reached by a leader
-/// meanwhile: a listed node that is not the lowest id gives the first leader time to reach it
-/// ([`first_campaign_delay`]). (Reached between the check and the call, `initialize` is
-/// refused harmlessly: the node holds a vote or a log by then.)
-async fn initialize_later(
-    consensus: Consensus,
-    voters: BTreeMap<NodeId, String>,
-    delay: Duration,
-    cancel: CancellationToken,
-) {
-    tokio::select! {
-        _ = cancel.cancelled() => return,
-        _ = tokio::time::sleep(delay) => {}
-    }
-    let view = consensus.cluster_view();
-    if view.nodes.is_empty() {
-        if let Err(e) = consensus.initialize(voters).await {
-            tracing::error!(error = %e, "could not form the new cluster");
-        }
-        return;
-    }
-    // Reached by a leader: an operator who gave the nodes different `--peers` lists learns it
-    // here rather than from a cluster of unexpected members.
-    let formed: BTreeMap<NodeId, String> = view
-        .nodes
-        .iter()
-        .filter(|n| n.voter)
-        .map(|n| (n.id, n.address.clone()))
-        .collect();
-    if formed != voters {
-        tracing::warn!(
-            listed = ?voters,
-            formed = ?formed,
-            "the cluster formed with other voters than this node's --peers lists: give every \
-             node the same list"
-        );
-    }
-}
-
 fn initial_voters(cfg: &NodeConfig, advertise: &str) -> Option<BTreeMap<NodeId, String>> {
     if cfg.join {
         return None;
@@ -867,7 +829,8 @@ fn initial_voters(cfg: &NodeConfig, advertise: &str) -> Option<BTreeMap<NodeId, 
         return Some(BTreeMap::from([(cfg.id, advertise.to_string())]));
     }
     // A node outside the initial voter list joins later through `cluster add`. Every listed
-    // node proposes the same initial membership; openraft accepts it on a node with an empty
-    // log and refuses it (harmlessly) everywhere else.
+    // node proposes the same initial membership (the lowest id at once, the others in turn:
+    // `first_campaign_delay`); openraft accepts it on a node with an empty log and refuses it
+    // (harmlessly) everywhere else.
     cfg.peers.contains_key(&cfg.id).then(|| cfg.peers.clone())
 }

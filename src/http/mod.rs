@@ -416,8 +416,9 @@ fn build(state: AppState, audiences: &[Audience]) -> Router {
 }
 
 /// A JSON answer ends with a newline, so that `curl` output does not run into the
-/// shell prompt (JSON parsers skip the whitespace). The body is streamed on with one more
-/// chunk, never buffered; a known `Content-Length` grows by one byte.
+/// shell prompt (JSON parsers skip the whitespace). A small whole answer (in memory already)
+/// is copied with its newline; any other is streamed on with one more chunk, never buffered.
+/// A known `Content-Length` grows by one byte.
 async fn end_json_with_newline(resp: Response) -> Response {
     /// Answers up to this size get their newline by a copy rather than a second chunk.
     const SMALL_JSON_BYTES: u64 = 16 << 10;

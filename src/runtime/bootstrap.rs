@@ -1,5 +1,5 @@
-//! Ask the peers, once, whether a cluster already runs: the I/O half of
-//! [`crate::domain::bootstrap`].
+//! Ask the peers, once, whether a cluster already runs, and form a new cluster in turn: the
+//! I/O half of [`crate::domain::bootstrap`].
 //!
 //! Runs only when a node starts with an empty data dir. Every peer is asked concurrently, on
 //! its peer port with the node's peer client (`/raft/status`: the same document as
@@ -7,15 +7,22 @@
 //! demands), each answer bounded by one timeout, so a start waits at most that long.
 //! A peer that does not answer (not up yet, unreachable) contributes no report.
 //!
+//! A listed node of a new cluster that is not the lowest id initializes only after its turn
+//! ([`initialize_later`], the delay from `domain::bootstrap::first_campaign_delay`), unless a
+//! leader reached it meanwhile; reached, it compares the formed membership with its own
+//! `--peers` list and warns if they differ.
+//!
 //! # What it must not do
-//! Decide: it gathers reports; `domain::bootstrap::may_start` rules.
+//! Decide: it gathers reports and waits turns; `domain::bootstrap` rules.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use tokio_util::sync::CancellationToken;
+
 use crate::domain::bootstrap::PeerReport;
 use crate::domain::types::NodeId;
-use crate::raft::consensus::ClusterView;
+use crate::raft::consensus::{ClusterView, Consensus};
 use crate::raft::network::{PeerClient, routes};
 
 /// Reports from every peer but `me` that answered within `timeout`.
@@ -53,4 +60,42 @@ pub async fn probe_peers(
         .into_iter()
         .flatten()
         .collect()
+}
+
+/// Initialize the new cluster of `voters` after `delay`, unless shut down first or reached by
+/// a leader meanwhile. (Reached between the check and the call, `initialize` is refused
+/// harmlessly: the node holds a vote or a log by then.)
+pub async fn initialize_later(
+    consensus: Consensus,
+    voters: BTreeMap<NodeId, String>,
+    delay: Duration,
+    cancel: CancellationToken,
+) {
+    tokio::select! {
+        _ = cancel.cancelled() => return,
+        _ = tokio::time::sleep(delay) => {}
+    }
+    let view = consensus.cluster_view();
+    if view.nodes.is_empty() {
+        if let Err(e) = consensus.initialize(voters).await {
+            tracing::error!(error = %e, "could not form the new cluster");
+        }
+        return;
+    }
+    // Reached by a leader: an operator who gave the nodes different `--peers` lists learns it
+    // here rather than from a cluster of unexpected members.
+    let formed: BTreeMap<NodeId, String> = view
+        .nodes
+        .iter()
+        .filter(|n| n.voter)
+        .map(|n| (n.id, n.address.clone()))
+        .collect();
+    if formed != voters {
+        tracing::warn!(
+            listed = ?voters,
+            formed = ?formed,
+            "the cluster formed with other voters than this node's --peers lists: give every \
+             node the same list"
+        );
+    }
 }
