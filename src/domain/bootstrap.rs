@@ -29,6 +29,8 @@
 //! - An unreachable peer proves nothing: with no report of a running cluster, the node proceeds
 //!   (a brand-new cluster forms while its nodes come up one by one).
 
+use std::collections::BTreeMap;
+
 use super::types::NodeId;
 
 /// What one peer said about the cluster it belongs to.
@@ -124,10 +126,48 @@ pub fn first_campaign_delay(
     step.saturating_mul(u32::try_from(rank).unwrap_or(u32::MAX))
 }
 
+/// What a listed node of a new cluster does when its turn to form it comes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AtTurn {
+    /// Nobody reached it: it forms the cluster with its own list.
+    Initialize,
+    /// A leader reached it with the membership this node lists: nothing to do.
+    Joined,
+    /// A leader reached it with other voters than it lists: an operator's mistake to report.
+    JoinedOtherVoters,
+}
+
+/// Decide [`AtTurn`] from this node's `--peers` list and the voters of the membership it holds
+/// (`None` while it holds none), both as id -> address.
+pub fn at_turn(
+    listed: &BTreeMap<NodeId, String>,
+    formed: Option<&BTreeMap<NodeId, String>>,
+) -> AtTurn {
+    match formed {
+        None => AtTurn::Initialize,
+        Some(formed) if formed == listed => AtTurn::Joined,
+        Some(_) => AtTurn::JoinedOtherVoters,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::time::Duration;
+
+    #[test]
+    fn at_its_turn_a_node_forms_the_cluster_only_if_nobody_reached_it() {
+        let listed: BTreeMap<NodeId, String> =
+            [(1, "a:1".to_string()), (2, "b:1".to_string())].into();
+        assert_eq!(at_turn(&listed, None), AtTurn::Initialize);
+        assert_eq!(at_turn(&listed, Some(&listed)), AtTurn::Joined);
+        let mut moved = listed.clone();
+        moved.insert(2, "b:2".to_string());
+        assert_eq!(at_turn(&listed, Some(&moved)), AtTurn::JoinedOtherVoters);
+        let mut more = listed.clone();
+        more.insert(3, "c:1".to_string());
+        assert_eq!(at_turn(&listed, Some(&more)), AtTurn::JoinedOtherVoters);
+    }
 
     #[test]
     fn only_the_lowest_listed_id_campaigns_at_once() {

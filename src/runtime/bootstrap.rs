@@ -13,14 +13,15 @@
 //! `--peers` list and warns if they differ.
 //!
 //! # What it must not do
-//! Decide: it gathers reports and waits turns; `domain::bootstrap` rules.
+//! Decide: it gathers reports, waits turns and acts; `domain::bootstrap` rules (`may_start`,
+//! `first_campaign_delay`, `at_turn`).
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::domain::bootstrap::PeerReport;
+use crate::domain::bootstrap::{AtTurn, PeerReport, at_turn};
 use crate::domain::types::NodeId;
 use crate::raft::consensus::{ClusterView, Consensus};
 use crate::raft::network::{PeerClient, routes};
@@ -76,26 +77,27 @@ pub async fn initialize_later(
         _ = tokio::time::sleep(delay) => {}
     }
     let view = consensus.cluster_view();
-    if view.nodes.is_empty() {
-        if let Err(e) = consensus.initialize(voters).await {
-            tracing::error!(error = %e, "could not form the new cluster");
+    let formed: Option<BTreeMap<NodeId, String>> = (!view.nodes.is_empty()).then(|| {
+        view.nodes
+            .iter()
+            .filter(|n| n.voter)
+            .map(|n| (n.id, n.address.clone()))
+            .collect()
+    });
+    match at_turn(&voters, formed.as_ref()) {
+        AtTurn::Initialize => {
+            if let Err(e) = consensus.initialize(voters).await {
+                tracing::error!(error = %e, "could not form the new cluster");
+            }
         }
-        return;
-    }
-    // Reached by a leader: an operator who gave the nodes different `--peers` lists learns it
-    // here rather than from a cluster of unexpected members.
-    let formed: BTreeMap<NodeId, String> = view
-        .nodes
-        .iter()
-        .filter(|n| n.voter)
-        .map(|n| (n.id, n.address.clone()))
-        .collect();
-    if formed != voters {
-        tracing::warn!(
+        AtTurn::Joined => {}
+        // An operator who gave the nodes different `--peers` lists learns it here rather
+        // than from a cluster of unexpected members.
+        AtTurn::JoinedOtherVoters => tracing::warn!(
             listed = ?voters,
             formed = ?formed,
             "the cluster formed with other voters than this node's --peers lists: give every \
              node the same list"
-        );
+        ),
     }
 }
