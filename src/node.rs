@@ -510,6 +510,9 @@ impl Node {
             let _ = metrics.tls.set(reloadable.clone());
             tasks.spawn(run_reloader(reloadable, RELOAD_POLL, cancel.clone()));
         }
+        let etcd_url = etcd_addr.map(|bound| {
+            crate::etcd::client_urls::own_url(client_tls.is_some(), bound, &advertise)
+        });
         let state = AppState::new(AppStateParts {
             consensus: consensus.clone(),
             limits: cfg.limits,
@@ -529,14 +532,10 @@ impl Node {
                 cancel.clone(),
                 cfg.peer_limits.header_timeout,
             ),
+            etcd_url,
         });
-        if let (Some(listener), Some(bound)) = (etcd_listener, etcd_addr) {
-            let scheme = if client_tls.is_some() {
-                "https"
-            } else {
-                "http"
-            };
-            let app = crate::etcd::router(state.clone(), Some(format!("{scheme}://{bound}")));
+        if let Some(listener) = etcd_listener {
+            let app = crate::etcd::router(state.clone());
             let (cancel, limits, stats, tls) = (
                 cancel.clone(),
                 cfg.etcd_limits,

@@ -2,7 +2,8 @@
 //! roles and the auth switch on leasecore's auth; membership changes on leasecore's add and
 //! remove paths, with new nodes joining through `etcdctl member add`; and the Election
 //! service's `Observe` stream (through etcd's gRPC messages and the JSON gateway), beside
-//! `etcdctl elect -l` (etcd's client-side recipe).
+//! `etcdctl elect -l` (etcd's client-side recipe); and `MemberList`'s client URLs, one per
+//! member, each answering as that member.
 #![allow(clippy::disallowed_methods)]
 
 mod common;
@@ -16,8 +17,10 @@ use common::etcdctl::{
 use common::{TestCluster, bind_pair, eventually};
 use leasecore::domain::types::NodeId;
 use leasecore::node::Node;
-use leasecore_etcd_api::etcdserverpb::LeaseGrantRequest;
+use leasecore_etcd_api::etcdserverpb::cluster_client::ClusterClient;
 use leasecore_etcd_api::etcdserverpb::lease_client::LeaseClient;
+use leasecore_etcd_api::etcdserverpb::maintenance_client::MaintenanceClient;
+use leasecore_etcd_api::etcdserverpb::{LeaseGrantRequest, MemberListRequest, StatusRequest};
 use leasecore_etcd_api::v3electionpb::election_client::ElectionClient;
 use leasecore_etcd_api::v3electionpb::{
     CampaignRequest, LeaderRequest, LeaderResponse, ProclaimRequest, ResignRequest,
@@ -533,6 +536,110 @@ async fn etcdctl_adds_promotes_and_removes_members() {
         },
     )
     .await;
+    c.shutdown().await;
+}
+
+/// `MemberList` through one node names every member's etcd client URL (each node learns the
+/// others' from their status documents), and each URL answers etcd's `Status` as that member:
+/// what clients that find their endpoints in the member list need (`etcdctl endpoint status
+/// --cluster`, clientv3's auto-sync). `GET /v1/cluster` names the answering node's own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn member_list_names_every_members_client_url() {
+    let c = etcd_cluster().await;
+    let mut cluster = ClusterClient::connect(format!("http://{}", endpoint(&c, 1)))
+        .await
+        .unwrap();
+    let members = cluster
+        .member_list(MemberListRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .members;
+    let ids: Vec<u64> = members.iter().map(|m| m.id).collect();
+    assert_eq!(ids, [1, 2, 3]);
+    for m in &members {
+        assert_eq!(
+            m.client_ur_ls,
+            [format!("http://{}", endpoint(&c, m.id))],
+            "member {}",
+            m.id
+        );
+        let mut maintenance = MaintenanceClient::connect(m.client_ur_ls[0].clone())
+            .await
+            .unwrap();
+        let status = maintenance
+            .status(StatusRequest {})
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(status.header.unwrap().member_id, m.id);
+    }
+    for id in [1, 2, 3] {
+        let view: Value = reqwest::get(format!("{}/v1/cluster", c.url(id)))
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(
+            view["etcd_url"],
+            format!("http://{}", endpoint(&c, id)),
+            "{view}"
+        );
+    }
+    // etcdctl through another node shows them too. (Not `endpoint status --cluster`:
+    // etcdctl 3.4 dials each URL with the whole URL as the HTTP/2 `:authority`, which the h2
+    // server refuses as malformed, whoever lists the URL.)
+    if have_etcdctl() {
+        let list = json(&endpoint(&c, 2), &["member", "list"]).await;
+        let listed: Vec<(u64, Value)> = list["members"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| (m["ID"].as_u64().unwrap(), m["clientURLs"].clone()))
+            .collect();
+        let expected: Vec<(u64, Value)> = [1, 2, 3]
+            .into_iter()
+            .map(|id| {
+                (
+                    id,
+                    serde_json::json!([format!("http://{}", endpoint(&c, id))]),
+                )
+            })
+            .collect();
+        assert_eq!(listed, expected, "{list}");
+    }
+    // With auth on, the members still learn each other's URLs: the peer status route asks
+    // for no token (peers hold none).
+    let anon = c.client();
+    anon.user_add("root", "root-pw").await.unwrap();
+    anon.user_grant_role("root", "root").await.unwrap();
+    anon.auth_enable().await.unwrap();
+    let http = reqwest::Client::new();
+    eventually(Duration::from_secs(10), "node 3 to ask for a token", || {
+        let (http, url) = (http.clone(), format!("{}/v1/cluster", c.url(3)));
+        async move {
+            let status = http.get(url).send().await.ok()?.status();
+            (status == reqwest::StatusCode::UNAUTHORIZED).then_some(())
+        }
+    })
+    .await;
+    let peer_view: Value = http
+        .post(format!("{}/raft/status", c.peer_url(3)))
+        .json(&())
+        .send()
+        .await
+        .unwrap()
+        .error_for_status()
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        peer_view["etcd_url"],
+        format!("http://{}", endpoint(&c, 3)),
+        "{peer_view}"
+    );
     c.shutdown().await;
 }
 

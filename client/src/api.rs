@@ -407,6 +407,10 @@ pub struct ClusterView {
     /// On the leader: milliseconds since a quorum last acknowledged it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub quorum_ack_ms: Option<u64>,
+    /// This node's etcd client URL (`--etcd-listen`), if it serves the etcd API: what the
+    /// other members' etcd `MemberList` shows for it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub etcd_url: Option<String>,
 }
 
 /// Why a node is not ready.

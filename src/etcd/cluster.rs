@@ -3,8 +3,10 @@
 //!
 //! Members are the Raft membership: `id` is the node id (etcdctl prints it in hex), `name` is
 //! `node-<id>`, the peer URL is the node's peer listener (its client address's port + 1000),
-//! and the client URL its etcd listener where this node knows it (its own). Changes are root
-//! only, as `/v1/cluster/nodes`.
+//! and the client URL its etcd listener: this node's own, the others' as they gave it in their
+//! status documents (`client_urls`; `MemberList` asks the members whose answer is old, for
+//! about a second at most, the other calls show what is known). A member that serves no etcd
+//! API, or never answered, has none. Changes are root only, as `/v1/cluster/nodes`.
 //!
 //! - `MemberAdd` takes one peer URL, `http(s)://host:port`, and names the node by its client
 //!   address, `host:(port - 1000)`. The new node's id is the next after the highest in the
@@ -29,6 +31,7 @@
 //! `MoveLeader` hands the leadership over (`raft::consensus::transfer`), root only as in
 //! etcd; unlike etcd, any node serves it (a follower forwards it to the leader).
 
+use std::collections::BTreeMap;
 use std::pin::Pin;
 use std::time::Duration;
 
@@ -60,7 +63,8 @@ pub const PROMOTE_FOR: Duration = Duration::from_secs(600);
 type SnapshotStream = Pin<Box<dyn Stream<Item = Result<SnapshotResponse, Status>> + Send>>;
 
 impl Etcd {
-    fn members(&self, view: &ClusterView) -> Vec<Member> {
+    /// The members of `view`, with the other members' client URLs this node knows (`others`).
+    fn members_with(&self, view: &ClusterView, others: &BTreeMap<NodeId, String>) -> Vec<Member> {
         view.nodes
             .iter()
             .map(|n| Member {
@@ -70,13 +74,18 @@ impl Etcd {
                     .map(|a| vec![format!("http://{a}")])
                     .unwrap_or_default(),
                 client_ur_ls: if n.id == view.node_id {
-                    self.etcd_url.iter().cloned().collect()
+                    self.state.etcd_url.iter().cloned().collect()
                 } else {
-                    Vec::new()
+                    others.get(&n.id).cloned().into_iter().collect()
                 },
                 is_learner: !n.voter,
             })
             .collect()
+    }
+
+    /// The members of `view`, with the client URLs known (no member is asked).
+    fn members(&self, view: &ClusterView) -> Vec<Member> {
+        self.members_with(view, &self.client_urls.known(view))
     }
 }
 
@@ -89,6 +98,16 @@ fn bad_urls(why: impl std::fmt::Display) -> Status {
     Status::invalid_argument(format!("etcdserver: given member URLs are invalid: {why}"))
 }
 
+/// Whether `url` is a bare `http(s)://host[:port][/]`: no user, path, query or fragment.
+pub(super) fn is_bare(url: &reqwest::Url) -> bool {
+    matches!(url.scheme(), "http" | "https")
+        && url.username().is_empty()
+        && url.password().is_none()
+        && matches!(url.path(), "" | "/")
+        && url.query().is_none()
+        && url.fragment().is_none()
+}
+
 /// The client address (`host:port`, what leasecore's membership holds) of the node whose peer
 /// URLs are `urls`: exactly one `http(s)://host:port`, the port being the client port + 1000.
 pub fn client_address(urls: &[String]) -> Result<String, Status> {
@@ -99,13 +118,8 @@ pub fn client_address(urls: &[String]) -> Result<String, Status> {
         )));
     };
     let parsed = reqwest::Url::parse(url).map_err(|e| bad_urls(format!("{url:?}: {e}")))?;
-    let plain = matches!(parsed.scheme(), "http" | "https")
-        && parsed.username().is_empty()
-        && parsed.password().is_none()
-        && matches!(parsed.path(), "" | "/")
-        && parsed.query().is_none()
-        && parsed.fragment().is_none();
-    let (Some(host), Some(port), true) = (parsed.host_str(), parsed.port(), plain) else {
+    let (Some(host), Some(port), true) = (parsed.host_str(), parsed.port(), is_bare(&parsed))
+    else {
         return Err(bad_urls(format!(
             "{url:?} must be http(s)://host:port, with the port"
         )));
@@ -307,9 +321,10 @@ impl Cluster for Etcd {
     ) -> Result<Response<MemberListResponse>, Status> {
         self.caller(&req)?;
         let view = self.state.consensus.cluster_view();
+        let others = self.client_urls.refreshed(&view).await;
         Ok(Response::new(MemberListResponse {
             header: self.header(),
-            members: self.members(&view),
+            members: self.members_with(&view, &others),
         }))
     }
 

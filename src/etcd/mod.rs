@@ -19,6 +19,7 @@
 //! the `/v1` helpers it calls are the same ones the HTTP handlers use.
 
 mod auth;
+pub mod client_urls;
 mod cluster;
 mod election;
 mod gateway;
@@ -29,6 +30,8 @@ mod lock;
 mod permission;
 pub mod status;
 mod watch;
+
+use std::sync::Arc;
 
 use axum::Router;
 use leasecore_etcd_api::etcdserverpb::ResponseHeader;
@@ -61,8 +64,9 @@ const MAX_MESSAGE_BYTES: usize = 4 << 20;
 #[derive(Clone)]
 pub struct Etcd {
     state: AppState,
-    /// This node's etcd URL, as `MemberList` shows it.
-    etcd_url: Option<String>,
+    /// The other members' etcd URLs, as `MemberList` shows them (this node's own is
+    /// `state.etcd_url`).
+    client_urls: Arc<client_urls::ClientUrls>,
 }
 
 impl Etcd {
@@ -102,8 +106,15 @@ impl Etcd {
 
 /// The etcd API's router: the gRPC services (HTTP/2) and etcd's JSON gateway (`/v3/...`,
 /// `GET /version`), to be served by a listener that speaks both HTTP/1 and HTTP/2.
-pub fn router(state: AppState, etcd_url: Option<String>) -> Router {
-    let etcd = Etcd { state, etcd_url };
+pub fn router(state: AppState) -> Router {
+    let client_urls = client_urls::ClientUrls::new(
+        state.consensus.peers().clone(),
+        Arc::new(crate::clock::SystemClock::new()),
+    );
+    let etcd = Etcd {
+        state,
+        client_urls: Arc::new(client_urls),
+    };
     tonic::service::Routes::new(
         KvServer::new(etcd.clone())
             .max_decoding_message_size(MAX_MESSAGE_BYTES)

@@ -28,7 +28,7 @@ const READY_APPLY_WAIT: std::time::Duration = std::time::Duration::from_millis(5
 
 /// Any authenticated caller (as etcd's member list).
 pub async fn status(State(state): State<AppState>, _caller: Caller) -> Json<ClusterView> {
-    Json(state.consensus.cluster_view())
+    Json(state.cluster_view())
 }
 
 /// 200 when the node is a voter; 202 when it was added but stays a learner (it did not answer
@@ -55,10 +55,12 @@ pub async fn add_node(
         AdminOutcome::Learner { message } => (StatusCode::ACCEPTED, Some(message), Some(false)),
         AdminOutcome::Removed { message } => (StatusCode::ACCEPTED, Some(message), None),
     };
-    let view = state
-        .consensus
-        .view_once(|v| v.nodes.iter().find(|n| n.id == id).map(|n| n.voter) == expect)
-        .await;
+    let view = state.served(
+        state
+            .consensus
+            .view_once(|v| v.nodes.iter().find(|n| n.id == id).map(|n| n.voter) == expect)
+            .await,
+    );
     let voter = view.nodes.iter().any(|n| n.id == id && n.voter);
     Ok((
         status,
@@ -83,7 +85,7 @@ pub async fn move_leader(
         .consensus
         .view_once(|v| v.leader_id == Some(leader))
         .await;
-    Ok(Json(view))
+    Ok(Json(state.served(view)))
 }
 
 pub async fn remove_node(
@@ -100,7 +102,7 @@ pub async fn remove_node(
         .consensus
         .view_once(|v| v.nodes.iter().all(|n| n.id != id))
         .await;
-    Ok(Json(view))
+    Ok(Json(state.served(view)))
 }
 
 /// A node address is `host:port`, the form peers dial.

@@ -9,8 +9,9 @@
 //!   a route cannot exist without being documented (or be documented without existing).
 //! - Every error a client can cause is a JSON error document with a 4xx status
 //!   ([`error::ApiError`]), including unknown routes, wrong methods and undecodable bodies.
-//! - Every peer route sits behind [`peer_trust::gate`]: only members of the current
-//!   membership are heard (`domain::peer_trust`).
+//! - Every peer route but the status document (`OPEN_PEER_ROUTES`) sits behind
+//!   [`peer_trust::gate`]: only members of the current membership are heard
+//!   (`domain::peer_trust`).
 //! - Handlers translate; they decide nothing. Rules live in `domain`.
 
 pub mod auth;
@@ -44,7 +45,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::domain::limits::Limits;
 use crate::metrics::Metrics;
-use crate::raft::consensus::Consensus;
+use crate::raft::consensus::{ClusterView, Consensus};
 use crate::raft::network::routes;
 use crate::runtime::flease::{FleaseService, MSG_ROUTE};
 use crate::runtime::lease::LeaseService;
@@ -56,7 +57,9 @@ pub const MAX_PEER_BODY_BYTES: usize = 1 << 30;
 
 /// The peer routes open to any node, members or not: the status document (the same as the
 /// public `GET /v1/cluster`), which a starting node asks its configured peers before it is a
-/// member, and must get (a refusal would hide a running cluster from `domain::bootstrap`).
+/// member, and must get (a refusal would hide a running cluster from `domain::bootstrap`);
+/// members ask it for each other's etcd URL too (`etcd::client_urls`). It asks for no token
+/// either (`peer::status`).
 const OPEN_PEER_ROUTES: [&str; 1] = [routes::STATUS];
 
 /// The peer routes that may carry more than a client's largest body.
@@ -76,6 +79,20 @@ pub struct AppState(Arc<AppStateParts>);
 impl AppState {
     pub fn new(parts: AppStateParts) -> AppState {
         AppState(Arc::new(parts))
+    }
+
+    /// This node's view of the cluster as it serves it (`GET /v1/cluster`, `/raft/status`):
+    /// with its etcd URL.
+    pub fn cluster_view(&self) -> ClusterView {
+        self.served(self.consensus.cluster_view())
+    }
+
+    /// `view` as this node serves it: with its etcd URL.
+    pub fn served(&self, view: ClusterView) -> ClusterView {
+        ClusterView {
+            etcd_url: self.etcd_url.clone(),
+            ..view
+        }
     }
 }
 
@@ -97,6 +114,8 @@ pub struct AppStateParts {
     pub auth: Arc<crate::runtime::auth::AuthService>,
     /// The peer streams this node serves (`peer_stream`).
     pub peer_streams: peer_stream::PeerStreams,
+    /// This node's etcd client URL, if it serves the etcd API (`etcd::client_urls::own_url`).
+    pub etcd_url: Option<String>,
 }
 
 /// Who a route is for.
@@ -339,7 +358,7 @@ pub fn route_table() -> Vec<RouteSpec> {
             Peer,
             post(peer::lease_refresh),
         ),
-        spec("POST", routes::STATUS, Peer, post(cluster::status)),
+        spec("POST", routes::STATUS, Peer, post(peer::status)),
         spec(
             "POST",
             routes::LEASE_REMAINING,

@@ -5,9 +5,9 @@
 //! failure. A body that does not decode is refused with 400 before it reaches Raft: a malformed
 //! message never touches the node's state.
 //!
-//! Every handler runs behind [`super::peer_trust::gate`] (the sender is a member) and checks
-//! what the body claims against the sender (`domain::peer_trust`): an append's or a snapshot's
-//! leader, a vote's candidate. A vote request while a leader is alive is answered "not
+//! Every handler but [`status`] (open to any node) runs behind [`super::peer_trust::gate`] (the
+//! sender is a member) and checks what the body claims against the sender
+//! (`domain::peer_trust`): an append's or a snapshot's leader, a vote's candidate. A vote request while a leader is alive is answered "not
 //! granted" without reaching Raft. Forwarded commands and requests pass the same checks as a
 //! client's (`kv::admit`, `domain::limits`): a peer can never ask for more than a
 //! client could.
@@ -30,7 +30,7 @@ use crate::domain::command::{Command, Response};
 use crate::domain::history_fill::{HistoryReach, PageAnswer, PageAsk};
 use crate::domain::peer_trust::{Refusal, check_claim, disruptive_vote};
 use crate::raft::consensus::{
-    AdminOutcome, AdminRequest, ConsensusError, TransferAnswer, TransferRequest,
+    AdminOutcome, AdminRequest, ClusterView, ConsensusError, TransferAnswer, TransferRequest,
 };
 use crate::raft::network::{decode_snapshot_frame, routes};
 use crate::raft::{NodeId, TypeConfig};
@@ -248,6 +248,15 @@ pub async fn transfer(
         );
     }
     Json(answer)
+}
+
+/// This node's view of the cluster (`GET /v1/cluster`'s document, its etcd URL included), for
+/// a starting node's probe (`runtime::bootstrap`) and the members' `MemberList`
+/// (`etcd::client_urls`). Open to any node (`OPEN_PEER_ROUTES`), and without a token even
+/// while auth is on: peers hold none, and a refusal would hide a running cluster from a
+/// starting node.
+pub async fn status(State(state): State<AppState>) -> Json<ClusterView> {
+    Json(state.cluster_view())
 }
 
 /// How far back this node's history reaches, for a peer's fill (`domain::history_fill`).

@@ -236,6 +236,8 @@ impl Consensus {
             } else {
                 None
             },
+            // Not Raft's to know: the HTTP layer adds it (`http::AppState::cluster_view`).
+            etcd_url: None,
         }
     }
 }
