@@ -7,8 +7,8 @@
 //!
 //! Every handler but [`status`] (open to any node) runs behind [`super::peer_trust::gate`] (the
 //! sender is a member) and checks what the body claims against the sender
-//! (`domain::peer_trust`): an append's or a snapshot's leader, a vote's candidate. A vote request while a leader is alive is answered "not
-//! granted" without reaching Raft. Forwarded commands and requests pass the same checks as a
+//! (`domain::peer_trust`): an append's or a snapshot's leader, a vote's candidate. A vote
+//! request while a leader is alive is answered "not granted" without reaching Raft. Forwarded commands and requests pass the same checks as a
 //! client's (`kv::admit`, `domain::limits`): a peer can never ask for more than a
 //! client could.
 
