@@ -19,6 +19,7 @@
 //! the `/v1` helpers it calls are the same ones the HTTP handlers use.
 
 mod auth;
+pub mod authority;
 mod cluster;
 mod election;
 mod gateway;
