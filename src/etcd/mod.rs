@@ -20,6 +20,7 @@
 
 mod auth;
 pub mod client_urls;
+pub mod authority;
 mod cluster;
 mod election;
 mod gateway;

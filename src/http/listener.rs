@@ -348,6 +348,9 @@ impl Conn {
                 // A peer that stops answering pings is gone: its streams end.
                 .keep_alive_interval(Some(self.header_timeout))
                 .keep_alive_timeout(self.header_timeout);
+            // HTTP/2 here is the etcd API's: some etcd clients send an `:authority` h2
+            // refuses, which the shim mends (HTTP/1 passes through it untouched).
+            let stream = crate::etcd::authority::AuthorityShim::new(stream);
             let conn = builder.serve_connection(TokioIo::new(stream), svc);
             tokio::pin!(conn);
             let result = tokio::select! {
