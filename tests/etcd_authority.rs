@@ -57,11 +57,18 @@ async fn etcdctl_accepts_endpoints_written_with_a_scheme() {
         leaders.iter().all(|l| *l == leaders[0] && *l != 0),
         "{leaders:?}"
     );
-    // `--cluster` dials the `http://` client URLs that MemberList advertises (each node knows
-    // its own; how many it lists is not this test's concern).
-    let status = json(&e2, &["endpoint", "status", "--cluster"]).await;
+    // `--cluster` dials the `http://` client URLs that MemberList advertises: every member's
+    // (a member's URL shows once this node has heard back from it: asked again until then).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
+    let status = loop {
+        let status = json(&e2, &["endpoint", "status", "--cluster"]).await;
+        let n = status.as_array().unwrap().len();
+        if n == 3 || std::time::Instant::now() > deadline {
+            break status;
+        }
+    };
     let status = status.as_array().unwrap();
-    assert!(!status.is_empty());
+    assert_eq!(status.len(), 3, "{status:?}");
     for s in status {
         assert!(
             s["Endpoint"].as_str().unwrap().starts_with("http://"),

@@ -19,8 +19,8 @@
 //! the `/v1` helpers it calls are the same ones the HTTP handlers use.
 
 mod auth;
-pub mod client_urls;
 pub mod authority;
+pub mod client_urls;
 mod cluster;
 mod election;
 mod gateway;
