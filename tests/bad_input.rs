@@ -259,6 +259,46 @@ async fn bad_client_input_is_refused_with_its_code_and_changes_nothing() {
             400,
             "invalid_argument",
         ),
+        // A value that begins with U+0000 (the stored form of an etcd binary value), wherever
+        // `/v1` writes one.
+        (
+            Method::PUT,
+            "/v1/kv/a".into(),
+            json(r#"{"value": "\u0000AAH/"}"#),
+            400,
+            "invalid_argument",
+        ),
+        (
+            Method::POST,
+            "/v1/txn".into(),
+            json(
+                r#"{"success": [{"put": {"key": "a", "value": "ok"}},
+                                 {"txn": {"failure": [{"put": {"key": "b", "value": "\u0000"}}]}}]}"#,
+            ),
+            400,
+            "invalid_argument",
+        ),
+        (
+            Method::POST,
+            "/v1/locks/db".into(),
+            json(r#"{"lease": "l", "value": "\u0000x"}"#),
+            400,
+            "invalid_argument",
+        ),
+        (
+            Method::POST,
+            "/v1/elections/e/campaign".into(),
+            json(r#"{"lease": "l", "value": "\u0000x"}"#),
+            400,
+            "invalid_argument",
+        ),
+        (
+            Method::PUT,
+            "/v1/elections/e/proclaim".into(),
+            json(r#"{"lease": "l", "value": "\u0000x"}"#),
+            400,
+            "invalid_argument",
+        ),
     ];
     for (method, path, body, status, code) in cases {
         let shown = format!("{method} {}", &path[..path.len().min(60)]);

@@ -136,6 +136,42 @@ async fn etcdctl_reads_and_writes_through_every_node() {
     c.shutdown().await;
 }
 
+/// A value that is not UTF-8, given to `etcdctl put` as raw bytes on its command line (as
+/// `etcdctl put k "$(printf '\xff\xfe')"` gives it), reads back byte-exact through another
+/// node: in `-w json` (base64) and as the bytes themselves (`--print-value-only`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn etcdctl_writes_and_reads_binary_values() {
+    use std::os::unix::ffi::OsStrExt;
+    if !have_etcdctl() {
+        return;
+    }
+    let c = cluster().await;
+    let (e1, e2) = (endpoint(&c, 1), endpoint(&c, 2));
+    let raw: &[u8] = &[0xff, 0xfe, b'b', 0x80, 0x01];
+    let put = Command::new("etcdctl")
+        .env("ETCDCTL_API", "3")
+        .arg(format!("--endpoints={e1}"))
+        .arg("--command-timeout=10s")
+        .args(["put", "bin"])
+        .arg(std::ffi::OsStr::from_bytes(raw))
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        put.status.success(),
+        "{}",
+        String::from_utf8_lossy(&put.stderr)
+    );
+    let got = json(&e2, &["get", "bin"]).await;
+    let value = base64::engine::general_purpose::STANDARD
+        .decode(got["kvs"][0]["value"].as_str().unwrap())
+        .unwrap();
+    assert_eq!(value, raw);
+    let printed = etcdctl_in(&e2, &["get", "bin", "--print-value-only"], "").await;
+    assert_eq!(printed.stdout, [raw, b"\n"].concat());
+    c.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn etcdctl_transactions_and_leases() {
     if !have_etcdctl() {

@@ -13,7 +13,10 @@
 //!   the attached keys), and expiry;
 //! - Failover: the leader is killed with SIGKILL while a writer runs; the client, given all three
 //!   endpoints, goes on writing once a new leader is elected, and every acknowledged write,
-//!   lease and watch survives.
+//!   lease and watch survives;
+//! - Binary values: bytes that are not UTF-8 (and a 1 MiB value) written and read back
+//!   byte-exact through different nodes; compares in byte order; delete's `prev_kv` and a watch
+//!   with `prev_kv` carry the bytes; so do election values; `/v1` shows text as written.
 //!
 //! The crate's build script compiles etcd's protos with `protoc` (Debian's `protobuf-compiler`,
 //! which `scripts/test.sh` installs): without it this file does not build and the suite fails,
@@ -35,8 +38,8 @@ use std::time::{Duration, Instant};
 use etcd_client::{
     Client, Compare, CompareOp, ConnectOptions, DeleteOptions, EventType, GetOptions, GetResponse,
     KeyValue, LeaseGrantOptions, LeaseKeepAliveStream, LeaseKeeper, LeaseTimeToLiveOptions,
-    LeaseTimeToLiveResponse, PutOptions, ResponseHeader, SortOrder, SortTarget, Txn, TxnOp,
-    TxnOpResponse, WatchOptions, WatchStream,
+    LeaseTimeToLiveResponse, ProclaimOptions, PutOptions, ResponseHeader, SortOrder, SortTarget,
+    Txn, TxnOp, TxnOpResponse, WatchOptions, WatchStream,
 };
 
 const NODES: usize = 3;
@@ -1735,4 +1738,219 @@ async fn client_with_every_endpoint_survives_a_sigkilled_leader() {
         out.failed.len(),
         out.errors,
     );
+}
+
+// ---------------------------------------------------------------------------------------------
+// 6. Binary values
+
+/// The value of `kv`, which must be there.
+fn value_of(resp: &GetResponse) -> Vec<u8> {
+    assert_eq!(resp.kvs().len(), 1, "one key: {resp:?}");
+    resp.kvs()[0].value().to_vec()
+}
+
+/// Values are bytes, as in etcd: random non-UTF-8 bytes (0x00 and 0xff among them), a value
+/// that is UTF-8 but begins with NUL, and a binary value of the whole value limit (1 MiB) are
+/// written through one follower and read back byte-exact through the other; txn compares on
+/// them are byte-exact (`=`) and in byte order (`>`, `<`, and a sort by value); delete's
+/// `prev_kv` and a watch from a past revision (with `prev_kv`) carry the bytes, as an
+/// election's campaign and proclaimed values do. A text value reads the same through `/v1`; a
+/// binary one shows there in its stored form.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn binary_values_round_trip_byte_exact() {
+    use rand::Rng;
+    let c = Cluster::start().await;
+    let leader = c.leader().await;
+    let (f1, f2) = c.followers(leader);
+    let mut writer = c.client(&[f1]).await;
+    let reader = c.client(&[f2]).await;
+
+    let mut rng = rand::rng();
+    let mut first = vec![0x00, 0xff, 0xfe, 0x80];
+    first.extend((0..60).map(|_| rng.random::<u8>()));
+    let mut second = vec![0xff, 0x00, 0xc3, 0x28];
+    second.extend((0..60).map(|_| rng.random::<u8>()));
+    let mut big = vec![0u8; 1 << 20];
+    rng.fill(&mut big[..]);
+    big[..3].copy_from_slice(&[0xff, 0x00, 0xfe]);
+    assert!(std::str::from_utf8(&first).is_err() && std::str::from_utf8(&big).is_err());
+
+    let p1 = writer.put("bin/a", first.clone(), None).await.unwrap();
+    let r1 = rev(p1.header());
+    let p2 = writer
+        .put(
+            "bin/a",
+            second.clone(),
+            Some(PutOptions::new().with_prev_key()),
+        )
+        .await
+        .unwrap();
+    let r2 = rev(p2.header());
+    assert_eq!(p2.prev_key().map(|kv| kv.value()), Some(first.as_slice()));
+    writer.put("bin/big", big.clone(), None).await.unwrap();
+    // UTF-8, but beginning with NUL (the mark of a stored binary value): still bytes in, bytes out.
+    writer.put("bin/nul", "\0text", None).await.unwrap();
+    writer.put("txt", "héllo, wörld\n", None).await.unwrap();
+
+    assert_eq!(value_of(&reader.read("bin/a", None).await), second);
+    assert!(
+        value_of(&reader.read("bin/big", None).await) == big,
+        "the 1 MiB value"
+    );
+    assert_eq!(value_of(&reader.read("bin/nul", None).await), b"\0text");
+    assert_eq!(
+        value_of(&reader.read("txt", None).await),
+        "héllo, wörld\n".as_bytes()
+    );
+    // A value over the limit is refused, binary as text.
+    let over = writer
+        .put("bin/over", vec![0xffu8; (1 << 20) + 1], None)
+        .await;
+    assert!(over.is_err(), "{over:?}");
+
+    // Compares: `=` byte-exact, `>` and `<` in byte order.
+    let holds = |cmp: Compare| {
+        let mut w = writer.clone();
+        async move {
+            let t = Txn::new().when([cmp]);
+            w.txn(t).await.unwrap().succeeded()
+        }
+    };
+    let bin = |op: CompareOp, v: &[u8]| Compare::value("bin/a", op, v.to_vec());
+    assert!(holds(bin(CompareOp::Equal, &second)).await);
+    assert!(!holds(bin(CompareOp::Equal, &first)).await);
+    assert!(holds(bin(CompareOp::NotEqual, &first)).await);
+    assert!(holds(bin(CompareOp::Greater, &[0xff])).await);
+    assert!(holds(bin(CompareOp::Greater, &[0xfe, 0xff])).await);
+    assert!(!holds(bin(CompareOp::Greater, &[0xff, 0x01])).await);
+    assert!(holds(bin(CompareOp::Less, &[0xff, 0x01])).await);
+    assert!(!holds(bin(CompareOp::Less, &[0xff, 0x00])).await);
+    // Text against bytes: "z" sorts before 0xff and after 0x01, as bytes do.
+    let txt = |op: CompareOp, v: &[u8]| Compare::value("txt", op, v.to_vec());
+    assert!(holds(txt(CompareOp::Less, &[0xff])).await);
+    assert!(holds(txt(CompareOp::Greater, &[0x01, 0xff])).await);
+    // A txn's put of bytes, guarded by a compare on bytes.
+    let t = Txn::new()
+        .when([bin(CompareOp::Equal, &second)])
+        .and_then([TxnOp::put("bin/t", vec![0x00, 0x01, 0xff], None)]);
+    assert!(writer.txn(t).await.unwrap().succeeded());
+    assert_eq!(
+        value_of(&reader.read("bin/t", None).await),
+        [0x00, 0x01, 0xff]
+    );
+
+    // A sort by value is in byte order.
+    for (k, v) in [
+        ("sorted/a", vec![0xffu8]),
+        ("sorted/b", b"z".to_vec()),
+        ("sorted/c", vec![0x01, 0x80]),
+    ] {
+        writer.put(k, v, None).await.unwrap();
+    }
+    let sorted = reader
+        .read(
+            "sorted/",
+            Some(
+                GetOptions::new()
+                    .with_prefix()
+                    .with_sort(SortTarget::Value, SortOrder::Ascend),
+            ),
+        )
+        .await;
+    let order: Vec<String> = sorted.kvs().iter().map(|kv| text(kv.key())).collect();
+    assert_eq!(order, ["sorted/c", "sorted/b", "sorted/a"]);
+
+    // Delete with prev_kv: the bytes.
+    let del = writer
+        .delete("bin/a", Some(DeleteOptions::new().with_prev_key()))
+        .await
+        .unwrap();
+    let r3 = rev(del.header());
+    let prev: Vec<Vec<u8>> = del
+        .prev_kvs()
+        .iter()
+        .map(|kv| kv.value().to_vec())
+        .collect();
+    assert_eq!(prev, [second.clone()]);
+
+    // A watch from the first put, on the leader, with prev_kv: every change with its bytes.
+    let mut watcher = c.client(&[leader]).await;
+    let mut watch = watcher
+        .watch(
+            "bin/a",
+            Some(WatchOptions::new().with_start_revision(r1).with_prev_key()),
+        )
+        .await
+        .unwrap();
+    created(&mut watch).await;
+    type Seen = (bool, Vec<u8>, i64, Option<Vec<u8>>);
+    let mut seen: Vec<Seen> = Vec::new();
+    while seen.len() < 3 {
+        let resp = tokio::time::timeout(WAIT, watch.message())
+            .await
+            .expect("a watch response in time")
+            .expect("the watch stream works")
+            .expect("the watch stream stays open");
+        for e in resp.events() {
+            let kv = e.kv().expect("an event has its kv");
+            seen.push((
+                e.event_type() == EventType::Delete,
+                kv.value().to_vec(),
+                kv.mod_revision(),
+                e.prev_kv().map(|p| p.value().to_vec()),
+            ));
+        }
+    }
+    let want: Vec<Seen> = vec![
+        (false, first.clone(), r1, None),
+        (false, second.clone(), r2, Some(first.clone())),
+        (true, Vec::new(), r3, Some(second.clone())),
+    ];
+    assert_eq!(seen, want);
+
+    // Election values: a campaign's, then a proclaimed one, as the leader is answered.
+    let lease = writer.lease_grant(30, None).await.unwrap().id();
+    let mut campaign = writer
+        .campaign("bin-election", vec![0xffu8, 0x00], lease)
+        .await
+        .unwrap();
+    let leader_key = campaign.take_leader().expect("the campaign leads");
+    let elected = |reader: &Client| {
+        let mut r = reader.clone();
+        async move {
+            let resp = r.leader("bin-election").await.unwrap();
+            resp.kv().expect("the leader's kv").value().to_vec()
+        }
+    };
+    assert_eq!(elected(&reader).await, [0xff, 0x00]);
+    writer
+        .proclaim(
+            vec![0x00u8, 0xfe],
+            Some(ProclaimOptions::new().with_leader(leader_key)),
+        )
+        .await
+        .unwrap();
+    assert_eq!(elected(&reader).await, [0x00, 0xfe]);
+
+    // Through `/v1`: a text value as written, a binary one in its stored form.
+    let http = reqwest::Client::new();
+    let v1_value = |key: &'static str| {
+        let (http, base) = (http.clone(), format!("http://{}", c.addrs[f2 - 1]));
+        async move {
+            let doc: serde_json::Value = http
+                .get(format!("{base}/v1/kv/{key}"))
+                .send()
+                .await
+                .unwrap()
+                .error_for_status()
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            doc["value"].as_str().unwrap().to_string()
+        }
+    };
+    assert_eq!(v1_value("txt").await, "héllo, wörld\n");
+    assert_eq!(v1_value("bin/t").await, "\u{0}AAH/");
+    assert_eq!(v1_value("bin/nul").await, "\u{0}AHRleHQ=");
 }

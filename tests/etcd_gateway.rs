@@ -219,3 +219,65 @@ async fn the_json_gateway_speaks_etcds_conventions() {
     assert_eq!(members["members"].as_array().unwrap().len(), 3);
     c.shutdown().await;
 }
+
+/// Binary values through the gateway: the base64 of bytes that are not UTF-8 goes in and comes
+/// back the same (range, a txn's compare on it); `/v1` shows the stored form (NUL, then the
+/// base64) and refuses to write a value of that form.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn binary_values_round_trip_through_the_gateway() {
+    let c = TestCluster::start_tweaked(3, |cfg| {
+        cfg.etcd_listen = Some("127.0.0.1:0".into());
+    })
+    .await;
+    let leader = c.leader().await;
+    let follower = leader % 3 + 1;
+    let g = Gateway {
+        http: reqwest::Client::new(),
+        base: format!("http://{}", c.nodes[&follower].etcd_addr().unwrap()),
+    };
+    let raw = [0x00u8, 0xff, 0xfe, 0x80, 0x01, 0xc3, 0x28];
+    let value = base64::engine::general_purpose::STANDARD.encode(raw);
+
+    g.ok("/v3/kv/put", json!({"key": b64("bin"), "value": value}))
+        .await;
+    let range = g.ok("/v3/kv/range", json!({"key": b64("bin")})).await;
+    assert_eq!(range["kvs"][0]["value"], value.as_str(), "{range}");
+    let txn = g
+        .ok(
+            "/v3/kv/txn",
+            json!({
+                "compare": [{"target": "VALUE", "key": b64("bin"), "value": value}],
+                "success": [{"request_put": {"key": b64("copy"), "value": value}}],
+            }),
+        )
+        .await;
+    assert_eq!(txn["succeeded"], true, "{txn}");
+    let copy = g.ok("/v3/kv/range", json!({"key": b64("copy")})).await;
+    assert_eq!(copy["kvs"][0]["value"], value.as_str(), "{copy}");
+
+    // `/v1` reads the stored form, and will not write one.
+    let http = reqwest::Client::new();
+    let v1: Value = http
+        .get(format!("{}/v1/kv/bin", c.url(leader)))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(v1["value"], format!("\u{0}{value}"));
+    let refused = http
+        .put(format!("{}/v1/kv/bin", c.url(leader)))
+        .json(&json!({"value": format!("\u{0}{value}")}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refused.status().as_u16(), 400);
+    let err: Value = refused.json().await.unwrap();
+    assert_eq!(err["error"]["code"], "invalid_argument", "{err}");
+    assert!(
+        err["error"]["message"].as_str().unwrap().contains("U+0000"),
+        "{err}"
+    );
+    c.shutdown().await;
+}

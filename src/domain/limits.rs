@@ -9,13 +9,15 @@ use thiserror::Error;
 use super::auth::{self, AuthChange};
 use super::command::Command;
 use super::members::{MemberRecord, check_member_id};
+use super::value_bytes;
 
 /// The longest member address, in bytes.
 pub const MAX_MEMBER_ADDRESS_BYTES: usize = 1024;
 
 /// The largest key, in bytes of UTF-8.
 pub const MAX_KEY_BYTES: usize = 1024;
-/// The default largest value, in bytes of UTF-8.
+/// The default largest value, in bytes (its raw bytes: a binary value the etcd API stored as
+/// NUL and base64 counts as its decoded length, [`value_bytes::raw_len`]).
 pub const DEFAULT_MAX_VALUE_BYTES: usize = 1 << 20;
 /// The largest lease name, in bytes.
 pub const MAX_LEASE_NAME_BYTES: usize = 1024;
@@ -108,16 +110,55 @@ impl Limits {
         Ok(())
     }
 
-    /// A value is at most `max_value_bytes` bytes of UTF-8 (it may be empty).
+    /// A value is at most `max_value_bytes` bytes (it may be empty), counted as its raw bytes
+    /// ([`value_bytes::raw_len`]): a binary value written through the etcd API (stored as NUL
+    /// and base64, a third longer) may be as long as a text value.
     pub fn check_value(&self, value: &str) -> Result<(), InvalidInput> {
-        if value.len() > self.max_value_bytes {
+        let len = value_bytes::raw_len(value);
+        if len > self.max_value_bytes {
             return Err(InvalidInput::TooLarge(format!(
-                "value is {} bytes; the limit is {}",
-                value.len(),
+                "value is {len} bytes; the limit is {}",
                 self.max_value_bytes
             )));
         }
         Ok(())
+    }
+
+    /// A value a `/v1` client writes may not begin with U+0000: that marks a binary value
+    /// written through the etcd API ([`value_bytes`]), which `/v1` reads in that stored form.
+    /// (Not part of [`Limits::check_command`]: the etcd API and forwarded proposals write such
+    /// values.)
+    pub fn check_text_value(value: &str) -> Result<(), InvalidInput> {
+        if value_bytes::is_encoded_form(value) {
+            return Err(InvalidInput::Invalid(
+                "a value may not begin with U+0000: that marks a binary value written through \
+                 the etcd API (NUL, then its base64)"
+                    .into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Every value `cmd` writes (a put's, those of a transaction's puts) passes
+    /// [`Limits::check_text_value`]: the check of a `/v1` client's command.
+    pub fn check_text_values(cmd: &Command) -> Result<(), InvalidInput> {
+        fn txn(t: &super::txn::Txn) -> Result<(), InvalidInput> {
+            use super::txn::TxnOp;
+            for op in t.success.iter().chain(&t.failure) {
+                match op {
+                    TxnOp::Put { value, .. } => Limits::check_text_value(value)?,
+                    TxnOp::Txn { txn: inner } => txn(inner)?,
+                    TxnOp::DeleteRange { .. } | TxnOp::Range { .. } => {}
+                }
+            }
+            Ok(())
+        }
+        match cmd {
+            Command::Put { value, .. } => Self::check_text_value(value),
+            Command::Txn { txn: t } => txn(t),
+            Command::Guarded { command, .. } => Self::check_text_values(command),
+            _ => Ok(()),
+        }
     }
 
     /// A lease name is a non-empty string of at most [`MAX_LEASE_NAME_BYTES`] bytes.
@@ -140,10 +181,10 @@ impl Limits {
         for c in &txn.compares {
             range(&c.range)?;
             match &c.target {
-                CompareTarget::Value(v) if v.len() > self.max_value_bytes => {
+                CompareTarget::Value(v) if value_bytes::raw_len_of(v) > self.max_value_bytes => {
                     return Err(InvalidInput::TooLarge(format!(
                         "a compared value is {} bytes; the limit is {}",
-                        v.len(),
+                        value_bytes::raw_len_of(v),
                         self.max_value_bytes
                     )));
                 }
@@ -379,6 +420,63 @@ mod tests {
             l.check_value("abcde"),
             Err(InvalidInput::TooLarge(_))
         ));
+        // A binary value counts as its raw bytes, not its longer stored form.
+        let four = value_bytes::store(vec![0xff; 4]);
+        assert!(four.len() > 4);
+        assert!(l.check_value(&four).is_ok());
+        let five = value_bytes::store(vec![0xff; 5]);
+        assert!(matches!(
+            l.check_value(&five),
+            Err(InvalidInput::TooLarge(_))
+        ));
+        // A compared value too.
+        let compare = |v: &str| {
+            let txn = crate::domain::txn::Txn {
+                compares: vec![crate::domain::txn::Compare {
+                    range: crate::domain::auth::KeyRange::key("k"),
+                    op: crate::domain::txn::CompareOp::Equal,
+                    target: crate::domain::txn::CompareTarget::Value(v.as_bytes().to_vec()),
+                }],
+                ..Default::default()
+            };
+            l.check_command(&Command::Txn { txn }, TTL)
+        };
+        assert!(compare(&four).is_ok());
+        assert!(matches!(compare(&five), Err(InvalidInput::TooLarge(_))));
+    }
+
+    #[test]
+    fn v1_values_may_not_begin_with_nul() {
+        assert!(Limits::check_text_value("").is_ok());
+        assert!(Limits::check_text_value("a\0").is_ok());
+        assert!(matches!(
+            Limits::check_text_value("\0AAH/"),
+            Err(InvalidInput::Invalid(_))
+        ));
+        let put_op = |k: &str, v: &str| crate::domain::txn::TxnOp::Put {
+            key: k.into(),
+            value: v.into(),
+            lease: None,
+            ignore_value: false,
+            ignore_lease: false,
+            prev_kv: false,
+        };
+        let txn = Command::Txn {
+            txn: crate::domain::txn::Txn {
+                failure: vec![crate::domain::txn::TxnOp::Txn {
+                    txn: crate::domain::txn::Txn {
+                        success: vec![put_op("a", "ok"), put_op("b", "\0x")],
+                        ..Default::default()
+                    },
+                }],
+                ..Default::default()
+            },
+        };
+        assert!(Limits::check_text_values(&txn).is_err());
+        assert!(Limits::check_text_values(&put("k", "\0")).is_err());
+        assert!(Limits::check_text_values(&put("k", "v")).is_ok());
+        // The same command passes the shared check: the etcd API writes such values.
+        assert!(Limits::default().check_command(&txn, TTL).is_ok());
     }
 
     const TTL: TtlBounds = TtlBounds {

@@ -25,6 +25,7 @@
 //!   claims, no disruptive votes).
 //! - [`health`]: readiness, quorum loss, peer reachability, learner catch-up.
 //! - [`resources`]: connection cap, storage quota, log compaction by bytes, peer addresses.
+//! - [`value_bytes`]: the etcd API's byte values in the text store (NUL and base64).
 
 pub mod auth;
 pub mod auto_compact;
@@ -50,3 +51,4 @@ pub mod recipes;
 pub mod resources;
 pub mod txn;
 pub mod types;
+pub mod value_bytes;

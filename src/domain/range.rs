@@ -10,6 +10,8 @@
 //! - A sort target other than the key with no order sorts ascending, as etcd does; the key
 //!   target with no order keeps key order.
 //! - `keys_only` drops values; `count_only` returns no keys at all.
+//! - A sort by value is in the order of the raw bytes: a value the etcd API stored as NUL and
+//!   base64 sorts as its bytes ([`super::value_bytes`]).
 //!
 //! # What it must not do
 //! Read the store itself: the caller hands in the range's keys in key order.
@@ -155,7 +157,10 @@ pub fn evaluate<'a>(
                 SortTarget::Version => a.1.version.cmp(&b.1.version),
                 SortTarget::Create => a.1.create_revision.cmp(&b.1.create_revision),
                 SortTarget::Mod => a.1.mod_revision.cmp(&b.1.mod_revision),
-                SortTarget::Value => a.1.value.cmp(&b.1.value),
+                // In the order of the raw bytes (etcd's), encoded values decoded.
+                SortTarget::Value => {
+                    super::value_bytes::cmp(a.1.value.as_bytes(), b.1.value.as_bytes())
+                }
             };
             if descending { o.reverse() } else { o }
         });
@@ -239,6 +244,20 @@ mod tests {
         s.limit = 1;
         let r = run(&s);
         assert_eq!((keys(&r), r.more), (vec!["b"], true));
+    }
+
+    #[test]
+    fn a_sort_by_value_is_in_the_order_of_the_raw_bytes() {
+        use crate::domain::value_bytes::store;
+        let d = [
+            ("a".to_string(), v(&store(vec![0xff]), 1, 1, 1)),
+            ("b".to_string(), v("z", 2, 2, 1)),
+            ("c".to_string(), v(&store(vec![0x01, 0x80]), 3, 3, 1)),
+        ];
+        let mut s = spec();
+        s.sort_target = SortTarget::Value;
+        let r = evaluate(&s, d.iter().map(|(k, v)| (k.as_str(), v)));
+        assert_eq!(keys(&r), ["c", "b", "a"]);
     }
 
     #[test]

@@ -41,7 +41,8 @@ use super::{Etcd, EtcdError, lease_id, lease_name, text};
 use crate::domain::history::KeyFilter;
 use crate::domain::recipes::Recipe;
 use crate::domain::types::Revision;
-use crate::http::extract::{ApiJson, ApiPath};
+use crate::domain::value_bytes;
+use crate::http::extract::ApiPath;
 use crate::http::recipes::{self, leave};
 use crate::runtime::auth::Caller;
 use crate::wire::Leadership;
@@ -71,7 +72,7 @@ impl Election for Etcd {
         let caller = self.caller(&req)?;
         let r = req.into_inner();
         let name = text("election name", r.name)?;
-        let value = text("value", r.value)?;
+        let value = value_bytes::store(r.value);
         let standing = self
             .hold(
                 &caller,
@@ -99,17 +100,17 @@ impl Election for Etcd {
         let caller = self.caller(&req)?;
         let r = req.into_inner();
         let (name, lease) = leader_key(r.leader)?;
-        let value = text("value", r.value)?;
-        let done = recipes::proclaim(
-            State(self.state.clone()),
-            caller,
-            ApiPath(name),
-            ApiJson(leasecore_client::api::ProclaimRequest { lease, value }),
+        let value = value_bytes::store(r.value);
+        let done = recipes::proclaim_value(
+            &self.state,
+            &caller,
+            name,
+            leasecore_client::api::ProclaimRequest { lease, value },
         )
         .await
         .map_err(EtcdError::from)?;
         Ok(Response::new(ProclaimResponse {
-            header: self.header_at(done.0.revision),
+            header: self.header_at(done.revision),
         }))
     }
 
@@ -204,7 +205,7 @@ impl Etcd {
                 create_revision: l.revision.0 as i64,
                 mod_revision: l.mod_revision.0 as i64,
                 version: 0,
-                value: l.value.into_bytes(),
+                value: value_bytes::bytes(&l.value).into_owned(),
                 lease: lease_id(&l.lease),
             }),
         }

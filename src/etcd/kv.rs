@@ -26,6 +26,7 @@ use crate::domain::txn::{
     evaluate_read_only, fill_deferred, has_deferred,
 };
 use crate::domain::types::Revision;
+use crate::domain::value_bytes;
 use crate::http::auth::{check, guard};
 use crate::http::kv::{Consistency, admit, propose, read_point, unexpected};
 use crate::raft::state_machine::HistoryError;
@@ -211,7 +212,7 @@ fn range_spec(r: &RangeRequest) -> Result<RangeSpec, EtcdError> {
 fn put_op(p: PutRequest) -> Result<TxnOp, EtcdError> {
     Ok(TxnOp::Put {
         key: key(p.key)?,
-        value: text("value", p.value)?,
+        value: value_bytes::store(p.value),
         lease: (p.lease != 0).then(|| lease_name(p.lease)),
         ignore_value: p.ignore_value,
         ignore_lease: p.ignore_lease,
@@ -252,8 +253,9 @@ fn compare(c: leasecore_etcd_api::etcdserverpb::Compare) -> Result<Compare, Etcd
             Some(compare::TargetUnion::ModRevision(v)) => rev(v),
             _ => Revision(0),
         }),
+        // In the stored form, as the values it compares with.
         (Ok(compare::CompareTarget::Value), u) => CompareTarget::Value(match u {
-            Some(compare::TargetUnion::Value(v)) => v,
+            Some(compare::TargetUnion::Value(v)) => value_bytes::store(v).into_bytes(),
             _ => Vec::new(),
         }),
         (Ok(compare::CompareTarget::Lease), u) => CompareTarget::Lease(match u {

@@ -3,8 +3,12 @@
 //! consensus, read barriers, the watch hub, the lease service) and their answers back.
 //!
 //! # Mapping
-//! - Keys and values are bytes in etcd and UTF-8 text in leasecore: a key or value that is not
-//!   UTF-8 is refused (`InvalidArgument`). Range bounds may be any bytes.
+//! - Values are bytes, as in etcd: each is stored with [`value_bytes::store`] (UTF-8 that does
+//!   not begin with NUL as it is, anything else as NUL and its base64) and answered with
+//!   [`value_bytes::bytes`], wherever a value goes in or out (puts, txn puts and compares,
+//!   ranges, `prev_kv`, watch events, election values). Keys, and lock and election names,
+//!   are UTF-8 text in leasecore: one that is not is refused (`InvalidArgument`). Range
+//!   bounds may be any bytes.
 //! - A `Put`, a `DeleteRange` and a `Txn` are each one [`crate::domain::command::Command::Txn`]: one revision, one
 //!   event per changed key, `prev_kv` read at apply time.
 //! - etcd's int64 lease ids are leasecore leases named `etcd-<id as 16 hex digits>` (see
@@ -45,6 +49,7 @@ use leasecore_etcd_api::mvccpb;
 
 use crate::domain::kv::Versioned;
 use crate::domain::types::Revision;
+use crate::domain::value_bytes;
 use crate::http::AppState;
 use crate::runtime::auth::Caller;
 
@@ -160,12 +165,13 @@ fn key_value(key: &str, v: &Versioned) -> mvccpb::KeyValue {
         create_revision: v.create_revision.0 as i64,
         mod_revision: v.mod_revision.0 as i64,
         version: v.version as i64,
-        value: v.value.as_bytes().to_vec(),
+        value: value_bytes::bytes(&v.value).into_owned(),
         lease: v.lease.as_deref().map_or(0, lease_id),
     }
 }
 
-/// Bytes that must be UTF-8 text (a key or a value).
+/// Bytes that must be UTF-8 text (a key, a lock or election name). Values are bytes:
+/// [`value_bytes::store`].
 fn text(what: &str, bytes: Vec<u8>) -> Result<String, EtcdError> {
     String::from_utf8(bytes).map_err(|_| {
         EtcdError::invalid(format!(

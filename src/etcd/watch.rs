@@ -39,6 +39,7 @@ use crate::domain::auth::{Access, KeyRange, perm::prefix_end};
 use crate::domain::command::{Event, EventKind};
 use crate::domain::history::KeyFilter;
 use crate::domain::types::Revision;
+use crate::domain::value_bytes;
 use crate::http::auth::{can_read, check};
 use crate::runtime::auth::Caller;
 
@@ -93,7 +94,7 @@ fn event(e: &Event) -> mvccpb::Event {
                 create_revision: e.create_revision.unwrap_or(e.revision).0 as i64,
                 mod_revision: e.revision.0 as i64,
                 version: e.version.unwrap_or(1) as i64,
-                value: e.value.as_deref().unwrap_or_default().as_bytes().to_vec(),
+                value: value_bytes::bytes(e.value.as_deref().unwrap_or_default()).into_owned(),
                 lease: e.lease.as_deref().map_or(0, lease_id),
             },
         ),

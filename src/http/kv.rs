@@ -104,6 +104,16 @@ pub(crate) fn admit(state: &AppState, cmd: &Command) -> Result<(), ApiError> {
     Ok(())
 }
 
+/// Check a `/v1` client's command before it is proposed: [`admit`], and no value it writes
+/// begins with U+0000 ([`Limits::check_text_values`]: that marks a binary value written
+/// through the etcd API, which `/v1` shows in that stored form).
+///
+/// [`Limits::check_text_values`]: crate::domain::limits::Limits::check_text_values
+pub(crate) fn admit_text(state: &AppState, cmd: &Command) -> Result<(), ApiError> {
+    crate::domain::limits::Limits::check_text_values(cmd)?;
+    admit(state, cmd)
+}
+
 /// Make a read linearizable if asked.
 pub(crate) async fn read_point(state: &AppState, c: Consistency) -> Result<(), ApiError> {
     match c {
@@ -125,7 +135,7 @@ pub async fn put(
         lease: body.lease,
         prev_revision: q.prev_revision.map(Revision),
     };
-    admit(&state, &cmd)?;
+    admit_text(&state, &cmd)?;
     let cmd = guard(&state, &caller, cmd)?;
     match propose(&state, cmd).await? {
         Response::Put { revision } => Ok(Json(PutResponse { revision })),

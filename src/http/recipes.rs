@@ -29,6 +29,7 @@ use crate::clock::{Clock, SystemClock};
 use crate::domain::auth::{Access, KeyRange};
 use crate::domain::command::{Command, EventKind, KvError, Response};
 use crate::domain::history::KeyFilter;
+use crate::domain::limits::Limits;
 use crate::domain::recipes::{self, Position, Recipe};
 use crate::domain::types::Revision;
 use crate::runtime::auth::Caller;
@@ -54,6 +55,7 @@ pub async fn lock(
     ApiPath(name): ApiPath<String>,
     ApiJson(req): ApiJson<ContendRequest>,
 ) -> Result<HttpResponse, ApiError> {
+    Limits::check_text_value(&req.value)?;
     contend(&state, &caller, Recipe::Lock, &name, req)
         .await
         .map(answer)
@@ -74,6 +76,7 @@ pub async fn campaign(
     ApiPath(name): ApiPath<String>,
     ApiJson(req): ApiJson<ContendRequest>,
 ) -> Result<HttpResponse, ApiError> {
+    Limits::check_text_value(&req.value)?;
     contend(&state, &caller, Recipe::Election, &name, req)
         .await
         .map(answer)
@@ -88,16 +91,29 @@ pub async fn resign(
     leave(&state, &caller, Recipe::Election, &name, &req.lease).await
 }
 
-/// Change the leader's value: only the leader, only while it leads (the put is conditional on
-/// the key's revision, so a leader that lost its key meanwhile is refused).
+/// `PUT /v1/elections/{name}/proclaim`: [`proclaim_value`], for a value that does not begin
+/// with U+0000 ([`Limits::check_text_value`]).
 pub async fn proclaim(
     State(state): State<AppState>,
     caller: Caller,
     ApiPath(name): ApiPath<String>,
     ApiJson(req): ApiJson<ProclaimRequest>,
 ) -> Result<Json<Proclaimed>, ApiError> {
-    let key = checked_key(&state, Recipe::Election, &name, &req.lease)?;
-    let (queue, _) = list_queue(&state, &caller, Recipe::Election, &name).await?;
+    Limits::check_text_value(&req.value)?;
+    proclaim_value(&state, &caller, name, req).await.map(Json)
+}
+
+/// Change the leader's value: only the leader, only while it leads (the put is conditional on
+/// the key's revision, so a leader that lost its key meanwhile is refused). The etcd API's
+/// Proclaim calls it with its value's stored form.
+pub(crate) async fn proclaim_value(
+    state: &AppState,
+    caller: &Caller,
+    name: String,
+    req: ProclaimRequest,
+) -> Result<Proclaimed, ApiError> {
+    let key = checked_key(state, Recipe::Election, &name, &req.lease)?;
+    let (queue, _) = list_queue(state, caller, Recipe::Election, &name).await?;
     let mine = match recipes::position(&queue.order, &key) {
         Position::Holder => queue.entry(&key).expect("the holder is listed"),
         Position::After { .. } => {
@@ -111,14 +127,14 @@ pub async fn proclaim(
         lease: Some(req.lease),
         prev_revision: Some(mine.mod_revision),
     };
-    admit(&state, &cmd)?;
-    let cmd = guard(&state, &caller, cmd)?;
-    match propose(&state, cmd).await {
-        Ok(Response::Put { revision }) => Ok(Json(Proclaimed {
+    admit(state, &cmd)?;
+    let cmd = guard(state, caller, cmd)?;
+    match propose(state, cmd).await {
+        Ok(Response::Put { revision }) => Ok(Proclaimed {
             name,
             key,
             revision,
-        })),
+        }),
         // The key changed or went since the listing: this contender no longer leads as it was.
         Ok(Response::Rejected {
             error: KvError::RevisionMismatch { .. },

@@ -10,7 +10,8 @@
 //!
 //! # What it must not do
 //! Decide: the translation is total and mechanical; validation is `Limits::check_command`
-//! (through `admit`), authorization `guard`, semantics the domain's.
+//! and `Limits::check_text_values` (through `admit_text`), authorization `guard`, semantics
+//! the domain's.
 
 use axum::Json;
 use axum::extract::State;
@@ -20,7 +21,7 @@ use serde_json::Value;
 use super::AppState;
 use super::error::ApiError;
 use super::extract::ApiJson;
-use super::kv::{admit, propose, unexpected};
+use super::kv::{admit_text, propose, unexpected};
 use crate::domain::auth::KeyRange;
 use crate::domain::command::{Command, Response};
 use crate::domain::range::RangeSpec;
@@ -321,7 +322,7 @@ pub async fn txn_handler(
     ApiJson(body): ApiJson<TxnRequest>,
 ) -> Result<Json<TxnResponse>, ApiError> {
     let cmd = Command::Txn { txn: txn(body)? };
-    admit(&state, &cmd)?;
+    admit_text(&state, &cmd)?;
     let cmd = super::auth::guard(&state, &caller, cmd)?;
     match propose(&state, cmd).await? {
         Response::Txn { revision, outcome } => Ok(Json(TxnResponse {

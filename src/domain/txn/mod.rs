@@ -10,6 +10,9 @@
 //! - A compare names a key, or a range `[key, range_end)`, a target (value, version, create
 //!   revision, mod revision, lease) and an operator (`=`, `!=`, `>`, `<`).
 //! - Over a range, every key present must satisfy it.
+//! - A compare on the value is exact for `=` and `!=` and in the order of the raw bytes for `>`
+//!   and `<` (a value stored as NUL and base64 by the etcd API compares as its bytes:
+//!   [`super::value_bytes`]).
 //! - When no key is present: a compare on the value fails (there is no value to compare), and
 //!   the other targets compare against zero (version 0, revision 0, no lease), so
 //!   `mod_revision == 0` means "does not exist", as etcd clients use it to create.
@@ -38,6 +41,7 @@ use super::auth::KeyRange;
 use super::kv::Versioned;
 use super::range::{RangeResult, RangeSpec};
 use super::types::Revision;
+use super::value_bytes;
 
 mod apply;
 mod read;
@@ -60,7 +64,10 @@ pub enum CompareOp {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum CompareTarget {
-    /// Compared as bytes.
+    /// A value in its stored form ([`super::value_bytes`]: the etcd API stores its bytes with
+    /// `value_bytes::store`). `=` and `!=` compare the stored forms exactly; `>` and `<` compare
+    /// the raw bytes (`value_bytes::cmp`), as etcd does: for text that does not begin with NUL
+    /// both are the text's bytes.
     Value(Vec<u8>),
     Version(u64),
     CreateRevision(Revision),
@@ -90,9 +97,18 @@ fn ordered<T: Ord>(op: CompareOp, actual: T, expected: T) -> bool {
 /// Whether one key's version (`None`: the key does not exist) satisfies `c`.
 fn holds_for(c: &Compare, v: Option<&Versioned>) -> bool {
     match &c.target {
-        CompareTarget::Value(expected) => {
-            v.is_some_and(|v| ordered(c.op, v.value.as_bytes(), expected.as_slice()))
-        }
+        CompareTarget::Value(expected) => v.is_some_and(|v| {
+            let actual = v.value.as_bytes();
+            match c.op {
+                CompareOp::Equal => actual == expected.as_slice(),
+                CompareOp::NotEqual => actual != expected.as_slice(),
+                CompareOp::Greater | CompareOp::Less => ordered(
+                    c.op,
+                    value_bytes::cmp(actual, expected),
+                    std::cmp::Ordering::Equal,
+                ),
+            }
+        }),
         CompareTarget::Version(expected) => ordered(c.op, v.map_or(0, |v| v.version), *expected),
         CompareTarget::CreateRevision(expected) => ordered(
             c.op,

@@ -79,6 +79,43 @@ fn each_target_and_operator() {
 }
 
 #[test]
+fn value_compares_are_exact_and_in_the_order_of_the_raw_bytes() {
+    use crate::domain::value_bytes::store;
+    let stored = store(vec![0xff, 0x10]);
+    assert_eq!(stored, "\0/xA=");
+    let a = v(&stored, 1, 1, 1, None);
+    let one = [&a];
+    let t = |op, raw: &[u8]| {
+        holds(
+            &cmp(op, CompareTarget::Value(store(raw.to_vec()).into_bytes())),
+            one,
+        )
+    };
+    assert!(t(CompareOp::Equal, &[0xff, 0x10]));
+    assert!(!t(CompareOp::Equal, &[0xff]));
+    assert!(t(CompareOp::NotEqual, &[0xff]));
+    // In raw bytes order, though the stored forms order otherwise ("\0/xA=" < "\0AQ==").
+    assert!(t(CompareOp::Greater, &[0x01]));
+    assert!(!t(CompareOp::Less, &[0x01]));
+    assert!(t(CompareOp::Greater, &[0xff]));
+    assert!(t(CompareOp::Less, &[0xff, 0x11]));
+    // Text against bytes: b"a" < [0xff], as bytes.
+    let text = v("a", 1, 1, 1, None);
+    assert!(holds(
+        &cmp(
+            CompareOp::Less,
+            CompareTarget::Value(store(vec![0xff]).into_bytes())
+        ),
+        [&text]
+    ));
+    // A target that is not UTF-8 (written before encoded values existed) is its own bytes.
+    assert!(holds(
+        &cmp(CompareOp::Less, CompareTarget::Value(vec![0xff])),
+        [&text]
+    ));
+}
+
+#[test]
 fn over_a_range_every_present_key_must_hold() {
     let a = v("x", 1, 1, 1, None);
     let b = v("x", 2, 5, 3, None);
