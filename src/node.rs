@@ -626,7 +626,15 @@ impl Node {
                 ),
                 DataDir::Existing => Duration::ZERO,
             };
-            if delay.is_zero() {
+            // Only a node that asked its peers at start (and so may refuse to start) waits
+            // for the others to have asked theirs (`runtime::bootstrap::wait_for_listed`).
+            let listed_wait = match data {
+                DataDir::Empty if !cfg.peer_probe.is_zero() => {
+                    crate::runtime::bootstrap::LISTED_WAIT
+                }
+                _ => Duration::ZERO,
+            };
+            if delay.is_zero() && listed_wait.is_zero() {
                 if let Err(e) = node.consensus.initialize(voters).await {
                     node.shutdown().await;
                     return Err(e.into());
@@ -637,6 +645,7 @@ impl Node {
                         node.consensus.clone(),
                         voters,
                         delay,
+                        listed_wait,
                         node.cancel.clone(),
                     ));
             }

@@ -1,6 +1,7 @@
 //! A node that lost its data dir, with the real binary: it refuses to rejoin as the member it
 //! was (it would vote twice in a term and serve a partial state), and the documented
-//! replacement procedure (remove, start with --join, add) brings it back whole.
+//! replacement procedure (remove, start with --join, add) brings it back whole. And a listed
+//! node of a new cluster that merely starts late is not taken for one.
 // Tests wait for processes against real deadlines.
 #![allow(clippy::disallowed_methods)]
 
@@ -310,4 +311,57 @@ async fn bypassing_the_guard_never_leaves_a_node_serving_partial_data() {
     }
     bypassed.shutdown().await;
     c.shutdown().await;
+}
+
+/// Three listed nodes of a new cluster, one of them started late (a slow machine, a container
+/// scheduled later): all three join. The first two used to form the cluster at once, and the
+/// third, finding a running cluster with its empty data dir, refused to start (it cannot tell
+/// "never started" from "lost its data"); now a new cluster forms only once every listed node
+/// is up, or after `runtime::bootstrap::LISTED_WAIT` without one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_listed_node_that_starts_late_still_joins_the_new_cluster() {
+    let c = Cluster::new(3);
+    let _p1 = c.spawn(1, &[]);
+    let _p2 = c.spawn(2, &[]);
+    let first_two = c.client(&[1, 2]);
+    eventually(Duration::from_secs(30), "nodes 1 and 2 serving", || async {
+        first_two.cluster_status().await.ok()
+    })
+    .await;
+    // Late: after nodes 1 and 2 could have elected a leader (they did, before the fix, well
+    // within this), and before they give up waiting for node 3.
+    let late_by = Instant::now() + Duration::from_secs(2);
+    while Instant::now() < late_by {
+        if let Ok(v) = first_two.cluster_status().await
+            && v.leader_id.is_some()
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let mut p3 = c.spawn(3, &[]);
+    let all = c.client(&[1, 2, 3]);
+    let view = eventually(
+        Duration::from_secs(30),
+        "a leader of three voters",
+        || async {
+            let log = c.log(3);
+            assert!(!log.contains("refusing to start"), "node 3 refused:\n{log}");
+            let v = c.client(&[3]).cluster_status().await.ok()?;
+            (v.leader_id.is_some() && v.nodes.iter().filter(|n| n.voter).count() == 3).then_some(v)
+        },
+    )
+    .await;
+    assert!(
+        p3.0.try_wait().unwrap().is_none(),
+        "node 3 must not have exited; its log:\n{}",
+        c.log(3)
+    );
+    put_surely(&c, &all, "late/k".into(), "v".into()).await;
+    eventually(Duration::from_secs(10), "the write on node 3", || async {
+        let got = c.client(&[3]).get("late/k", false).await.ok()??;
+        (got.kv.value == "v").then_some(())
+    })
+    .await;
+    assert!(view.leader_id.is_some());
 }

@@ -7,10 +7,12 @@
 //! demands), each answer bounded by one timeout, so a start waits at most that long.
 //! A peer that does not answer (not up yet, unreachable) contributes no report.
 //!
-//! A listed node of a new cluster that is not the lowest id initializes only after its turn
-//! ([`initialize_later`], the delay from `domain::bootstrap::first_campaign_delay`), unless a
-//! leader reached it meanwhile; reached, it compares the formed membership with its own
-//! `--peers` list and warns if they differ.
+//! A listed node of a new cluster that asked its peers at start initializes only once every
+//! other listed node answers on its peer port, or [`LISTED_WAIT`] has passed
+//! ([`wait_for_listed`]: so that none of them is refused for starting a little late), and then
+//! only after its turn ([`initialize_later`], the delay from
+//! `domain::bootstrap::first_campaign_delay`), unless a leader reached it meanwhile; reached,
+//! it compares the formed membership with its own `--peers` list and warns if they differ.
 //!
 //! # What it must not do
 //! Decide: it gathers reports, waits turns and acts; `domain::bootstrap` rules (`may_start`,
@@ -63,15 +65,25 @@ pub async fn probe_peers(
         .collect()
 }
 
-/// Initialize the new cluster of `voters` after `delay`, unless shut down first or reached by
-/// a leader meanwhile. (Reached between the check and the call, `initialize` is refused
-/// harmlessly: the node holds a vote or a log by then.)
+/// How long a listed node of a new cluster waits for every other listed node to be up before
+/// the cluster may form without the silent ones (see [`wait_for_listed`]).
+pub const LISTED_WAIT: Duration = Duration::from_secs(5);
+
+/// Initialize the new cluster of `voters` after every listed node is up (or `listed_wait` has
+/// passed) and then `delay`, unless shut down first or reached by a leader meanwhile. (Reached
+/// between the check and the call, `initialize` is refused harmlessly: the node holds a vote
+/// or a log by then.)
 pub async fn initialize_later(
     consensus: Consensus,
     voters: BTreeMap<NodeId, String>,
     delay: Duration,
+    listed_wait: Duration,
     cancel: CancellationToken,
 ) {
+    tokio::select! {
+        _ = cancel.cancelled() => return,
+        _ = wait_for_listed(&consensus, &voters, listed_wait) => {}
+    }
     tokio::select! {
         _ = cancel.cancelled() => return,
         _ = tokio::time::sleep(delay) => {}
@@ -99,5 +111,57 @@ pub async fn initialize_later(
             "the cluster formed with other voters than this node's --peers lists: give every \
              node the same list"
         ),
+    }
+}
+
+/// Wait until every listed node but this one answers on its peer port, this node is reached by
+/// a leader, or `within` passes.
+///
+/// Why: a listed node with an empty data dir asks its peers at start whether a cluster runs
+/// (`domain::bootstrap::may_start`), and refuses to start if one does (it cannot tell that it
+/// never started from that it lost its data). A node answers on its peer port only after that
+/// check, so a cluster formed once every listed node answers can refuse none of them: nodes
+/// started together, one of them a little late (a slow machine, a container scheduled later),
+/// all join, where the first two used to form the cluster and the third was refused. A listed
+/// node still silent after `within` is taken to be down; the cluster forms without it (and it
+/// is refused if it starts later with an empty data dir, as before).
+async fn wait_for_listed(
+    consensus: &Consensus,
+    voters: &BTreeMap<NodeId, String>,
+    within: Duration,
+) {
+    const ASK_WITHIN: Duration = Duration::from_millis(300);
+    const BETWEEN_ROUNDS: Duration = Duration::from_millis(100);
+    let me = consensus.cluster_view().node_id;
+    let mut silent: BTreeMap<NodeId, String> = voters
+        .iter()
+        .filter(|(id, _)| **id != me)
+        .map(|(id, addr)| (*id, addr.clone()))
+        .collect();
+    let rounds = async {
+        while !silent.is_empty() && consensus.cluster_view().nodes.is_empty() {
+            let client = consensus.peers();
+            let asks = silent.iter().map(|(id, addr)| async move {
+                let answer: Result<ClusterView, _> = client
+                    .post_json(addr, routes::STATUS, &(), ASK_WITHIN)
+                    .await;
+                answer.is_ok().then_some(*id)
+            });
+            for up in futures::future::join_all(asks).await.into_iter().flatten() {
+                silent.remove(&up);
+            }
+            if !silent.is_empty() {
+                tokio::time::sleep(BETWEEN_ROUNDS).await;
+            }
+        }
+    };
+    if tokio::time::timeout(within, rounds).await.is_err() {
+        tracing::warn!(
+            silent = ?silent.keys().collect::<Vec<_>>(),
+            waited_ms = within.as_millis() as u64,
+            "listed nodes did not answer: the new cluster forms without them (started later \
+             with an empty data dir, such a node refuses to start: add it with `leasecore \
+             cluster add` after removing it)"
+        );
     }
 }
