@@ -30,7 +30,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::clock::{Clock, SystemClock};
-use crate::domain::bootstrap::{DataDir, Refusal, first_campaign_delay, may_start};
+use crate::domain::bootstrap::{DataDir, Refusal, forming_waits, may_start};
 use crate::domain::flease::FleaseConfig;
 use crate::domain::history::HistoryLimits;
 use crate::domain::limits::Limits;
@@ -616,25 +616,15 @@ impl Node {
             tasks,
         };
         if let Some(voters) = initial_voters(&cfg, &advertise) {
-            // A node with data was initialized long ago (openraft refuses the call at once);
-            // only a new one waits its turn, and only a new one compares the lists.
-            let delay = match data {
-                DataDir::Empty => first_campaign_delay(
-                    cfg.id,
-                    voters.keys().copied(),
-                    Duration::from_millis(cfg.timings.election_max_ms),
-                ),
-                DataDir::Existing => Duration::ZERO,
-            };
-            // Only a node that asked its peers at start (and so may refuse to start) waits
-            // for the others to have asked theirs (`runtime::bootstrap::wait_for_listed`).
-            let listed_wait = match data {
-                DataDir::Empty if !cfg.peer_probe.is_zero() => {
-                    crate::runtime::bootstrap::LISTED_WAIT
-                }
-                _ => Duration::ZERO,
-            };
-            if delay.is_zero() && listed_wait.is_zero() {
+            let waits = forming_waits(
+                cfg.id,
+                voters.keys().copied(),
+                data,
+                !cfg.peer_probe.is_zero(),
+                Duration::from_millis(cfg.timings.election_max_ms),
+                crate::runtime::bootstrap::LISTED_WAIT,
+            );
+            if waits.none() {
                 if let Err(e) = node.consensus.initialize(voters).await {
                     node.shutdown().await;
                     return Err(e.into());
@@ -644,8 +634,7 @@ impl Node {
                     .spawn(crate::runtime::bootstrap::initialize_later(
                         node.consensus.clone(),
                         voters,
-                        delay,
-                        listed_wait,
+                        waits,
                         node.cancel.clone(),
                     ));
             }

@@ -126,6 +126,49 @@ pub fn first_campaign_delay(
     step.saturating_mul(u32::try_from(rank).unwrap_or(u32::MAX))
 }
 
+/// How long a listed node waits before it forms a new cluster: for every other listed node to
+/// be up (at most `listed_wait`), then its turn ([`first_campaign_delay`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FormingWaits {
+    pub listed: std::time::Duration,
+    pub turn: std::time::Duration,
+}
+
+impl FormingWaits {
+    /// Nothing to wait for: form (or find formed) at once.
+    pub fn none(&self) -> bool {
+        self.listed.is_zero() && self.turn.is_zero()
+    }
+}
+
+/// The waits of listed node `me` of `voters`. A node with data was initialized long ago
+/// (openraft refuses the call at once): no wait. Only a new one waits its turn, and only a new
+/// one that asked its peers at start (`probes`, so that it may have refused to start) waits for
+/// the others to have asked theirs, up to `listed_wait`.
+pub fn forming_waits(
+    me: NodeId,
+    voters: impl IntoIterator<Item = NodeId>,
+    data: DataDir,
+    probes: bool,
+    step: std::time::Duration,
+    listed_wait: std::time::Duration,
+) -> FormingWaits {
+    match data {
+        DataDir::Existing => FormingWaits {
+            listed: std::time::Duration::ZERO,
+            turn: std::time::Duration::ZERO,
+        },
+        DataDir::Empty => FormingWaits {
+            listed: if probes {
+                listed_wait
+            } else {
+                std::time::Duration::ZERO
+            },
+            turn: first_campaign_delay(me, voters, step),
+        },
+    }
+}
+
 /// What a listed node of a new cluster does when its turn to form it comes.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum AtTurn {
@@ -228,5 +271,17 @@ mod tests {
             may_start(2, DataDir::Empty, true, &listed),
             Err(Refusal::StillMember { peer: 1 })
         );
+    }
+
+    #[test]
+    fn only_a_new_node_waits_and_only_one_that_probed_waits_for_the_others() {
+        use std::time::Duration;
+        let (step, wait) = (Duration::from_millis(300), Duration::from_secs(5));
+        let w = forming_waits(2, [1, 2, 3], DataDir::Empty, true, step, wait);
+        assert_eq!((w.listed, w.turn), (wait, step));
+        let w = forming_waits(1, [1, 2, 3], DataDir::Empty, false, step, wait);
+        assert!(w.none(), "the lowest id of an unprobed start forms at once");
+        let w = forming_waits(3, [1, 2, 3], DataDir::Existing, true, step, wait);
+        assert!(w.none(), "a node with data was initialized long ago");
     }
 }

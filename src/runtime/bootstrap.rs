@@ -23,7 +23,7 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::domain::bootstrap::{AtTurn, PeerReport, at_turn};
+use crate::domain::bootstrap::{AtTurn, FormingWaits, PeerReport, at_turn};
 use crate::domain::types::NodeId;
 use crate::raft::consensus::{ClusterView, Consensus};
 use crate::raft::network::{PeerClient, routes};
@@ -69,24 +69,23 @@ pub async fn probe_peers(
 /// the cluster may form without the silent ones (see [`wait_for_listed`]).
 pub const LISTED_WAIT: Duration = Duration::from_secs(5);
 
-/// Initialize the new cluster of `voters` after every listed node is up (or `listed_wait` has
-/// passed) and then `delay`, unless shut down first or reached by a leader meanwhile. (Reached
+/// Initialize the new cluster of `voters` after every listed node is up (or `waits.listed` has
+/// passed) and then its turn (`waits.turn`), unless shut down first or reached by a leader meanwhile. (Reached
 /// between the check and the call, `initialize` is refused harmlessly: the node holds a vote
 /// or a log by then.)
 pub async fn initialize_later(
     consensus: Consensus,
     voters: BTreeMap<NodeId, String>,
-    delay: Duration,
-    listed_wait: Duration,
+    waits: FormingWaits,
     cancel: CancellationToken,
 ) {
     tokio::select! {
         _ = cancel.cancelled() => return,
-        _ = wait_for_listed(&consensus, &voters, listed_wait) => {}
+        _ = wait_for_listed(&consensus, &voters, waits.listed) => {}
     }
     tokio::select! {
         _ = cancel.cancelled() => return,
-        _ = tokio::time::sleep(delay) => {}
+        _ = tokio::time::sleep(waits.turn) => {}
     }
     let view = consensus.cluster_view();
     let formed: Option<BTreeMap<NodeId, String>> = (!view.nodes.is_empty()).then(|| {
