@@ -70,9 +70,9 @@ pub async fn probe_peers(
 pub const LISTED_WAIT: Duration = Duration::from_secs(5);
 
 /// Initialize the new cluster of `voters` after every listed node is up (or `waits.listed` has
-/// passed) and then its turn (`waits.turn`), unless shut down first or reached by a leader meanwhile. (Reached
-/// between the check and the call, `initialize` is refused harmlessly: the node holds a vote
-/// or a log by then.)
+/// passed) and then its turn (`waits.turn`), unless shut down first or reached by a leader
+/// meanwhile. (Reached between the check and the call, `initialize` is refused harmlessly: the
+/// node holds a vote or a log by then.)
 pub async fn initialize_later(
     consensus: Consensus,
     voters: BTreeMap<NodeId, String>,
