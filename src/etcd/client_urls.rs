@@ -32,7 +32,7 @@ use crate::clock::Clock;
 use crate::domain::types::MonoMillis;
 use crate::raft::NodeId;
 use crate::raft::consensus::ClusterView;
-use crate::raft::network::{PeerClient, routes};
+use crate::raft::network::PeerClient;
 
 /// How long one ask for a member's status may take.
 pub const ASK_WITHIN: Duration = Duration::from_secs(1);
@@ -185,9 +185,9 @@ impl ClientUrls {
     /// Member `id`'s etcd URL (`Some(None)`: it serves none), if it answered in time, as
     /// itself, with a URL that passes [`checked_url`] or none.
     async fn ask(&self, id: NodeId, address: &str) -> Option<Option<String>> {
-        let view: ClusterView = self
+        let view = self
             .peers
-            .post_json(address, routes::STATUS, &(), ASK_WITHIN)
+            .status(address, ASK_WITHIN)
             .await
             .map_err(|e| tracing::debug!(peer = id, error = %e, "no etcd URL from the peer"))
             .ok()?;

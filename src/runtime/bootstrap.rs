@@ -25,8 +25,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::domain::bootstrap::{AtTurn, FormingWaits, PeerReport, at_turn};
 use crate::domain::types::NodeId;
-use crate::raft::consensus::{ClusterView, Consensus};
-use crate::raft::network::{PeerClient, routes};
+use crate::raft::consensus::Consensus;
+use crate::raft::network::PeerClient;
 
 /// Reports from every peer but `me` that answered within `timeout`.
 pub async fn probe_peers(
@@ -41,8 +41,8 @@ pub async fn probe_peers(
         .map(|(id, addr)| {
             let id = *id;
             async move {
-                let view: ClusterView = client
-                    .post_json(addr, routes::STATUS, &(), timeout)
+                let view = client
+                    .status(addr, timeout)
                     .await
                     .map_err(|e| tracing::debug!(peer = id, error = %e, "peer did not report"))
                     .ok()?;
@@ -141,10 +141,7 @@ async fn wait_for_listed(
         while !silent.is_empty() && consensus.cluster_view().nodes.is_empty() {
             let client = consensus.peers();
             let asks = silent.iter().map(|(id, addr)| async move {
-                let answer: Result<ClusterView, _> = client
-                    .post_json(addr, routes::STATUS, &(), ASK_WITHIN)
-                    .await;
-                answer.is_ok().then_some(*id)
+                client.status(addr, ASK_WITHIN).await.is_ok().then_some(*id)
             });
             for up in futures::future::join_all(asks).await.into_iter().flatten() {
                 silent.remove(&up);

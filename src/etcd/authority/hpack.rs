@@ -370,15 +370,8 @@ const STATIC: [(&[u8], &[u8]); 61] = [
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::etcd::authority::test_hex as hex;
     use proptest::prelude::*;
-
-    fn hex(s: &str) -> Vec<u8> {
-        let s: String = s.split_whitespace().collect();
-        (0..s.len())
-            .step_by(2)
-            .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
-            .collect()
-    }
 
     type Fields = Vec<(String, String, bool)>;
 

@@ -151,15 +151,8 @@ pub fn encode(src: &[u8]) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::etcd::authority::test_hex as hex;
     use proptest::prelude::*;
-
-    fn hex(s: &str) -> Vec<u8> {
-        let s: String = s.split_whitespace().collect();
-        (0..s.len())
-            .step_by(2)
-            .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
-            .collect()
-    }
 
     fn decoded(src: &[u8]) -> Result<Vec<u8>, HuffmanError> {
         let mut out = Vec::new();

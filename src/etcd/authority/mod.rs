@@ -65,6 +65,16 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 use hpack::{DecodeError, Field};
 
+/// Bytes written as hex, whitespace ignored (the RFCs' examples, in the unit tests).
+#[cfg(test)]
+fn test_hex(s: &str) -> Vec<u8> {
+    let s: String = s.split_whitespace().collect();
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
+        .collect()
+}
+
 /// What an HTTP/2 client sends first (RFC 9113 §3.4).
 const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 /// A frame header's length.

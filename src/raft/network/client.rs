@@ -126,6 +126,18 @@ impl PeerClient {
         self.faults.clone()
     }
 
+    /// A peer's view of its cluster (`/raft/status`, the document of `GET /v1/cluster`): what
+    /// a starting node, a forming cluster and `MemberList` ask their peers. Bounded to
+    /// [`MAX_STATUS_BYTES`]: a status document is small, whatever a peer sends.
+    pub async fn status(
+        &self,
+        addr: &str,
+        timeout: Duration,
+    ) -> Result<leasecore_client::api::ClusterView, PeerError> {
+        self.post_json_within(addr, routes::STATUS, &(), timeout, MAX_STATUS_BYTES)
+            .await
+    }
+
     /// POST a JSON body and decode a JSON answer.
     pub async fn post_json<Req: Serialize + ?Sized, Resp: DeserializeOwned>(
         &self,
@@ -394,6 +406,10 @@ impl PeerClient {
 /// The largest answer taken from a peer: as large as the largest message a peer may send
 /// this node (a peer is validated like a client: its answers are bounded too).
 pub const MAX_ANSWER_BYTES: usize = crate::http::MAX_PEER_BODY_BYTES;
+
+/// The largest status document taken from a peer (a view of a cluster of thousands of
+/// nodes fits).
+pub const MAX_STATUS_BYTES: usize = 4 << 20;
 
 /// Read an answer's body, refusing one longer than `cap` before it is read whole.
 async fn read_bounded(mut resp: reqwest::Response, cap: usize) -> Result<bytes::Bytes, String> {
