@@ -1,7 +1,10 @@
-//! A node that lost its data dir, with the real binary: it refuses to rejoin as the member it
-//! was (it would vote twice in a term and serve a partial state), and the documented
-//! replacement procedure (remove, start with --join, add) brings it back whole. And a listed
-//! node of a new cluster that merely starts late is not taken for one.
+//! A node that lost its data dir, with the real binary: it never rejoins as the member it was
+//! (it would vote twice in a term and serve a partial state). By default the cluster replaces
+//! it (the leader removes it before it answers anything, then adds it back as a learner that
+//! catches up and is promoted); with `--no-auto-replace` it refuses to start, and the
+//! documented manual procedure (remove, start with --join, add) brings it back whole. A listed
+//! node of a new cluster that merely starts late, a little or a lot, joins too; a second
+//! process started with a running node's id does not take its place.
 // Tests wait for processes against real deadlines.
 #![allow(clippy::disallowed_methods)]
 
@@ -136,7 +139,7 @@ fn remove_dir(path: &Path) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_wiped_node_refuses_to_rejoin_and_comes_back_whole_when_replaced() {
+async fn a_wiped_node_is_replaced_by_the_cluster_or_refuses_when_told_to() {
     let c = Cluster::new(3);
     let mut procs: Vec<Option<Proc>> = (1..=3).map(|id| Some(c.spawn(id, &[]))).collect();
     let all = c.client(&[1, 2, 3]);
@@ -164,8 +167,8 @@ async fn a_wiped_node_refuses_to_rejoin_and_comes_back_whole_when_replaced() {
     drop(procs[1].take());
     remove_dir(&c.data(2));
 
-    // Same flags as before: it must refuse (exit code 3, a clear message), never serve.
-    let mut again = c.spawn(2, &[]);
+    // With replacement turned off it must refuse (exit code 3, a clear message), never serve.
+    let mut again = c.spawn(2, &["--no-auto-replace"]);
     let status = wait_exit(&mut again, Duration::from_secs(20)).await;
     let log = c.log(2);
     assert_eq!(
@@ -181,9 +184,8 @@ async fn a_wiped_node_refuses_to_rejoin_and_comes_back_whole_when_replaced() {
         local_keys(&c.client(&[2])).await.is_none(),
         "nothing answers on its port"
     );
-
     // Started with --join while still a member: refused too (the leader's progress is stale).
-    let mut joining = c.spawn(2, &["--join"]);
+    let mut joining = c.spawn(2, &["--join", "--no-auto-replace"]);
     let status = wait_exit(&mut joining, Duration::from_secs(20)).await;
     assert_eq!(
         status.and_then(|s| s.code()),
@@ -192,34 +194,152 @@ async fn a_wiped_node_refuses_to_rejoin_and_comes_back_whole_when_replaced() {
         c.log(2)
     );
 
-    // The replacement procedure: remove, start with --join, add.
-    survivors.remove_node(2).await.unwrap();
+    // By default, the same flags as before: the cluster replaces it.
     remove_dir(&c.data(2));
-    procs[1] = Some(c.spawn(2, &["--join"]));
+    procs[1] = Some(c.spawn(2, &[]));
     let node2 = c.client(&[2]);
-    eventually(Duration::from_secs(20), "node 2 serves", || async {
-        node2.cluster_status().await.ok()
-    })
-    .await;
-    survivors.add_node(2, &c.addrs[1]).await.unwrap();
-    let view = survivors.cluster_status().await.unwrap();
-    assert!(view.nodes.iter().any(|n| n.id == 2 && n.voter), "{view:?}");
-    // Caught up by snapshot: every key, with its revisions, not only the log tail.
     let got = eventually(
-        Duration::from_secs(30),
-        "node 2 holds every key",
+        Duration::from_secs(40),
+        "node 2 replaced: a voter again, holding every key",
         || async {
+            let view = survivors.cluster_status().await.ok()?;
+            if !view.nodes.iter().any(|n| n.id == 2 && n.voter) {
+                return None;
+            }
             let keys = local_keys(&node2).await?;
             (keys.len() == KEYS).then_some(keys)
         },
     )
     .await;
+    // Caught up by snapshot: every key, with its revisions, not only the log tail.
     assert_eq!(got, expected);
-    // And it takes part: a write commits with node 2 among the voters.
+    let log = c.log(2);
+    assert!(log.contains("asking the leader to replace it"), "{log}");
+    assert!(log.contains("removed by the leader"), "{log}");
+    put_surely(&c, &all, "k/after-replace".into(), "x".into()).await;
+
+    // The manual procedure, on node 3: remove, start with --join, add.
+    drop(procs[2].take());
+    remove_dir(&c.data(3));
+    let first_two = c.client(&[1, 2]);
+    eventually(Duration::from_secs(30), "node 3 removed", || async {
+        match first_two.remove_node(3).await {
+            Ok(_) => Some(()),
+            Err(e) if retryable(&e) => None,
+            Err(e) => panic!("removing node 3: {e}"),
+        }
+    })
+    .await;
+    procs[2] = Some(c.spawn(3, &["--join"]));
+    let node3 = c.client(&[3]);
+    eventually(Duration::from_secs(20), "node 3 serves", || async {
+        node3.cluster_status().await.ok()
+    })
+    .await;
+    first_two.add_node(3, &c.addrs[2]).await.unwrap();
+    let view = first_two.cluster_status().await.unwrap();
+    assert!(view.nodes.iter().any(|n| n.id == 3 && n.voter), "{view:?}");
+    let got = eventually(
+        Duration::from_secs(30),
+        "node 3 holds every key",
+        || async {
+            let keys = local_keys(&node3).await?;
+            (keys.len() == KEYS + 1).then_some(keys)
+        },
+    )
+    .await;
+    assert_eq!(&got[..KEYS], &expected[..]);
+    // And it takes part: a write commits with nodes 2 and 3 among the voters.
     all.put("k/after", "x", None, None).await.unwrap();
     for p in procs.iter_mut().flatten() {
         assert!(p.0.try_wait().unwrap().is_none(), "every node still runs");
     }
+}
+
+/// Another process started as node 2 (an operator's copy-paste), with an empty data dir,
+/// while node 2 runs: the leader still hears from node 2, so it does not remove it, and the
+/// impostor refuses to start, saying why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_second_process_with_a_running_nodes_id_does_not_replace_it() {
+    let c = Cluster::new(3);
+    let _procs: Vec<Proc> = (1..=3).map(|id| c.spawn(id, &[])).collect();
+    let all = c.client(&[1, 2, 3]);
+    eventually(
+        Duration::from_secs(30),
+        "a leader of three voters",
+        || async {
+            let v = all.cluster_status().await.ok()?;
+            (v.leader_id.is_some() && v.nodes.iter().filter(|n| n.voter).count() == 3).then_some(())
+        },
+    )
+    .await;
+    let other = common::free_node_addrs(1).remove(0);
+    let log_path = c.dir.path().join("impostor.log");
+    let child = Command::new(env!("CARGO_BIN_EXE_leasecore"))
+        .args(["serve", "--id", "2", "--listen", &other])
+        .arg("--data")
+        .arg(c.dir.path().join("impostor"))
+        .args(["--peers", &c.peers()])
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log_path).unwrap())
+        .spawn()
+        .expect("spawn the leasecore binary");
+    let mut impostor = Proc(child);
+    let status = wait_exit(&mut impostor, Duration::from_secs(40)).await;
+    let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+    assert_eq!(
+        status.and_then(|s| s.code()),
+        Some(i32::from(EXIT_REFUSED)),
+        "log:\n{log}"
+    );
+    assert!(log.contains("still hears from node 2"), "{log}");
+    let view = all.cluster_status().await.unwrap();
+    let two = view
+        .nodes
+        .iter()
+        .find(|n| n.id == 2)
+        .expect("node 2 still a member");
+    assert!(two.voter && two.address == c.addrs[1], "{view:?}");
+    put_surely(&c, &all, "still/k".into(), "v".into()).await;
+}
+
+/// A listed node that comes up long after the others formed the cluster without it (past
+/// `runtime::bootstrap::LISTED_WAIT`): it is replaced like a wiped node, and joins.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_listed_node_that_starts_long_after_the_cluster_formed_is_added() {
+    let c = Cluster::new(3);
+    let _p1 = c.spawn(1, &[]);
+    let _p2 = c.spawn(2, &[]);
+    let first_two = c.client(&[1, 2]);
+    // They wait for node 3 (up to 5 s), then form the cluster without it.
+    eventually(
+        Duration::from_secs(30),
+        "nodes 1 and 2 elect a leader",
+        || async { first_two.cluster_status().await.ok()?.leader_id },
+    )
+    .await;
+    put_surely(&c, &first_two, "early/k".into(), "v".into()).await;
+    let mut p3 = c.spawn(3, &[]);
+    let node3 = c.client(&[3]);
+    eventually(
+        Duration::from_secs(40),
+        "node 3 a voter, holding the early write",
+        || async {
+            let v = first_two.cluster_status().await.ok()?;
+            if !v.nodes.iter().any(|n| n.id == 3 && n.voter) {
+                return None;
+            }
+            let got = node3.get("early/k", false).await.ok()??;
+            (got.kv.value == "v").then_some(())
+        },
+    )
+    .await;
+    assert!(
+        p3.0.try_wait().unwrap().is_none(),
+        "node 3 must not have exited; its log:\n{}",
+        c.log(3)
+    );
+    put_surely(&c, &c.client(&[1, 2, 3]), "late/k".into(), "v".into()).await;
 }
 
 /// The same with in-process nodes: the guard refuses, and when it is bypassed (the old
@@ -255,6 +375,7 @@ async fn bypassing_the_guard_never_leaves_a_node_serving_partial_data() {
 
     let mut guarded = c.config(2, false);
     guarded.peer_probe = Duration::from_secs(2);
+    guarded.auto_replace = false;
     match Node::start(guarded).await {
         Err(NodeError::Refused(Refusal::ClusterExists { .. })) => {}
         Err(e) => panic!("unexpected error: {e}"),

@@ -70,6 +70,11 @@ pub struct ServeArgs {
     /// environment: 1/0, true/false, yes/no, on/off.
     #[arg(long, env = "LEASECORE_JOIN", value_parser = clap::builder::BoolishValueParser::new())]
     pub join: bool,
+    /// With an empty data dir while the running cluster still lists this node, refuse to start
+    /// (exit code 3) instead of having the leader replace it (remove it, add it back, promote
+    /// it once caught up). In the environment: 1/0, true/false, yes/no, on/off.
+    #[arg(long, env = "LEASECORE_NO_AUTO_REPLACE", value_parser = clap::builder::BoolishValueParser::new())]
+    pub no_auto_replace: bool,
     /// Leader heartbeat interval, in milliseconds.
     #[arg(long, env = "LEASECORE_HEARTBEAT_MS", default_value_t = RaftTimings::default().heartbeat_ms)]
     pub heartbeat_ms: u64,
@@ -182,6 +187,7 @@ pub async fn run(args: ServeArgs) -> ExitCode {
     cfg.advertise = args.advertise;
     cfg.peers = args.peers.unwrap_or_default();
     cfg.join = args.join;
+    cfg.auto_replace = !args.no_auto_replace;
     cfg.timings = RaftTimings {
         heartbeat_ms: args.heartbeat_ms,
         election_min_ms: args.election_min_ms,

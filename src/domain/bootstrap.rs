@@ -9,12 +9,20 @@
 //! data. So, as etcd does with member ids and `--initial-cluster-state`:
 //!
 //! - a node with data restarts from it (nothing to decide);
-//! - a node with an empty data dir asked to form a cluster (`--peers`, no `--join`) first asks its
-//!   peers; if a cluster already runs (a peer knows a leader), it refuses to start: the operator
-//!   removes the member and adds it back with `--join` (it then catches up by snapshot, as a
-//!   learner, before it votes);
-//! - a node with an empty data dir started with `--join` refuses while a peer still lists it as a
-//!   member (the leader would keep its stale progress): remove it first.
+//! - a node with an empty data dir first asks its peers whether a cluster already runs (a peer
+//!   knows a leader). If that cluster lists it as a member, the node has it **replaced**
+//!   ([`Start::Replace`]) before it takes part in anything: the leader removes it (committed by
+//!   the other voters alone, which the leader checks first), and the node then starts as a
+//!   joiner and asks to be added back: a learner that catches up by snapshot, then a voter.
+//!   That is the documented manual procedure, done by the cluster, and safe whether the node
+//!   lost its data or merely started late: until the removal commits the node answers nothing,
+//!   so no commit and no vote can rest on its empty state; after it, it is a new member.
+//!   With replacement turned off (`--no-auto-replace`), or with no leader's address to ask,
+//!   the old rules hold:
+//! - a node asked to form a cluster (`--peers`, no `--join`) refuses to start if a cluster
+//!   already runs: the operator removes the member and adds it back with `--join`;
+//! - a node started with `--join` refuses while a peer still lists it as a member (the leader
+//!   would keep its stale progress): remove it first.
 //!
 //! And who campaigns first in a brand-new cluster ([`first_campaign_delay`]): openraft's
 //! `initialize` starts an election at once, and it orders two votes of one term by node id,
@@ -44,6 +52,24 @@ pub struct PeerReport {
     pub term: u64,
     /// The ids in its membership (voters and learners).
     pub members: Vec<NodeId>,
+    /// The address of the leader it knows, as its membership records it.
+    pub leader_address: Option<String>,
+}
+
+/// How a node that may start starts.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Start {
+    /// As configured: restart from its data, form a new cluster, or wait to be added.
+    AsConfigured,
+    /// A running cluster lists this node, whose data dir is empty: have its leader remove it
+    /// first (the node answers nothing meanwhile), then start as a joiner and ask to be
+    /// added back.
+    Replace {
+        /// The peer that reported the cluster.
+        peer: NodeId,
+        leader: NodeId,
+        leader_address: String,
+    },
 }
 
 /// What the data dir holds.
@@ -62,6 +88,9 @@ pub enum Refusal {
     ClusterExists { peer: NodeId, leader: NodeId },
     /// This node joins with an empty data dir but a peer still lists it as a member.
     StillMember { peer: NodeId },
+    /// The cluster still lists this node, whose data dir is empty, and its leader did not
+    /// remove it for replacement ([`Start::Replace`]).
+    NotReplaced { leader: NodeId, reason: String },
 }
 
 impl std::fmt::Display for Refusal {
@@ -81,25 +110,47 @@ impl std::fmt::Display for Refusal {
                  it first (`leasecore cluster remove ID`), then add it again \
                  (`leasecore cluster add ID HOST:PORT`)"
             ),
+            Refusal::NotReplaced { leader, reason } => write!(
+                f,
+                "the data dir is empty and the cluster still lists this node, but its leader \
+                 (node {leader}) did not remove it to add it back: {reason}. Nothing was \
+                 changed; start this node again once that is mended, or replace it by hand \
+                 (`leasecore cluster remove ID`, then start it with --join and \
+                 `leasecore cluster add ID HOST:PORT`)"
+            ),
         }
     }
 }
 
-/// Decide whether node `me` may start.
+/// Decide whether and how node `me` may start; `auto_replace` allows [`Start::Replace`].
 pub fn may_start(
     me: NodeId,
     data: DataDir,
     join: bool,
+    auto_replace: bool,
     reports: &[PeerReport],
-) -> Result<(), Refusal> {
+) -> Result<Start, Refusal> {
     if data == DataDir::Existing {
-        return Ok(());
+        return Ok(Start::AsConfigured);
     }
-    let others = reports.iter().filter(|r| r.peer != me);
+    let others: Vec<&PeerReport> = reports.iter().filter(|r| r.peer != me).collect();
+    if auto_replace {
+        let listing = others.iter().find_map(|r| {
+            let address = r.leader_address.clone()?;
+            (r.members.contains(&me)).then_some((r.peer, r.leader_id?, address))
+        });
+        if let Some((peer, leader, leader_address)) = listing {
+            return Ok(Start::Replace {
+                peer,
+                leader,
+                leader_address,
+            });
+        }
+    }
     if join {
         return match others.into_iter().find(|r| r.members.contains(&me)) {
             Some(r) => Err(Refusal::StillMember { peer: r.peer }),
-            None => Ok(()),
+            None => Ok(Start::AsConfigured),
         };
     }
     for r in others {
@@ -110,7 +161,23 @@ pub fn may_start(
             });
         }
     }
-    Ok(())
+    Ok(Start::AsConfigured)
+}
+
+/// Whether removing `removed`, which answers nothing, can commit: the voters that answered the
+/// leader recently (`answering`, the leader included), without it, must be a majority of
+/// `voters` (the configuration being left; they are then a majority of the one entered too).
+/// If not, the removal would sit uncommitted in the leader's log, and the cluster with it.
+pub fn removal_commits_without(
+    voters: &std::collections::BTreeSet<NodeId>,
+    removed: NodeId,
+    answering: &std::collections::BTreeSet<NodeId>,
+) -> bool {
+    let others = voters
+        .iter()
+        .filter(|v| **v != removed && answering.contains(v))
+        .count();
+    others > voters.len() / 2
 }
 
 /// How long listed node `me` waits before it initializes a new cluster of `voters` (and so
@@ -229,46 +296,105 @@ mod tests {
             leader_id: leader,
             term: leader.map_or(0, |_| 3),
             members: members.to_vec(),
+            leader_address: leader.map(|l| format!("127.0.0.1:{}", 7000 + l)),
         }
     }
+
+    const AS: Result<Start, Refusal> = Ok(Start::AsConfigured);
 
     #[test]
     fn a_node_with_data_always_restarts() {
         let r = [report(1, Some(1), &[1, 2, 3])];
-        assert_eq!(may_start(2, DataDir::Existing, false, &r), Ok(()));
-        assert_eq!(may_start(2, DataDir::Existing, true, &r), Ok(()));
+        for (join, replace) in [(false, false), (true, false), (false, true), (true, true)] {
+            assert_eq!(may_start(2, DataDir::Existing, join, replace, &r), AS);
+        }
     }
 
     #[test]
     fn an_empty_node_forms_a_new_cluster_when_no_peer_knows_a_leader() {
         // Peers unreachable, or up but still electing their first leader.
-        assert_eq!(may_start(2, DataDir::Empty, false, &[]), Ok(()));
+        assert_eq!(may_start(2, DataDir::Empty, false, true, &[]), AS);
         let r = [report(1, None, &[1, 2, 3]), report(3, None, &[])];
-        assert_eq!(may_start(2, DataDir::Empty, false, &r), Ok(()));
+        assert_eq!(may_start(2, DataDir::Empty, false, true, &r), AS);
     }
 
     #[test]
-    fn an_empty_node_refuses_to_bootstrap_into_a_running_cluster() {
+    fn an_empty_member_of_a_running_cluster_is_replaced_or_refused() {
         let r = [report(1, None, &[]), report(3, Some(1), &[1, 2, 3])];
+        let replace = Ok(Start::Replace {
+            peer: 3,
+            leader: 1,
+            leader_address: "127.0.0.1:7001".into(),
+        });
+        assert_eq!(may_start(2, DataDir::Empty, false, true, &r), replace);
+        assert_eq!(may_start(2, DataDir::Empty, true, true, &r), replace);
         assert_eq!(
-            may_start(2, DataDir::Empty, false, &r),
+            may_start(2, DataDir::Empty, false, false, &r),
             Err(Refusal::ClusterExists { peer: 3, leader: 1 })
+        );
+        // A leader whose address nobody gave: nothing to ask, so the old refusal.
+        let mut unknown = r.clone();
+        unknown[1].leader_address = None;
+        assert_eq!(
+            may_start(2, DataDir::Empty, false, true, &unknown),
+            Err(Refusal::ClusterExists { peer: 3, leader: 1 })
+        );
+    }
+
+    #[test]
+    fn a_running_cluster_without_the_node_is_not_joined_uninvited() {
+        // Removed on purpose (or never added): with --peers it refuses, with --join it waits.
+        let r = [report(1, Some(1), &[1, 3])];
+        assert_eq!(
+            may_start(2, DataDir::Empty, false, true, &r),
+            Err(Refusal::ClusterExists { peer: 1, leader: 1 })
+        );
+        assert_eq!(may_start(2, DataDir::Empty, true, true, &r), AS);
+    }
+
+    #[test]
+    fn a_removal_must_commit_without_the_removed_node() {
+        let set = |ids: &[NodeId]| {
+            ids.iter()
+                .copied()
+                .collect::<std::collections::BTreeSet<_>>()
+        };
+        let three = set(&[1, 2, 3]);
+        assert!(removal_commits_without(&three, 2, &set(&[1, 3])));
+        assert!(removal_commits_without(&three, 2, &set(&[1, 2, 3])));
+        assert!(
+            !removal_commits_without(&three, 2, &set(&[1, 2])),
+            "3 is down"
+        );
+        assert!(!removal_commits_without(&set(&[1, 2]), 2, &set(&[1, 2])));
+        let five = set(&[1, 2, 3, 4, 5]);
+        assert!(removal_commits_without(&five, 5, &set(&[1, 2, 3])));
+        assert!(!removal_commits_without(&five, 5, &set(&[1, 2, 5])));
+        assert!(
+            !removal_commits_without(&five, 9, &set(&[1, 9])),
+            "a stranger counts for nothing"
         );
     }
 
     #[test]
     fn its_own_report_does_not_count() {
         let r = [report(2, Some(2), &[2])];
-        assert_eq!(may_start(2, DataDir::Empty, false, &r), Ok(()));
+        assert_eq!(may_start(2, DataDir::Empty, false, true, &r), AS);
     }
 
     #[test]
     fn an_empty_joiner_waits_to_be_added_unless_still_a_member() {
         let removed = [report(1, Some(1), &[1, 3])];
-        assert_eq!(may_start(2, DataDir::Empty, true, &removed), Ok(()));
+        assert_eq!(may_start(2, DataDir::Empty, true, false, &removed), AS);
         let listed = [report(1, Some(1), &[1, 2, 3])];
         assert_eq!(
-            may_start(2, DataDir::Empty, true, &listed),
+            may_start(2, DataDir::Empty, true, false, &listed),
+            Err(Refusal::StillMember { peer: 1 })
+        );
+        // A member without a leader to ask: refused too.
+        let leaderless = [report(1, None, &[1, 2, 3])];
+        assert_eq!(
+            may_start(2, DataDir::Empty, true, true, &leaderless),
             Err(Refusal::StillMember { peer: 1 })
         );
     }

@@ -239,6 +239,9 @@ impl From<ConsensusError> for ApiError {
                 "membership_change_in_progress",
                 message,
             ),
+            ConsensusError::StillAnswering { id } => {
+                ApiError::new(StatusCode::CONFLICT, "node_still_answering", message).with("id", id)
+            }
             ConsensusError::BadTransferee { id } => {
                 ApiError::new(StatusCode::BAD_REQUEST, "bad_leader_transferee", message)
                     .with("id", id)

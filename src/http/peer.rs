@@ -182,7 +182,9 @@ pub async fn admin(
     Extension(PeerSender(sender)): Extension<PeerSender>,
     ApiJson(req): ApiJson<AdminRequest>,
 ) -> Result<Json<Result<AdminOutcome, ConsensusError>>, ApiError> {
-    if let AdminRequest::AddNode { address, .. } = &req {
+    if let AdminRequest::AddNode { address, .. }
+    | AdminRequest::RemoveForReplacement { address, .. } = &req
+    {
         super::cluster::check_address(address)
             .map_err(|e| invalid(&state, sender, routes::ADMIN, e))?;
     }

@@ -52,6 +52,13 @@ pub enum ConsensusError {
     /// A membership change the cluster refused.
     #[error("{message}")]
     InvalidMembership { message: String },
+    /// A node asked to be removed for replacement, but the leader still hears from a node with
+    /// its id: nothing was done. Retry once an election timeout has passed without it.
+    #[error(
+        "the leader still hears from node {id}: it was restarted a moment ago (retry), or \
+         another process runs as node {id} (give this one another id)"
+    )]
+    StillAnswering { id: NodeId },
     /// A membership change named a node that is not in the cluster.
     #[error("node {id} is not in the cluster")]
     NodeNotFound { id: NodeId },

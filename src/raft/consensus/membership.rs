@@ -3,6 +3,7 @@
 //! once a step may have taken effect, losing leadership is `OutcomeUnknown`, never `NoLeader`.
 
 use super::*;
+use crate::domain::bootstrap;
 
 impl Consensus {
     /// Apply a membership request from any node (forwarded to the leader).
@@ -59,6 +60,61 @@ impl Consensus {
                 self.change_membership(change).await?;
                 Ok(AdminOutcome::Done)
             }
+            AdminRequest::RemoveForReplacement { id, address } => {
+                if membership.get_node(&id).is_none() {
+                    return Err(ConsensusError::NodeNotFound { id });
+                }
+                if id == self.inner.id {
+                    return Err(ConsensusError::StillAnswering { id });
+                }
+                let et = self.election_timeout_ms();
+                let ages = self.inner.peers.contacts().ages();
+                let answers = |v: &NodeId| health::reachable(ages.get(v).copied(), et);
+                if answers(&id) {
+                    return Err(ConsensusError::StillAnswering { id });
+                }
+                let me = self.inner.id;
+                let answering: BTreeSet<NodeId> = voters
+                    .iter()
+                    .copied()
+                    .filter(|v| *v == me || answers(v))
+                    .collect();
+                if !bootstrap::removal_commits_without(&voters, id, &answering) {
+                    return Err(ConsensusError::InvalidMembership {
+                        message: format!(
+                            "node {id} cannot be replaced now: its removal needs more than half \
+                             of the {} voters without it, and only {} others answer the leader; \
+                             start the missing voters first",
+                            voters.len(),
+                            answering.iter().filter(|v| **v != id).count()
+                        ),
+                    });
+                }
+                let ids = BTreeSet::from([id]);
+                let change = if voters.contains(&id) {
+                    ChangeMembers::RemoveVoters(ids)
+                } else {
+                    ChangeMembers::RemoveNodes(ids)
+                };
+                self.change_membership(change).await?;
+                // Back at once as a learner, with replication progress started afresh (a
+                // member kept through the change would keep the progress of the log it lost);
+                // it asks to be promoted once it serves.
+                self.add_learner_here(id, address).await.map_err(|e| {
+                    ConsensusError::OutcomeUnknown {
+                        detail: format!(
+                            "node {id} was removed but not added back as a learner ({e}); \
+                             add it with `leasecore cluster add`"
+                        ),
+                    }
+                })?;
+                tracing::warn!(
+                    node = id,
+                    "node {id} restarted with an empty data dir: removed, and added back as a \
+                     learner that becomes a voter once caught up"
+                );
+                Ok(AdminOutcome::Done)
+            }
         }
     }
 
@@ -88,34 +144,8 @@ impl Consensus {
                 m.log_id().map(|l| l.index).unwrap_or(0)
             }
             // Learner first: it catches up (by snapshot if the log was purged) without
-            // counting toward any quorum. Not `blocking`: openraft's own wait judges "caught
-            // up" by a lag threshold alone, which a node that never answered passes while the
-            // log is short.
-            None => {
-                let t = self.inner.timeouts.request;
-                let add = raft.add_learner(id, BasicNode::new(address), false);
-                match tokio::time::timeout(t, add).await {
-                    Ok(Ok(resp)) => resp.log_id.index,
-                    // Refused before anything was written: the caller may retry elsewhere;
-                    // but a core that stopped may have the learner entry in its log.
-                    Ok(Err(e)) => {
-                        return Err(match from_write_error(e) {
-                            ConsensusError::ShuttingDown => ConsensusError::OutcomeUnknown {
-                                detail: format!(
-                                    "this node stopped while adding node {id}; check \
-                                     `GET /v1/cluster`"
-                                ),
-                            },
-                            other => other,
-                        });
-                    }
-                    Err(_) => {
-                        return Err(ConsensusError::Timeout {
-                            ms: t.as_millis() as u64,
-                        });
-                    }
-                }
-            }
+            // counting toward any quorum.
+            None => self.add_learner_here(id, address).await?,
         };
         // From here on the learner is in the membership: an error must not claim that nothing
         // was done.
@@ -180,6 +210,33 @@ impl Consensus {
     }
 
     /// Propose a membership change (joint, then uniform), bounded by the request timeout.
+    /// Add `id` at `address` as a learner and return the index of the membership entry. Not
+    /// `blocking`: openraft's own wait judges "caught up" by a lag threshold alone, which a
+    /// node that never answered passes while the log is short.
+    async fn add_learner_here(&self, id: NodeId, address: String) -> Result<u64, ConsensusError> {
+        let t = self.inner.timeouts.request;
+        let add = self
+            .inner
+            .raft
+            .add_learner(id, BasicNode::new(address), false);
+        match tokio::time::timeout(t, add).await {
+            Ok(Ok(resp)) => Ok(resp.log_id.index),
+            // Refused before anything was written: the caller may retry elsewhere; but a core
+            // that stopped may have the learner entry in its log.
+            Ok(Err(e)) => Err(match from_write_error(e) {
+                ConsensusError::ShuttingDown => ConsensusError::OutcomeUnknown {
+                    detail: format!(
+                        "this node stopped while adding node {id}; check `GET /v1/cluster`"
+                    ),
+                },
+                other => other,
+            }),
+            Err(_) => Err(ConsensusError::Timeout {
+                ms: t.as_millis() as u64,
+            }),
+        }
+    }
+
     async fn change_membership(
         &self,
         change: ChangeMembers<NodeId, BasicNode>,

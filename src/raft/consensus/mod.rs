@@ -110,8 +110,24 @@ pub enum AdminOutcome {
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case")]
 pub enum AdminRequest {
-    AddNode { id: NodeId, address: String },
-    RemoveNode { id: NodeId },
+    AddNode {
+        id: NodeId,
+        address: String,
+    },
+    RemoveNode {
+        id: NodeId,
+    },
+    /// Sent by node `id` itself, starting with an empty data dir while the cluster still lists
+    /// it (`domain::bootstrap::Start::Replace`), before it answers anything: remove it, and
+    /// add it back at `address` as a learner (a new member, with replication progress started
+    /// afresh); once it serves it asks to be promoted (`AddNode`). Refused while the leader
+    /// still hears from a node `id` (another process with that id, or a restart faster than
+    /// an election timeout: retry), and when the removal could not commit without it. Older
+    /// builds refuse the unknown op: nothing is done.
+    RemoveForReplacement {
+        id: NodeId,
+        address: String,
+    },
 }
 
 pub use leasecore_client::api::{ClusterView, MemberNode, MemberStatus};

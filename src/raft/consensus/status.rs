@@ -145,7 +145,7 @@ impl Consensus {
         health::readiness(&self.health(), self.election_timeout_ms())
     }
 
-    fn election_timeout_ms(&self) -> u64 {
+    pub(super) fn election_timeout_ms(&self) -> u64 {
         self.inner.timeouts.election_timeout.as_millis() as u64
     }
 

@@ -5,9 +5,12 @@
 //! initial cluster when asked to. Every task it starts is spawned on one `TaskTracker` and
 //! stopped by one `CancellationToken`.
 //!
-//! A node whose data dir is empty asks its peers first and refuses to rejoin a running cluster
-//! as the member it was (`domain::bootstrap`). A Raft core that fails stops the node: it never
+//! A node whose data dir is empty asks its peers first and never rejoins a running cluster as
+//! the member it was: it has itself replaced, or refuses to start (`domain::bootstrap`). A Raft core that fails stops the node: it never
 //! keeps serving half-alive.
+//!
+//! `config` holds [`NodeConfig`] and how it becomes openraft's configuration and the
+//! consensus timeouts.
 //!
 //! # Shutdown order (designed, not incidental)
 //! 1. cancel: the HTTP server stops accepting and drivers return;
@@ -20,204 +23,40 @@
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use openraft::SnapshotPolicy;
 use thiserror::Error;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::clock::{Clock, SystemClock};
-use crate::domain::bootstrap::{DataDir, Refusal, forming_waits, may_start};
-use crate::domain::flease::FleaseConfig;
-use crate::domain::history::HistoryLimits;
-use crate::domain::limits::Limits;
+use crate::domain::bootstrap::{DataDir, Refusal, forming_waits};
 use crate::domain::resources::CompactionPolicy;
-use crate::domain::resources::{Quota, peer_address};
+use crate::domain::resources::peer_address;
 use crate::domain::types::NodeId;
 use crate::domain::types::Revision;
-use crate::http::listener::{ListenerLimits, serve_limited};
+use crate::http::listener::serve_limited;
 use crate::http::{self, AppState, AppStateParts};
 use crate::metrics::Metrics;
 use crate::raft::Raft;
-use crate::raft::consensus::{Consensus, ConsensusError, ConsensusTimeouts, StorageUse};
+use crate::raft::consensus::{Consensus, ConsensusError, StorageUse};
 use crate::raft::log_store::LogStore;
 use crate::raft::network::{Faults, NetworkFactory, PeerClient};
 use crate::raft::state_machine::{Observers, StateMachine};
-use crate::runtime::bootstrap::probe_peers;
+use crate::runtime::bootstrap::{StartCheck, check_empty_start};
 use crate::runtime::compaction::LogCompactor;
 use crate::runtime::election::ElectionWatchdog;
 use crate::runtime::flease::FleaseService;
-use crate::runtime::lease::{DEFAULT_MIN_TTL_MS, LeaseConfig, LeaseHub, LeaseService};
+use crate::runtime::lease::{LeaseConfig, LeaseHub, LeaseService};
 use crate::runtime::quorum::QuorumWatchdog;
 use crate::runtime::watch::WatchHub;
 use crate::storage;
 use crate::tls::{PeerTls, RELOAD_POLL, Reload, Reloadable, ServerTls, TlsError, run_reloader};
 
-/// Raft timing, in milliseconds.
-#[derive(Clone, Copy, Debug)]
-pub struct RaftTimings {
-    /// How often the leader sends heartbeats; also openraft's append RPC timeout.
-    pub heartbeat_ms: u64,
-    /// The election timeout is drawn from `[election_min_ms, election_max_ms)`.
-    pub election_min_ms: u64,
-    pub election_max_ms: u64,
-}
+mod config;
 
-impl Default for RaftTimings {
-    fn default() -> Self {
-        // A wide window relative to openraft's tick (1.5 x heartbeat) keeps two voters' fixed
-        // draws apart (pitfall P1); the watchdog handles the rest.
-        RaftTimings {
-            heartbeat_ms: 100,
-            election_min_ms: 400,
-            election_max_ms: 1000,
-        }
-    }
-}
-
-/// Everything a node needs to start.
-#[derive(Clone, Debug)]
-pub struct NodeConfig {
-    pub id: NodeId,
-    /// Where to listen for clients (`127.0.0.1:0` picks a free port).
-    pub listen: String,
-    /// Where to listen for peers (Raft, forwarded calls, Flease). Default: `listen` with the
-    /// port + 1000. Peers reach this node at its advertised address with the port + 1000,
-    /// whatever this says (see [`crate::domain::resources::peer_address`]).
-    pub peer_listen: Option<String>,
-    /// Connection cap and header timeout of the client listener.
-    pub client_limits: ListenerLimits,
-    /// Connection cap and header timeout of the peer listener.
-    pub peer_limits: ListenerLimits,
-    /// The storage quota (live keys and values plus the Raft log): past it, writes get 507.
-    pub quota: Quota,
-    /// Snapshot and purge the log once its entries hold this many bytes.
-    pub snapshot_log_bytes: u64,
-    /// The address peers and clients reach this node at; defaults to the peers entry for this
-    /// node, else the bound address.
-    pub advertise: Option<String>,
-    pub data_dir: PathBuf,
-    /// The initial voters, this node included. Empty: a single-node cluster of this node.
-    pub peers: BTreeMap<NodeId, String>,
-    /// Never initialize a cluster: wait to be added to an existing one.
-    pub join: bool,
-    pub timings: RaftTimings,
-    /// Take a snapshot (and purge the log) every this many applied entries.
-    pub snapshot_threshold: u64,
-    pub limits: Limits,
-    /// sled's page cache, in bytes.
-    pub cache_bytes: u64,
-    /// The shortest lease TTL (raised to 1.5 x the election timeout if below it).
-    pub min_lease_ttl_ms: u64,
-    /// Bounds of the watch history.
-    pub history: HistoryLimits,
-    /// Flease timing (validated at start).
-    pub flease: FleaseConfig,
-    /// With an empty data dir, how long to wait for the peers to say whether a cluster already
-    /// runs (see `domain::bootstrap`); zero skips the question (in-process test clusters whose
-    /// peers are bound but not yet serving).
-    pub peer_probe: Duration,
-    /// How long adding a node waits for it to answer and catch up before it is promoted to
-    /// voter; on timeout it stays a learner (add it again to resume waiting).
-    pub catch_up_ms: u64,
-    /// TLS on the client listener (`None`: plaintext). The etcd listener uses it too.
-    pub client_tls: Option<ServerTls>,
-    /// Where to serve etcd's v3 API (gRPC, and its JSON gateway): `None` serves none.
-    pub etcd_listen: Option<String>,
-    /// Connection cap and header timeout of the etcd listener.
-    pub etcd_limits: ListenerLimits,
-    /// Automatic MVCC compaction (etcd's `--auto-compaction-*`): `None` keeps every version
-    /// until an explicit compaction.
-    pub auto_compaction: Option<crate::domain::auto_compact::Retention>,
-    /// Mutual TLS on the peer side, listener and outgoing client (`None`: plaintext). Every
-    /// node of a cluster must agree: the scheme peers are dialed with follows this setting.
-    pub peer_tls: Option<PeerTls>,
-    /// How long an auth token is valid (etcd's `--auth-token-ttl`).
-    pub auth_token_ttl_ms: u64,
-}
-
-/// The default of [`NodeConfig::snapshot_log_bytes`].
-pub const DEFAULT_SNAPSHOT_LOG_BYTES: u64 = 64 << 20;
-
-impl NodeConfig {
-    /// Where the peer listener binds.
-    fn peer_listen_addr(&self, client: &str) -> Result<String, NodeError> {
-        match &self.peer_listen {
-            Some(a) => Ok(a.clone()),
-            None => peer_address(client).map_err(NodeError::Config),
-        }
-    }
-
-    /// The defaults of `leasecore serve` with no flags, for node `id` in `data_dir`.
-    pub fn new(id: NodeId, data_dir: impl Into<PathBuf>) -> Self {
-        NodeConfig {
-            id,
-            listen: "127.0.0.1:7001".into(),
-            peer_listen: None,
-            client_limits: ListenerLimits::CLIENT,
-            peer_limits: ListenerLimits::PEER,
-            quota: Quota::default(),
-            snapshot_log_bytes: DEFAULT_SNAPSHOT_LOG_BYTES,
-            advertise: None,
-            data_dir: data_dir.into(),
-            peers: BTreeMap::new(),
-            join: false,
-            timings: RaftTimings::default(),
-            snapshot_threshold: 10_000,
-            limits: Limits::default(),
-            cache_bytes: 64 << 20,
-            min_lease_ttl_ms: DEFAULT_MIN_TTL_MS,
-            history: HistoryLimits::default(),
-            flease: FleaseConfig::default(),
-            peer_probe: Duration::from_secs(2),
-            catch_up_ms: 10_000,
-            client_tls: None,
-            etcd_listen: None,
-            etcd_limits: ListenerLimits::ETCD,
-            auto_compaction: None,
-            peer_tls: None,
-            auth_token_ttl_ms: crate::runtime::auth::DEFAULT_TOKEN_TTL_MS,
-        }
-    }
-
-    fn timeouts(&self) -> ConsensusTimeouts {
-        ConsensusTimeouts {
-            // Long enough to ride out one election (lease + timeout), short enough to answer.
-            leader_wait: Duration::from_millis(3 * self.timings.election_max_ms),
-            request: Duration::from_secs(10),
-            catch_up: Duration::from_millis(self.catch_up_ms),
-            election_timeout: Duration::from_millis(self.timings.election_max_ms),
-        }
-    }
-
-    fn raft_config(&self) -> Result<openraft::Config, NodeError> {
-        let t = self.timings;
-        let config = openraft::Config {
-            cluster_name: "leasecore".into(),
-            heartbeat_interval: t.heartbeat_ms,
-            election_timeout_min: t.election_min_ms,
-            election_timeout_max: t.election_max_ms,
-            // A whole snapshot travels in one request; give it time (pitfall P3).
-            install_snapshot_timeout: 60_000,
-            // Snapshots are asked for by `runtime::compaction` alone, which weighs them against
-            // the state's size (a snapshot every N entries of a large state stalls the node).
-            snapshot_policy: SnapshotPolicy::Never,
-            max_in_snapshot_log_to_keep: (self.snapshot_threshold / 2).min(1000),
-            // Only openraft's blocking add_learner reads this, and leasecore does not use it:
-            // a learner is promoted by `domain::health::learner_caught_up`, which also
-            // requires that it answered (a lag threshold alone passes a dead node).
-            replication_lag_threshold: self.snapshot_threshold.max(1) * 2,
-            max_payload_entries: 512,
-            ..Default::default()
-        };
-        config
-            .validate()
-            .map_err(|e| NodeError::Config(e.to_string()))
-    }
-}
+pub use config::{DEFAULT_SNAPSHOT_LOG_BYTES, NodeConfig, RaftTimings};
 
 /// Why a node could not start.
 #[derive(Debug, Error)]
@@ -376,12 +215,23 @@ impl Node {
         } else {
             DataDir::Existing
         };
-        if data == DataDir::Empty && !cfg.peer_probe.is_zero() {
-            let reports = probe_peers(cfg.id, &cfg.peers, &peers, cfg.peer_probe).await;
-            if let Err(refusal) = may_start(cfg.id, data, cfg.join, &reports) {
-                return Err(NodeError::Refused(refusal));
-            }
-        }
+        // The leader's address, when the leader replaced this node (`Start::Replace`).
+        let replaced = if data == DataDir::Empty && !cfg.peer_probe.is_zero() {
+            let check = StartCheck {
+                me: cfg.id,
+                listed: &cfg.peers,
+                advertise: &advertise,
+                join: cfg.join,
+                auto_replace: cfg.auto_replace,
+                probe: cfg.peer_probe,
+                election_max: Duration::from_millis(cfg.timings.election_max_ms),
+            };
+            check_empty_start(&peers, check)
+                .await
+                .map_err(NodeError::Refused)?
+        } else {
+            None
+        };
         write_identity(&cfg)?;
         let log_store = LogStore::open(&db, &cfg.data_dir)?.with_node(cfg.id);
         let committed = log_store.committed_index();
@@ -615,7 +465,18 @@ impl Node {
             cancel,
             tasks,
         };
-        if let Some(voters) = initial_voters(&cfg, &advertise) {
+        if let Some(leader_address) = replaced {
+            let t = cfg.timeouts();
+            let mut addresses: Vec<String> = cfg.peers.values().cloned().collect();
+            addresses.push(leader_address);
+            node.tasks.spawn(crate::runtime::bootstrap::ask_to_be_added(
+                node.consensus.clone(),
+                node.advertise.clone(),
+                addresses,
+                t.catch_up + t.request * 2,
+                node.cancel.clone(),
+            ));
+        } else if let Some(voters) = initial_voters(&cfg, &advertise) {
             let waits = forming_waits(
                 cfg.id,
                 voters.keys().copied(),
