@@ -9,16 +9,21 @@
 //! data. So, as etcd does with member ids and `--initial-cluster-state`:
 //!
 //! - a node with data restarts from it (nothing to decide);
-//! - a node with an empty data dir first asks its peers whether a cluster already runs (a peer
-//!   knows a leader). If that cluster lists it as a member, the node has it **replaced**
-//!   ([`Start::Replace`]) before it takes part in anything: the leader removes it (committed by
-//!   the other voters alone, which the leader checks first), and the node then starts as a
-//!   joiner and asks to be added back: a learner that catches up by snapshot, then a voter.
-//!   That is the documented manual procedure, done by the cluster, and safe whether the node
-//!   lost its data or merely started late: until the removal commits the node answers nothing,
-//!   so no commit and no vote can rest on its empty state; after it, it is a new member.
-//!   With replacement turned off (`--no-auto-replace`), or with no leader's address to ask,
-//!   the old rules hold:
+//! - a node with an empty data dir first asks its peers whether a cluster already runs. If
+//!   that cluster lists it as a member, the node has it **replaced** ([`Start::Replace`])
+//!   before it takes part in anything: the leader removes it (only if the other voters can
+//!   commit that alone, and not while it still hears from a node of that id at the recorded
+//!   address) and adds it back as a learner, with replication progress started afresh; the
+//!   node then starts and, if it was a voter, asks to be promoted once caught up. That is the
+//!   documented manual procedure, done by the cluster, and safe whether the node lost its data
+//!   or merely started late: until the removal commits the node answers nothing, so no commit
+//!   can rest on its empty state; after it, the node's vote decides nothing (any candidate
+//!   still holding the old configuration needs a majority of it, which meets the voters that
+//!   committed the removal). With a leader named that cannot be asked (this node itself, which
+//!   led before it lost its data), or a replacement begun whose learner add has not landed
+//!   yet, it asks again ([`Start::AskAgain`]); with no leader named at all (a new cluster's
+//!   first election) it starts as configured.
+//!   With replacement turned off (`--no-auto-replace`) the old rules hold:
 //! - a node asked to form a cluster (`--peers`, no `--join`) refuses to start if a cluster
 //!   already runs: the operator removes the member and adds it back with `--join`;
 //! - a node started with `--join` refuses while a peer still lists it as a member (the leader
@@ -52,6 +57,8 @@ pub struct PeerReport {
     pub term: u64,
     /// The ids in its membership (voters and learners).
     pub members: Vec<NodeId>,
+    /// The voters among them.
+    pub voters: Vec<NodeId>,
     /// The address of the leader it knows, as its membership records it.
     pub leader_address: Option<String>,
 }
@@ -65,11 +72,27 @@ pub enum Start {
     /// first (the node answers nothing meanwhile), then start as a joiner and ask to be
     /// added back.
     Replace {
-        /// The peer that reported the cluster.
+        /// The peer that reported the leader.
         peer: NodeId,
         leader: NodeId,
         leader_address: String,
+        /// Whether a peer lists this node as a voter: only then is it promoted again once
+        /// caught up (a node kept a learner on purpose stays one).
+        was_voter: bool,
     },
+    /// Ask the peers again shortly, for the reason given.
+    AskAgain(Waiting),
+}
+
+/// What a node asking its peers again waits for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Waiting {
+    /// The running cluster lists this node, but no peer names a leader to ask (other than
+    /// this node itself, which led before it lost its data).
+    ForLeader,
+    /// This node's replacement began (it noted that it is to be promoted again) and the
+    /// cluster, led by `leader`, does not list it: the leader removed it and is adding it back.
+    ToBeAddedBack { leader: NodeId },
 }
 
 /// What the data dir holds.
@@ -89,8 +112,24 @@ pub enum Refusal {
     /// This node joins with an empty data dir but a peer still lists it as a member.
     StillMember { peer: NodeId },
     /// The cluster still lists this node, whose data dir is empty, and its leader did not
-    /// remove it for replacement ([`Start::Replace`]).
-    NotReplaced { leader: NodeId, reason: String },
+    /// replace it ([`Start::Replace`]).
+    NotReplaced { leader: NodeId, why: NotReplaced },
+    /// The cluster still lists this node, whose data dir is empty, and no peer named a leader
+    /// to ask for its replacement in time.
+    NoLeaderToAsk,
+}
+
+/// Why a replacement ([`Start::Replace`]) did not happen.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum NotReplaced {
+    /// The leader refused (it cannot commit the removal without this node, or still hears
+    /// from a node of this id): nothing was changed.
+    Refused { reason: String },
+    /// The cluster no longer lists this node: it was removed but not added back (the leader
+    /// changed or failed in between).
+    RemovedNotAdded,
+    /// No answer in time; the last one is given.
+    NoAnswer { secs: u64, last: String },
 }
 
 impl std::fmt::Display for Refusal {
@@ -110,41 +149,81 @@ impl std::fmt::Display for Refusal {
                  it first (`leasecore cluster remove ID`), then add it again \
                  (`leasecore cluster add ID HOST:PORT`)"
             ),
-            Refusal::NotReplaced { leader, reason } => write!(
+            Refusal::NotReplaced { leader, why } => {
+                write!(
+                    f,
+                    "the data dir is empty and the cluster listed this node, but its leader \
+                     (node {leader}) did not replace it: "
+                )?;
+                match why {
+                    NotReplaced::Refused { reason } => write!(
+                        f,
+                        "{reason}. Nothing was changed: start this node again once that is \
+                         mended, or replace it by hand (`leasecore cluster remove ID`, then \
+                         start it with --join and `leasecore cluster add ID HOST:PORT`)"
+                    ),
+                    NotReplaced::RemovedNotAdded => write!(
+                        f,
+                        "it was removed from the cluster but not added back (the leader \
+                         changed or failed in between). Start it with --join and add it \
+                         (`leasecore cluster add ID HOST:PORT`)"
+                    ),
+                    NotReplaced::NoAnswer { secs, last } => write!(
+                        f,
+                        "no answer within {secs} s (the last: {last}). Check whether the \
+                         cluster still lists it (`leasecore cluster status`), then start it \
+                         again, or replace it by hand"
+                    ),
+                }
+            }
+            Refusal::NoLeaderToAsk => write!(
                 f,
-                "the data dir is empty and the cluster still lists this node, but its leader \
-                 (node {leader}) did not remove it to add it back: {reason}. Nothing was \
-                 changed; start this node again once that is mended, or replace it by hand \
-                 (`leasecore cluster remove ID`, then start it with --join and \
-                 `leasecore cluster add ID HOST:PORT`)"
+                "the data dir is empty and the running cluster lists this node, but no peer \
+                 named a leader to ask for its replacement: start it again once the cluster \
+                 has a leader"
             ),
         }
     }
 }
 
-/// Decide whether and how node `me` may start; `auto_replace` allows [`Start::Replace`].
+/// Decide whether and how node `me` may start; `auto_replace` allows [`Start::Replace`];
+/// `replacing` says that a replacement of this node began (a start before this one noted that
+/// it is to be promoted again).
 pub fn may_start(
     me: NodeId,
     data: DataDir,
     join: bool,
     auto_replace: bool,
+    replacing: bool,
     reports: &[PeerReport],
 ) -> Result<Start, Refusal> {
     if data == DataDir::Existing {
         return Ok(Start::AsConfigured);
     }
     let others: Vec<&PeerReport> = reports.iter().filter(|r| r.peer != me).collect();
-    if auto_replace {
-        let listing = others.iter().find_map(|r| {
-            let address = r.leader_address.clone()?;
-            (r.members.contains(&me)).then_some((r.peer, r.leader_id?, address))
-        });
-        if let Some((peer, leader, leader_address)) = listing {
+    let listed = others.iter().any(|r| r.members.contains(&me));
+    if auto_replace && replacing && !listed {
+        // Removed by the leader, whose learner add may still land (it runs to its end even
+        // when the asking node is gone): wait for it rather than refuse.
+        if let Some((_, leader, _)) = leader_to_ask(me, reports) {
+            return Ok(Start::AskAgain(Waiting::ToBeAddedBack { leader }));
+        }
+    }
+    if auto_replace && listed {
+        let was_voter = others.iter().any(|r| r.voters.contains(&me));
+        if let Some((peer, leader, leader_address)) = leader_to_ask(me, reports) {
             return Ok(Start::Replace {
                 peer,
                 leader,
                 leader_address,
+                was_voter,
             });
+        }
+        // A leader is named, but none to ask (this node, which led before it lost its data,
+        // or one without an address): one will be. With no leader named at all, a cluster
+        // still forming (its first election) is joined as below.
+        if others.iter().any(|r| r.leader_id.is_some()) {
+            return Ok(Start::AskAgain(Waiting::ForLeader));
         }
     }
     if join {
@@ -162,6 +241,21 @@ pub fn may_start(
         }
     }
     Ok(Start::AsConfigured)
+}
+
+/// The leader to ask, from peers' reports: the one named in the highest term, never `me` (which
+/// may have led before it lost its data: its own port does not answer yet), and only with an
+/// address to reach it at. As (reporting peer, leader, address).
+pub fn leader_to_ask(me: NodeId, reports: &[PeerReport]) -> Option<(NodeId, NodeId, String)> {
+    reports
+        .iter()
+        .filter(|r| r.peer != me)
+        .filter_map(|r| {
+            let leader = r.leader_id.filter(|l| *l != me)?;
+            Some((r.term, r.peer, leader, r.leader_address.clone()?))
+        })
+        .max_by_key(|(term, peer, ..)| (*term, std::cmp::Reverse(*peer)))
+        .map(|(_, peer, leader, address)| (peer, leader, address))
 }
 
 /// Whether removing `removed`, which answers nothing, can commit: the voters that answered the
@@ -296,6 +390,7 @@ mod tests {
             leader_id: leader,
             term: leader.map_or(0, |_| 3),
             members: members.to_vec(),
+            voters: members.to_vec(),
             leader_address: leader.map(|l| format!("127.0.0.1:{}", 7000 + l)),
         }
     }
@@ -306,16 +401,19 @@ mod tests {
     fn a_node_with_data_always_restarts() {
         let r = [report(1, Some(1), &[1, 2, 3])];
         for (join, replace) in [(false, false), (true, false), (false, true), (true, true)] {
-            assert_eq!(may_start(2, DataDir::Existing, join, replace, &r), AS);
+            assert_eq!(
+                may_start(2, DataDir::Existing, join, replace, false, &r),
+                AS
+            );
         }
     }
 
     #[test]
     fn an_empty_node_forms_a_new_cluster_when_no_peer_knows_a_leader() {
         // Peers unreachable, or up but still electing their first leader.
-        assert_eq!(may_start(2, DataDir::Empty, false, true, &[]), AS);
+        assert_eq!(may_start(2, DataDir::Empty, false, true, false, &[]), AS);
         let r = [report(1, None, &[1, 2, 3]), report(3, None, &[])];
-        assert_eq!(may_start(2, DataDir::Empty, false, true, &r), AS);
+        assert_eq!(may_start(2, DataDir::Empty, false, true, false, &r), AS);
     }
 
     #[test]
@@ -325,19 +423,87 @@ mod tests {
             peer: 3,
             leader: 1,
             leader_address: "127.0.0.1:7001".into(),
+            was_voter: true,
         });
-        assert_eq!(may_start(2, DataDir::Empty, false, true, &r), replace);
-        assert_eq!(may_start(2, DataDir::Empty, true, true, &r), replace);
         assert_eq!(
-            may_start(2, DataDir::Empty, false, false, &r),
+            may_start(2, DataDir::Empty, false, true, false, &r),
+            replace
+        );
+        assert_eq!(may_start(2, DataDir::Empty, true, true, false, &r), replace);
+        assert_eq!(
+            may_start(2, DataDir::Empty, false, false, false, &r),
             Err(Refusal::ClusterExists { peer: 3, leader: 1 })
         );
-        // A leader whose address nobody gave: nothing to ask, so the old refusal.
+        // A leader whose address nobody gave: ask again (later).
         let mut unknown = r.clone();
         unknown[1].leader_address = None;
         assert_eq!(
-            may_start(2, DataDir::Empty, false, true, &unknown),
-            Err(Refusal::ClusterExists { peer: 3, leader: 1 })
+            may_start(2, DataDir::Empty, false, true, false, &unknown),
+            Ok(Start::AskAgain(Waiting::ForLeader))
+        );
+        // No leader at all: a new cluster's first election; joined as ever.
+        let electing = [report(1, None, &[1, 2, 3])];
+        assert_eq!(
+            may_start(2, DataDir::Empty, false, true, false, &electing),
+            AS
+        );
+        // A learner is replaced as a learner.
+        let mut learner = r.clone();
+        learner[1].voters = vec![1, 3];
+        assert!(matches!(
+            may_start(2, DataDir::Empty, false, true, false, &learner),
+            Ok(Start::Replace {
+                was_voter: false,
+                ..
+            })
+        ));
+    }
+
+    #[test]
+    fn the_leader_to_ask_is_the_one_of_the_highest_term_and_never_the_node_itself() {
+        let mut stale = report(1, Some(1), &[1, 2, 3]);
+        stale.term = 3;
+        let mut current = report(3, Some(3), &[1, 2, 3]);
+        current.term = 5;
+        assert_eq!(
+            leader_to_ask(2, &[stale.clone(), current.clone()]),
+            Some((3, 3, "127.0.0.1:7003".into()))
+        );
+        // This node led before it lost its data: not asked; nobody else: ask again later.
+        let mut me_leading = report(1, Some(2), &[1, 2, 3]);
+        me_leading.term = 7;
+        assert_eq!(leader_to_ask(2, &[me_leading.clone()]), None);
+        assert_eq!(
+            may_start(2, DataDir::Empty, false, true, false, &[me_leading.clone()]),
+            Ok(Start::AskAgain(Waiting::ForLeader))
+        );
+        assert_eq!(
+            leader_to_ask(2, &[me_leading, stale]),
+            Some((1, 1, "127.0.0.1:7001".into()))
+        );
+    }
+
+    #[test]
+    fn a_node_whose_replacement_began_waits_to_be_added_back() {
+        let removed = [report(1, Some(1), &[1, 3])];
+        assert_eq!(
+            may_start(2, DataDir::Empty, false, true, true, &removed),
+            Ok(Start::AskAgain(Waiting::ToBeAddedBack { leader: 1 }))
+        );
+        // Added back (a learner): replaced again, as a learner; its note promotes it.
+        let mut back = report(1, Some(1), &[1, 2, 3]);
+        back.voters = vec![1, 3];
+        assert!(matches!(
+            may_start(2, DataDir::Empty, false, true, true, &[back]),
+            Ok(Start::Replace {
+                was_voter: false,
+                ..
+            })
+        ));
+        // Without replacement, the old refusal.
+        assert_eq!(
+            may_start(2, DataDir::Empty, false, false, true, &removed),
+            Err(Refusal::ClusterExists { peer: 1, leader: 1 })
         );
     }
 
@@ -346,10 +512,10 @@ mod tests {
         // Removed on purpose (or never added): with --peers it refuses, with --join it waits.
         let r = [report(1, Some(1), &[1, 3])];
         assert_eq!(
-            may_start(2, DataDir::Empty, false, true, &r),
+            may_start(2, DataDir::Empty, false, true, false, &r),
             Err(Refusal::ClusterExists { peer: 1, leader: 1 })
         );
-        assert_eq!(may_start(2, DataDir::Empty, true, true, &r), AS);
+        assert_eq!(may_start(2, DataDir::Empty, true, true, false, &r), AS);
     }
 
     #[test]
@@ -379,24 +545,29 @@ mod tests {
     #[test]
     fn its_own_report_does_not_count() {
         let r = [report(2, Some(2), &[2])];
-        assert_eq!(may_start(2, DataDir::Empty, false, true, &r), AS);
+        assert_eq!(may_start(2, DataDir::Empty, false, true, false, &r), AS);
     }
 
     #[test]
     fn an_empty_joiner_waits_to_be_added_unless_still_a_member() {
         let removed = [report(1, Some(1), &[1, 3])];
-        assert_eq!(may_start(2, DataDir::Empty, true, false, &removed), AS);
+        assert_eq!(
+            may_start(2, DataDir::Empty, true, false, false, &removed),
+            AS
+        );
         let listed = [report(1, Some(1), &[1, 2, 3])];
         assert_eq!(
-            may_start(2, DataDir::Empty, true, false, &listed),
+            may_start(2, DataDir::Empty, true, false, false, &listed),
             Err(Refusal::StillMember { peer: 1 })
         );
-        // A member without a leader to ask: refused too.
+        // A member while no leader is named: refused, with or without replacement.
         let leaderless = [report(1, None, &[1, 2, 3])];
-        assert_eq!(
-            may_start(2, DataDir::Empty, true, true, &leaderless),
-            Err(Refusal::StillMember { peer: 1 })
-        );
+        for replace in [false, true] {
+            assert_eq!(
+                may_start(2, DataDir::Empty, true, replace, false, &leaderless),
+                Err(Refusal::StillMember { peer: 1 })
+            );
+        }
     }
 
     #[test]

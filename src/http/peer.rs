@@ -188,6 +188,10 @@ pub async fn admin(
         super::cluster::check_address(address)
             .map_err(|e| invalid(&state, sender, routes::ADMIN, e))?;
     }
+    // Only a node itself asks to be replaced.
+    if let AdminRequest::RemoveForReplacement { id, .. } = &req {
+        claim(&state, sender, *id, routes::ADMIN)?;
+    }
     Ok(Json(state.consensus.admin_here(req).await))
 }
 

@@ -44,12 +44,12 @@ use crate::raft::consensus::{Consensus, ConsensusError, StorageUse};
 use crate::raft::log_store::LogStore;
 use crate::raft::network::{Faults, NetworkFactory, PeerClient};
 use crate::raft::state_machine::{Observers, StateMachine};
-use crate::runtime::bootstrap::{StartCheck, check_empty_start};
 use crate::runtime::compaction::LogCompactor;
 use crate::runtime::election::ElectionWatchdog;
 use crate::runtime::flease::FleaseService;
 use crate::runtime::lease::{LeaseConfig, LeaseHub, LeaseService};
 use crate::runtime::quorum::QuorumWatchdog;
+use crate::runtime::replace::{StartCheck, ask_to_be_added, check_empty_start, promotion_pending};
 use crate::runtime::watch::WatchHub;
 use crate::storage;
 use crate::tls::{PeerTls, RELOAD_POLL, Reload, Reloadable, ServerTls, TlsError, run_reloader};
@@ -221,9 +221,12 @@ impl Node {
                 me: cfg.id,
                 listed: &cfg.peers,
                 advertise: &advertise,
+                data_dir: &cfg.data_dir,
                 join: cfg.join,
                 auto_replace: cfg.auto_replace,
                 probe: cfg.peer_probe,
+                // The leader's removal and learner add, each within its request timeout.
+                ask: cfg.timeouts().request * 2 + Duration::from_secs(5),
                 election_max: Duration::from_millis(cfg.timings.election_max_ms),
             };
             check_empty_start(&peers, check)
@@ -465,17 +468,22 @@ impl Node {
             cancel,
             tasks,
         };
-        if let Some(leader_address) = replaced {
+        // Replaced as a voter (now or by an earlier start): promoted once caught up.
+        if promotion_pending(&cfg.data_dir) {
             let t = cfg.timeouts();
             let mut addresses: Vec<String> = cfg.peers.values().cloned().collect();
-            addresses.push(leader_address);
-            node.tasks.spawn(crate::runtime::bootstrap::ask_to_be_added(
+            addresses.extend(replaced.clone());
+            node.tasks.spawn(ask_to_be_added(
                 node.consensus.clone(),
                 node.advertise.clone(),
                 addresses,
+                cfg.data_dir.clone(),
                 t.catch_up + t.request * 2,
                 node.cancel.clone(),
             ));
+        }
+        if replaced.is_some() {
+            // A learner of the running cluster: nothing to form.
         } else if let Some(voters) = initial_voters(&cfg, &advertise) {
             let waits = forming_waits(
                 cfg.id,

@@ -30,4 +30,5 @@ pub mod flease;
 pub mod history_fill;
 pub mod lease;
 pub mod quorum;
+pub mod replace;
 pub mod watch;

@@ -1,6 +1,16 @@
 //! Membership changes on the leader: a learner first, a voter once it answered and caught up
 //! (within a bounded wait), removal; one change at a time. See the parent module's invariants:
 //! once a step may have taken effect, losing leadership is `OutcomeUnknown`, never `NoLeader`.
+//!
+//! Replacement (`AdminRequest::RemoveForReplacement`, asked by a node that came back with an
+//! empty data dir, before it answers anything): the node is removed, then added back as a
+//! learner, so that no replication progress of the log it lost survives. Invariants: the
+//! removal is proposed only if the voters that answer, without the node, are a majority of
+//! the configuration (so it commits without the node's empty log); never while the leader
+//! still hears from a node of that id (another process with the id); only at the address the
+//! membership records (no takeover from elsewhere); and the two steps run to their end even
+//! if the asking node hangs up. It must not promote the node: the node asks that itself
+//! (`AddNode`), and only if it was a voter.
 
 use super::*;
 use crate::domain::bootstrap;
@@ -61,8 +71,18 @@ impl Consensus {
                 Ok(AdminOutcome::Done)
             }
             AdminRequest::RemoveForReplacement { id, address } => {
-                if membership.get_node(&id).is_none() {
-                    return Err(ConsensusError::NodeNotFound { id });
+                let recorded = membership
+                    .get_node(&id)
+                    .map(|n| n.addr.clone())
+                    .ok_or(ConsensusError::NodeNotFound { id })?;
+                if recorded != address {
+                    return Err(ConsensusError::InvalidMembership {
+                        message: format!(
+                            "node {id} is a member at {recorded}, not {address}: a replacement \
+                             keeps the address (to move a node, remove it and add it at the new \
+                             one)"
+                        ),
+                    });
                 }
                 if id == self.inner.id {
                     return Err(ConsensusError::StillAnswering { id });
@@ -73,49 +93,96 @@ impl Consensus {
                 if answers(&id) {
                     return Err(ConsensusError::StillAnswering { id });
                 }
+                // openraft builds the next configuration from the last of a joint pair.
+                let last: BTreeSet<NodeId> = membership
+                    .get_joint_config()
+                    .last()
+                    .cloned()
+                    .unwrap_or_default();
                 let me = self.inner.id;
-                let answering: BTreeSet<NodeId> = voters
+                let answering: BTreeSet<NodeId> = last
                     .iter()
                     .copied()
                     .filter(|v| *v == me || answers(v))
                     .collect();
-                if !bootstrap::removal_commits_without(&voters, id, &answering) {
+                if !bootstrap::removal_commits_without(&last, id, &answering) {
                     return Err(ConsensusError::InvalidMembership {
                         message: format!(
                             "node {id} cannot be replaced now: its removal needs more than half \
                              of the {} voters without it, and only {} others answer the leader; \
                              start the missing voters first",
-                            voters.len(),
+                            last.len(),
                             answering.iter().filter(|v| **v != id).count()
                         ),
                     });
                 }
-                let ids = BTreeSet::from([id]);
-                let change = if voters.contains(&id) {
-                    ChangeMembers::RemoveVoters(ids)
-                } else {
-                    ChangeMembers::RemoveNodes(ids)
-                };
-                self.change_membership(change).await?;
-                // Back at once as a learner, with replication progress started afresh (a
-                // member kept through the change would keep the progress of the log it lost);
-                // it asks to be promoted once it serves.
-                self.add_learner_here(id, address).await.map_err(|e| {
-                    ConsensusError::OutcomeUnknown {
-                        detail: format!(
-                            "node {id} was removed but not added back as a learner ({e}); \
-                             add it with `leasecore cluster add`"
-                        ),
-                    }
-                })?;
-                tracing::warn!(
-                    node = id,
-                    "node {id} restarted with an empty data dir: removed, and added back as a \
-                     learner that becomes a voter once caught up"
-                );
-                Ok(AdminOutcome::Done)
+                // Run to its end even if the asking node hangs up (its ask timing out drops
+                // this future): cut between the removal and the learner add, the node would
+                // be out of the cluster for good. Bounded by the calls' own timeouts; a core
+                // shutting down fails them at once.
+                let this = self.clone();
+                let voter = voters.contains(&id);
+                tokio::spawn(async move { this.replace_here(id, address, voter).await })
+                    .await
+                    .unwrap_or_else(|e| {
+                        Err(ConsensusError::OutcomeUnknown {
+                            detail: format!("the replacement of node {id} failed: {e}"),
+                        })
+                    })
             }
         }
+    }
+
+    /// Remove `id` (a `voter` or a learner), then add it back at `address` as a learner, with
+    /// replication progress started afresh (a member kept through the change would keep the
+    /// progress of the log it lost); the node asks to be promoted once it serves. The learner
+    /// add is tried again while this node leads and the refusal says to retry.
+    async fn replace_here(
+        &self,
+        id: NodeId,
+        address: String,
+        voter: bool,
+    ) -> Result<AdminOutcome, ConsensusError> {
+        const LEARNER_TRIES: u32 = 5;
+        let ids = BTreeSet::from([id]);
+        let change = if voter {
+            ChangeMembers::RemoveVoters(ids)
+        } else {
+            ChangeMembers::RemoveNodes(ids)
+        };
+        self.change_membership(change).await?;
+        let mut tries = 1;
+        loop {
+            match self.add_learner_here(id, address.clone()).await {
+                Ok(_) => break,
+                Err(ConsensusError::ChangeInProgress { .. } | ConsensusError::Timeout { .. })
+                    if tries < LEARNER_TRIES && self.is_leader() =>
+                {
+                    tries += 1;
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                Err(e) => {
+                    return Err(ConsensusError::OutcomeUnknown {
+                        detail: format!(
+                            "node {id} was removed but not added back as a learner ({e}); add \
+                             it with `leasecore cluster add`"
+                        ),
+                    });
+                }
+            }
+        }
+        tracing::warn!(
+            node = id,
+            voter,
+            "node {id} came back with an empty data dir: replaced (removed, and added back as a \
+             learner{})",
+            if voter {
+                " to be promoted once caught up"
+            } else {
+                ""
+            }
+        );
+        Ok(AdminOutcome::Done)
     }
 
     /// Add `id` as a learner (unless it is one), wait (bounded) until it answered and caught
@@ -209,7 +276,6 @@ impl Consensus {
         Ok(AdminOutcome::Done)
     }
 
-    /// Propose a membership change (joint, then uniform), bounded by the request timeout.
     /// Add `id` at `address` as a learner and return the index of the membership entry. Not
     /// `blocking`: openraft's own wait judges "caught up" by a lag threshold alone, which a
     /// node that never answered passes while the log is short.
@@ -237,6 +303,7 @@ impl Consensus {
         }
     }
 
+    /// Propose a membership change (joint, then uniform), bounded by the request timeout.
     async fn change_membership(
         &self,
         change: ChangeMembers<NodeId, BasicNode>,
