@@ -72,7 +72,8 @@ pub async fn check_empty_start(
     c: StartCheck<'_>,
 ) -> Result<Option<String>, Refusal> {
     let replacing = promotion_pending(c.data_dir);
-    let mut waiting = Waiting::ForLeader;
+    // Not a reason given yet, so that the first one is logged.
+    let mut waiting = Waiting::ToBeAddedBack { leader: c.me };
     let deciding = async {
         loop {
             let reports = probe_peers(c.me, c.listed, client, c.probe).await;
@@ -86,7 +87,9 @@ pub async fn check_empty_start(
             )?;
             match start {
                 Start::AskAgain(why) => {
-                    tracing::info!(waiting = ?why, "asking the peers again");
+                    if why != waiting {
+                        tracing::info!(waiting = ?why, "asking the peers again until it changes");
+                    }
                     waiting = why;
                     tokio::time::sleep(ASK_AGAIN_AFTER).await;
                 }
@@ -99,11 +102,11 @@ pub async fn check_empty_start(
         Ok(start) => start?,
         Err(_) => {
             return Err(match waiting {
-                Waiting::ForLeader => Refusal::NoLeaderToAsk,
-                Waiting::ToBeAddedBack { leader } => Refusal::NotReplaced {
+                Waiting::ToBeAddedBack { leader } if leader != c.me => Refusal::NotReplaced {
                     leader,
                     why: NotReplaced::RemovedNotAdded,
                 },
+                _ => Refusal::NoLeaderToAsk,
             });
         }
     };
@@ -145,8 +148,9 @@ pub async fn check_empty_start(
         total: REPLACE_WITHIN,
     };
     if let Err(why) = remove_for_replacement(client, replacement, waits).await {
-        // Nothing to promote if nothing changed; otherwise the note stays for a later start.
-        if matches!(why, NotReplaced::Refused { .. }) {
+        // Nothing to promote if nothing changed since this start wrote the note; otherwise
+        // it stays for a later start.
+        if matches!(why, NotReplaced::Refused { .. }) && !replacing {
             clear_promotion_pending(c.data_dir);
         }
         return Err(Refusal::NotReplaced { leader, why });
