@@ -58,8 +58,20 @@ async fn etcdctl_manages_users_roles_and_auth() {
         ok(&e2, &["auth", "enable"]).await.trim(),
         "Authentication Enabled"
     );
+    // Without a user: etcd's "user name is empty", which clients do not retry (an invalid
+    // token they refresh and retry for seconds); monitoring's status and member list stay
+    // open, as etcd's.
     let err = fails(&e3, &["put", "k", "v"]).await;
-    assert!(err.contains("etcdserver: invalid auth token"), "{err}");
+    assert!(err.contains("etcdserver: user name is empty"), "{err}");
+    assert!(
+        ok(&e3, &["endpoint", "status"]).await.contains(&e3),
+        "status without a user"
+    );
+    assert_eq!(
+        ok(&e3, &["member", "list"]).await.lines().count(),
+        3,
+        "member list without a user"
+    );
     ok(&e3, &[root, "put", "app/x", "1"]).await;
 
     // A role with a prefix and a key, as etcdctl sends them, and read back the same way.
@@ -249,6 +261,12 @@ async fn etcdctl_manages_users_roles_and_auth() {
     let err = fails(&e1, &[alice, "get", "app/x"]).await;
     assert!(err.contains("permission denied"), "{err}");
     assert_eq!(ok(&e1, &[alice, "get", "app/own"]).await, "app/own\nmine\n");
+    // Maintenance is root's, as etcd's.
+    for cmd in [&["defrag"][..], &["endpoint", "hashkv"][..]] {
+        let err = fails(&e1, &[&[alice][..], cmd].concat()).await;
+        assert!(err.contains("permission denied"), "{cmd:?}: {err}");
+    }
+    ok(&e1, &[root, "endpoint", "hashkv"]).await;
 
     // The gateway: a token from /v3/auth/authenticate, then status and the user list.
     let http = reqwest::Client::new();
@@ -288,13 +306,16 @@ async fn etcdctl_manages_users_roles_and_auth() {
         .await
         .unwrap();
     assert_eq!(users["users"], serde_json::json!(["alice", "root"]));
+    // Without a token: etcd's gateway answers "user name is empty" as a bad request.
     let denied = http
         .post(format!("{base}/v3/auth/role/list"))
         .body("{}")
         .send()
         .await
         .unwrap();
-    assert_eq!(denied.status(), 401);
+    assert_eq!(denied.status(), 400);
+    let body: Value = denied.json().await.unwrap();
+    assert_eq!(body["code"], 3, "{body}");
 
     // Cleaning up, then auth off: anyone writes again.
     ok(&e1, &[root, "user", "revoke-role", "alice", "reader"]).await;

@@ -139,7 +139,8 @@ pub fn client_address(urls: &[String]) -> Result<String, Status> {
 }
 
 impl Etcd {
-    /// Root only: membership changes are (as `/v1/cluster/nodes`).
+    /// Root only: membership changes (as `/v1/cluster/nodes`) and maintenance calls (as
+    /// etcd's: Defragment, Hash, HashKV, Snapshot, MoveLeader).
     fn admin_caller<T>(&self, req: &Request<T>) -> Result<(), Status> {
         let caller = self.caller(req)?;
         require_root(&self.state, &caller).map_err(EtcdError::from)?;
@@ -317,9 +318,9 @@ impl Cluster for Etcd {
 
     async fn member_list(
         &self,
-        req: Request<MemberListRequest>,
+        _req: Request<MemberListRequest>,
     ) -> Result<Response<MemberListResponse>, Status> {
-        self.caller(&req)?;
+        // Public, as etcd's (and `GET /v1/cluster`): monitoring lists members without a user.
         let view = self.state.consensus.cluster_view();
         let others = self.client_urls.refreshed(&view).await;
         Ok(Response::new(MemberListResponse {
@@ -373,8 +374,8 @@ impl Cluster for Etcd {
 
 #[tonic::async_trait]
 impl Maintenance for Etcd {
-    async fn alarm(&self, req: Request<AlarmRequest>) -> Result<Response<AlarmResponse>, Status> {
-        self.caller(&req)?;
+    async fn alarm(&self, _req: Request<AlarmRequest>) -> Result<Response<AlarmResponse>, Status> {
+        // Public, as etcd's: there is nothing to list or disarm.
         // leasecore raises no alarms: a full quota refuses writes with their own error.
         Ok(Response::new(AlarmResponse {
             header: self.header(),
@@ -384,9 +385,9 @@ impl Maintenance for Etcd {
 
     async fn status(
         &self,
-        req: Request<StatusRequest>,
+        _req: Request<StatusRequest>,
     ) -> Result<Response<StatusResponse>, Status> {
-        self.caller(&req)?;
+        // Public, as etcd's (and `GET /v1/cluster`): `etcdctl endpoint status` in monitoring.
         let view = self.state.consensus.cluster_view();
         let mut errors = Vec::new();
         if let Some(why) = &view.not_ready {
@@ -411,7 +412,8 @@ impl Maintenance for Etcd {
         &self,
         req: Request<DefragmentRequest>,
     ) -> Result<Response<DefragmentResponse>, Status> {
-        self.caller(&req)?;
+        // Root only, as etcd's maintenance calls.
+        self.admin_caller(&req)?;
         tracing::info!(
             "etcd Defragment: nothing to do, leasecore's store reclaims space as it goes"
         );
@@ -421,7 +423,7 @@ impl Maintenance for Etcd {
     }
 
     async fn hash(&self, req: Request<HashRequest>) -> Result<Response<HashResponse>, Status> {
-        self.caller(&req)?;
+        self.admin_caller(&req)?;
         let (revision, hash) = self.state_hash();
         Ok(Response::new(HashResponse {
             header: self.header_at(revision),
@@ -433,9 +435,13 @@ impl Maintenance for Etcd {
         &self,
         req: Request<HashKvRequest>,
     ) -> Result<Response<HashKvResponse>, Status> {
-        self.caller(&req)?;
+        self.admin_caller(&req)?;
         let (revision, hash) = self.state_hash();
         let asked = req.get_ref().revision;
+        if asked > 0 && asked as u64 > revision.0 {
+            return Err(EtcdError::future_revision().into());
+        }
+        // Only the current state is hashed: an older revision is answered as compacted.
         if asked > 0 && asked as u64 != revision.0 {
             return Err(EtcdError::compacted(crate::domain::history::Compacted {
                 compacted: revision,

@@ -106,7 +106,15 @@ impl Etcd {
                     [b"Bearer ".as_slice(), raw].concat()
                 }
             });
-        Ok(self.state.auth.caller(header.as_deref())?)
+        match (header, self.state.auth.caller(None)) {
+            // Auth is on and no token came: etcd's ErrUserEmpty, which clients do not retry
+            // (an invalid token they refresh and retry, about a hundred times).
+            (None, Err(_)) => Err(EtcdError::Status(tonic::Status::invalid_argument(
+                "etcdserver: user name is empty",
+            ))),
+            (None, Ok(anonymous)) => Ok(anonymous),
+            (Some(header), _) => Ok(self.state.auth.caller(Some(&header))?),
+        }
     }
 }
 
