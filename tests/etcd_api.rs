@@ -502,11 +502,55 @@ async fn etcdctl_reads_the_past_and_compaction_forgets_it() {
         !again.status.success(),
         "compacting below the mark is refused"
     );
-    // A watch from below the mark is cancelled as compacted.
-    let gone = etcdctl_in(&e1, &["watch", "h", "--rev", &r1.to_string()], "").await;
+    // A watch from below the mark is cancelled as compacted, naming the mark (as etcd).
+    let gone = etcdctl_in(
+        &e1,
+        &["watch", "h", "--rev", &r1.to_string(), "-w", "json"],
+        "",
+    )
+    .await;
     let text =
         String::from_utf8_lossy(&gone.stdout).to_string() + &String::from_utf8_lossy(&gone.stderr);
     assert!(text.contains("compacted"), "{text}");
+    assert!(
+        text.contains(&format!("\"CompactRevision\":{r3},")),
+        "the compaction's own revision: {text}"
+    );
+    // The mark itself is kept: a watch from it delivers its event, on every node.
+    for e in [&e1, &e2, &e3] {
+        let mut watch = Command::new("etcdctl")
+            .env("ETCDCTL_API", "3")
+            .arg(format!("--endpoints={e}"))
+            .args(["watch", "h", "--rev", &r3.to_string(), "-w", "json"])
+            .stdout(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(watch.stdout.take().unwrap()).lines();
+        // The delete at the mark (etcd's JSON names a delete `"type":1`), then the put after.
+        let mut events = Vec::new();
+        while events.len() < 2 {
+            let line = tokio::time::timeout(Duration::from_secs(10), lines.next_line())
+                .await
+                .expect("no event from the compaction's revision")
+                .unwrap()
+                .expect("the watch ended");
+            let v: Value = serde_json::from_str(&line).unwrap();
+            assert_eq!(v["Canceled"], Value::Bool(false), "{e}: {line}");
+            events.extend(v["Events"].as_array().cloned().unwrap_or_default());
+        }
+        drop(watch);
+        let seen: Vec<(i64, Option<i64>)> = events
+            .iter()
+            .map(|ev| {
+                (
+                    ev["type"].as_i64().unwrap_or(0),
+                    ev["kv"]["mod_revision"].as_i64(),
+                )
+            })
+            .collect();
+        assert_eq!(seen, [(1, Some(r3)), (0, Some(r4))], "{e}: {events:?}");
+    }
     c.shutdown().await;
 }
 

@@ -751,9 +751,8 @@ async fn kv_prefix_prev_kv_and_past_revisions_through_leader_and_followers() {
         .await;
     assert_eq!(pairs(kept.kvs()), owned(&[("app0", "out")]));
     // A watch from below the compaction is canceled with etcd's reason and the revision to
-    // resume from; resumed there, it delivers every event from that revision on. (leasecore
-    // names the first revision whose events it still holds, the compaction's + 1; etcd names
-    // the compaction's own, whose deletes it no longer holds either.)
+    // resume from, the compaction's own (as etcd: its events are kept); resumed there, it
+    // delivers every event from that revision on, the deletes at it included.
     let mut watch = on_f2
         .watch(
             "app",
@@ -779,10 +778,7 @@ async fn kv_prefix_prev_kv_and_past_revisions_through_leader_and_followers() {
         "{canceled:?}"
     );
     let resume = canceled.compact_revision();
-    assert!(
-        (rd..=rd + 1).contains(&resume),
-        "{canceled:?} (compacted at {rd})"
-    );
+    assert_eq!(resume, rd, "{canceled:?} (compacted at {rd})");
     let mut watch = on_f1
         .watch(
             "app",
@@ -806,11 +802,11 @@ async fn kv_prefix_prev_kv_and_past_revisions_through_leader_and_followers() {
         revision: rd,
         prev: None,
     };
-    let mut want = Vec::new();
-    if resume == rd {
-        want.extend([deleted("app/a"), deleted("app/b")]);
-    }
-    want.push(put_ev("app/c", "new", last, None));
+    let want = vec![
+        deleted("app/a"),
+        deleted("app/b"),
+        put_ev("app/c", "new", last, None),
+    ];
     assert_eq!(got, want);
 }
 
@@ -1100,6 +1096,77 @@ async fn txn_compares_branches_and_concurrent_cas_increments() {
 
 // ---------------------------------------------------------------------------------------------
 // 3. Watch
+
+/// The first response of a watch that is cancelled at once: it may come after its creation.
+async fn canceled_response(stream: &mut WatchStream) -> etcd_client::WatchResponse {
+    for _ in 0..3 {
+        let resp = tokio::time::timeout(WAIT, stream.message())
+            .await
+            .expect("a response in time")
+            .expect("the watch stream works")
+            .expect("the watch stream stays open");
+        if resp.canceled() {
+            return resp;
+        }
+        assert!(
+            resp.events().is_empty(),
+            "events before the cancel: {resp:?}"
+        );
+    }
+    panic!("the watch was not canceled");
+}
+
+/// etcd's compaction at `R` keeps revision `R`: a watch from `R` delivers the event at `R` (on
+/// every node), and one from below is canceled with `compact_revision` `R` itself, where a
+/// watch can resume. (leasecore once treated `R` as compacted too and named `R + 1`.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_from_the_compaction_revision_delivers_its_event() {
+    let c = Cluster::start().await;
+    let leader = c.leader().await;
+    let mut writer = c.client(&[leader]).await;
+    let before = rev(writer.put("cw0", "old", None).await.unwrap().header());
+    let r = rev(writer.put("cw1", "v", None).await.unwrap().header());
+    assert!(before < r);
+    writer.compact(r, None).await.unwrap();
+    for id in 1..=NODES {
+        let mut client = c.client(&[id]).await;
+        let kept = client
+            .get("cw1", Some(GetOptions::new().with_revision(r)))
+            .await
+            .unwrap();
+        assert_eq!(pairs(kept.kvs()), owned(&[("cw1", "v")]), "node {id}");
+
+        let mut at = client
+            .watch("cw1", Some(WatchOptions::new().with_start_revision(r)))
+            .await
+            .unwrap();
+        created(&mut at).await;
+        let got = events_until(&mut at, |got| !got.is_empty()).await.concat();
+        assert_eq!(got, [put_ev("cw1", "v", r, None)], "node {id}");
+
+        let mut below = client
+            .watch(
+                "cw",
+                Some(
+                    WatchOptions::new()
+                        .with_prefix()
+                        .with_start_revision(before),
+                ),
+            )
+            .await
+            .unwrap();
+        let canceled = canceled_response(&mut below).await;
+        assert!(
+            canceled.cancel_reason().contains("compacted"),
+            "node {id}: {canceled:?}"
+        );
+        assert_eq!(
+            canceled.compact_revision(),
+            r,
+            "node {id}: etcd names the compaction revision"
+        );
+    }
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn watch_resumes_on_another_node_with_exactly_the_missed_events() {

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use leasecore::domain::auth::KeyRange;
 use leasecore::domain::command::Command;
-use leasecore::domain::history::{KeyFilter, OlderEvents};
+use leasecore::domain::history::{KeyFilter, OlderEvents, Resume};
 use leasecore::domain::history_fill::{FillPlan, PageAsk};
 use leasecore::domain::types::Revision;
 use leasecore::raft::Entry;
@@ -99,7 +99,16 @@ fn assert_same_history(a: &StateView, b: &StateView, floor: Revision) {
         );
     }
     let everything = KeyFilter::Prefix(String::new());
-    let events = |v: &StateView| v.since(floor.next(), top, &everything, usize::MAX).unwrap();
+    let events = |v: &StateView| {
+        v.since(
+            floor.next(),
+            top,
+            &everything,
+            usize::MAX,
+            Resume::AfterMark,
+        )
+        .unwrap()
+    };
     assert_eq!(events(a), events(b));
     assert!(!events(a).events.is_empty());
 }

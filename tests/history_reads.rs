@@ -172,7 +172,7 @@ async fn only_a_sweeping_apply_announces_removals() {
 /// syncs), and read back whole.
 #[tokio::test]
 async fn a_large_group_is_recorded_in_records_sled_keeps_inline() {
-    use leasecore::domain::history::{KeyFilter, OlderEvents};
+    use leasecore::domain::history::{KeyFilter, OlderEvents, Resume};
     let dir = TempDir::new().unwrap();
     let db = open_db(dir.path(), 16 << 20).unwrap();
     let (mut sm, view) = StateMachine::open(&db, dir.path(), Arc::new(DiscardEvents)).unwrap();
@@ -197,7 +197,13 @@ async fn a_large_group_is_recorded_in_records_sled_keeps_inline() {
     );
     let everything = KeyFilter::Prefix(String::new());
     let events = view
-        .since(Revision(1), Revision(40), &everything, usize::MAX)
+        .since(
+            Revision(1),
+            Revision(40),
+            &everything,
+            usize::MAX,
+            Resume::AfterMark,
+        )
         .unwrap();
     assert_eq!(events.events.len(), 40);
     db.flush().unwrap();
@@ -210,5 +216,108 @@ async fn a_large_group_is_recorded_in_records_sled_keeps_inline() {
             .events
             .iter()
             .all(|e| e.value.as_deref() == Some(&value[..]))
+    );
+}
+
+/// etcd's compaction at `R` keeps revision `R`: the sweep removes the event records below it
+/// and keeps `R`'s, so an etcd watch ([`Resume::AtMark`]) from `R` is answered from the store
+/// (also after a restart), while `/v1` ([`Resume::AfterMark`]) keeps its documented rule that
+/// the mark itself counts as compacted. A store an older version swept through the mark (its
+/// records at `R` removed, `m/sweep_limit` at `R`) answers an etcd watch from `R` `compacted`
+/// rather than with a silent gap.
+#[tokio::test]
+async fn the_sweep_keeps_the_compaction_revision_for_etcd_watches() {
+    use leasecore::domain::history::{Compacted, KeyFilter, OlderEvents, Resume};
+    let dir = TempDir::new().unwrap();
+    let everything = KeyFilter::Prefix(String::new());
+    let mark = {
+        let db = open_db(dir.path(), 16 << 20).unwrap();
+        let (mut sm, view) = StateMachine::open(&db, dir.path(), Arc::new(DiscardEvents)).unwrap();
+        let mut index = 0;
+        let mut next = |cmd| {
+            index += 1;
+            entry(index, cmd)
+        };
+        for i in 0..10 {
+            sm.apply(vec![next(put(format!("k{}", i % 3), &format!("v{i}")))])
+                .await
+                .unwrap();
+        }
+        let mark = view.applied().revision;
+        sm.apply(vec![next(Command::Compact { revision: mark })])
+            .await
+            .unwrap();
+        // The sweep stops at the snapshot on disk; the next applies sweep.
+        sm.get_snapshot_builder()
+            .await
+            .build_snapshot()
+            .await
+            .unwrap();
+        for _ in 0..3 {
+            sm.apply(vec![next(put("z".into(), "w"))]).await.unwrap();
+        }
+        assert!(view.history_removals() > 0, "the sweep ran");
+        db.flush().unwrap();
+        mark
+    };
+    let state_tree = |db: &sled::Db| db.open_tree(leasecore::storage::TREE_STATE).unwrap();
+    let recorded = |db: &sled::Db| -> Vec<Revision> {
+        state_tree(db)
+            .scan_prefix(leasecore::domain::mvcc::EVENT_PREFIX)
+            .map(|r| leasecore::domain::mvcc::parse_event_key(&r.unwrap().0).unwrap())
+            .collect()
+    };
+    // Opened again: what a restart serves from the store.
+    {
+        let db = open_db(dir.path(), 16 << 20).unwrap();
+        let (_sm, view) = StateMachine::open(&db, dir.path(), Arc::new(DiscardEvents)).unwrap();
+        let records = recorded(&db);
+        assert_eq!(
+            records.first(),
+            Some(&mark),
+            "swept below the mark only: {records:?}"
+        );
+        assert_eq!(view.floor(Resume::AtMark), Revision(mark.0 - 1));
+        assert_eq!(view.floor(Resume::AfterMark), mark);
+        let top = view.applied().revision;
+        let at = view
+            .since(mark, top, &everything, usize::MAX, Resume::AtMark)
+            .unwrap();
+        assert_eq!(at.events.first().map(|e| e.revision), Some(mark));
+        assert_eq!(at.events.first().map(|e| e.key.as_str()), Some("k0"));
+        assert_eq!(
+            view.since(Revision(mark.0 - 1), top, &everything, 10, Resume::AtMark),
+            Err(Compacted {
+                compacted: Revision(mark.0 - 1)
+            })
+        );
+        assert_eq!(
+            view.since(mark, top, &everything, 10, Resume::AfterMark),
+            Err(Compacted { compacted: mark })
+        );
+        db.flush().unwrap();
+    }
+    // As an older version left it: swept through the mark.
+    {
+        let db = open_db(dir.path(), 16 << 20).unwrap();
+        let state = state_tree(&db);
+        state
+            .remove(leasecore::domain::mvcc::event_key(mark))
+            .unwrap();
+        state
+            .insert(
+                leasecore::raft::mvcc_store::KEY_SWEEP_LIMIT,
+                &mark.0.to_be_bytes(),
+            )
+            .unwrap();
+        db.flush().unwrap();
+    }
+    let db = open_db(dir.path(), 16 << 20).unwrap();
+    let (_sm, view) = StateMachine::open(&db, dir.path(), Arc::new(DiscardEvents)).unwrap();
+    assert_eq!(view.floor(Resume::AtMark), mark);
+    let top = view.applied().revision;
+    assert_eq!(
+        view.since(mark, top, &everything, 10, Resume::AtMark),
+        Err(Compacted { compacted: mark })
     );
 }

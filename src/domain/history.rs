@@ -92,6 +92,17 @@ impl FilterSet {
     }
 }
 
+/// Where a watch may start after a compaction to revision `C`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Resume {
+    /// After `C` only: `/v1`'s documented rule (`POST /v1/compact`: watches from at or below
+    /// the mark answer `compacted`, whose `compact_revision` is the mark).
+    AfterMark,
+    /// At `C` or after: etcd's rule (a compaction to `C` removes only the revisions below it,
+    /// so a watch from `C` delivers `C`'s events; etcd's mvcc `watchable_store`).
+    AtMark,
+}
+
 /// The start of a watch is older than the retained history.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("history before revision {compacted} (inclusive) is compacted")]
@@ -111,19 +122,22 @@ pub struct Batch {
 /// Events older than an [`EventHistory`] retains, from wherever the node keeps them (its
 /// MVCC store): a watch resumes from any revision still held there.
 pub trait OlderEvents: Send + Sync {
-    /// The highest revision no longer answerable (the compaction mark, or where the store's
-    /// history began): a watch starting at or below it is compacted, even where memory still
-    /// holds its events, so that every node answers alike.
-    fn floor(&self) -> Revision;
+    /// The highest revision no longer answerable under `resume` (the compaction mark for
+    /// [`Resume::AfterMark`], the revision below it for [`Resume::AtMark`], or where the
+    /// store's history began): a watch starting at or below it is compacted, even where
+    /// memory still holds its events, so that every node answers alike.
+    fn floor(&self, resume: Resume) -> Revision;
 
     /// Matching events with revision `>= from`, up to `through`, at most `limit` (whole
-    /// revisions, as [`EventHistory::since`]); `Compacted` if `from` is not above what is held.
+    /// revisions, as [`EventHistory::since`]); `Compacted` if `from` is not above
+    /// [`OlderEvents::floor`] under `resume`.
     fn since(
         &self,
         from: Revision,
         through: Revision,
         filter: &KeyFilter,
         limit: usize,
+        resume: Resume,
     ) -> Result<Batch, Compacted>;
 }
 

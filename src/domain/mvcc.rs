@@ -41,6 +41,7 @@
 //! decides what a compaction keeps.
 
 use super::command::{Cause, Event, EventKind};
+use super::history::Resume;
 use super::kv::Versioned;
 use super::types::Revision;
 
@@ -492,9 +493,33 @@ pub fn version_of(event: &Event) -> Option<Versioned> {
     }
 }
 
-/// The lowest revision a range may read at, and the highest a watch may not start from.
+/// The lowest revision a range may read at, and the highest a `/v1` watch may not start from
+/// ([`Resume::AfterMark`]).
 pub fn floor(compact_revision: Revision, history_start: Revision) -> Revision {
     compact_revision.max(history_start)
+}
+
+/// The highest revision a watch may not start from under `resume`. A compaction to `C` keeps
+/// `C`'s event records (the sweep removes those below it), so an etcd watch
+/// ([`Resume::AtMark`]) may start at `C`, unless the history starts later, or `C`'s records
+/// were removed all the same (`mark_swept`: a store an older version swept through `C`).
+pub fn watch_floor(
+    compact_revision: Revision,
+    history_start: Revision,
+    mark_swept: Revision,
+    resume: Resume,
+) -> Revision {
+    let compacted = match resume {
+        Resume::AfterMark => compact_revision,
+        Resume::AtMark => sweep_mark(compact_revision).max(mark_swept),
+    };
+    compacted.max(history_start)
+}
+
+/// How far the compaction sweep may remove event records for a compaction to `C`: the
+/// records below `C` (`C`'s own stay, for etcd watches from `C`).
+pub fn sweep_mark(compact_revision: Revision) -> Revision {
+    Revision(compact_revision.0.saturating_sub(1))
 }
 
 /// What compaction to C does with the versions of one key at or below C (oldest first, each

@@ -38,7 +38,7 @@ use leasecore_etcd_api::v3electionpb::{
 use tonic::{Request, Response, Status};
 
 use super::{Etcd, EtcdError, lease_id, lease_name, text};
-use crate::domain::history::KeyFilter;
+use crate::domain::history::{KeyFilter, Resume};
 use crate::domain::recipes::Recipe;
 use crate::domain::types::Revision;
 use crate::domain::value_bytes;
@@ -247,7 +247,7 @@ impl Observer {
             loop {
                 let batch = tokio::select! {
                     _ = self.out.closed() => return,
-                    b = hub.watch(&filter, Some(from), OBSERVE_ROUND, 64) => b,
+                    b = hub.watch(&filter, Some(from), OBSERVE_ROUND, 64, Resume::AtMark) => b,
                 };
                 if hub.is_closed() {
                     return;

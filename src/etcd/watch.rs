@@ -9,7 +9,9 @@
 //! - A watcher never skips an event: it resumes each wait from the revision after the last
 //!   batch (`through + 1`), and batches end on whole revisions.
 //! - A start below what the history holds cancels the watcher with etcd's `compacted` reason
-//!   and the first revision still held, so the client can resume there.
+//!   and the first revision still held, so the client can resume there. As in etcd, a
+//!   compaction at `C` keeps `C` ([`Resume::AtMark`]): a watch from `C` delivers its events,
+//!   one from below is cancelled with `compact_revision` `C`.
 //! - Events are checked against the caller's read permission at delivery.
 //! - The session ends when the client's stream ends, the client stops reading, or the node
 //!   stops; its watchers end with it.
@@ -37,7 +39,7 @@ use tonic::{Request, Response, Status, Streaming};
 use super::{Etcd, key_value, lease_id};
 use crate::domain::auth::{Access, KeyRange, perm::prefix_end};
 use crate::domain::command::{Event, EventKind};
-use crate::domain::history::KeyFilter;
+use crate::domain::history::{KeyFilter, Resume};
 use crate::domain::types::Revision;
 use crate::domain::value_bytes;
 use crate::http::auth::{can_read, check};
@@ -291,7 +293,7 @@ impl Watcher {
         loop {
             let batch = tokio::select! {
                 _ = cancel.cancelled() => return,
-                b = hub.watch(&self.spec.filter, Some(from), PROGRESS_INTERVAL, BATCH_LIMIT) => b,
+                b = hub.watch(&self.spec.filter, Some(from), PROGRESS_INTERVAL, BATCH_LIMIT, Resume::AtMark) => b,
             };
             let batch = match batch {
                 Ok(b) => b,

@@ -28,7 +28,7 @@ use super::kv::{admit, propose, unexpected};
 use crate::clock::{Clock, SystemClock};
 use crate::domain::auth::{Access, KeyRange};
 use crate::domain::command::{Command, EventKind, KvError, Response};
-use crate::domain::history::KeyFilter;
+use crate::domain::history::{KeyFilter, Resume};
 use crate::domain::limits::Limits;
 use crate::domain::recipes::{self, Position, Recipe};
 use crate::domain::types::Revision;
@@ -265,7 +265,13 @@ async fn wait_for_delete(
         }
         match state
             .watch
-            .watch(&filter, Some(from), Duration::from_millis(left), 64)
+            .watch(
+                &filter,
+                Some(from),
+                Duration::from_millis(left),
+                64,
+                Resume::AfterMark,
+            )
             .await
         {
             Ok(batch) => {

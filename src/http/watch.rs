@@ -21,7 +21,7 @@ use super::auth::{can_read, check, keep_visible};
 use super::error::ApiError;
 use super::extract::ApiQuery;
 use crate::domain::auth::{Access, KeyRange};
-use crate::domain::history::{Compacted, KeyFilter};
+use crate::domain::history::{Compacted, KeyFilter, Resume};
 use crate::domain::types::Revision;
 use crate::runtime::auth::Caller;
 use crate::wire::WatchResponse;
@@ -125,7 +125,7 @@ pub async fn watch(
         // Fail fast with a proper status if the start is already compacted.
         state
             .watch
-            .watch(&filter, Some(from), Duration::ZERO, 1)
+            .watch(&filter, Some(from), Duration::ZERO, 1, Resume::AfterMark)
             .await
             .map_err(compacted)?;
         return Ok(Sse::new(event_stream(state, caller, filter, from))
@@ -134,7 +134,13 @@ pub async fn watch(
     }
     let mut batch = state
         .watch
-        .watch(&filter, from, Duration::from_millis(timeout_ms), limit)
+        .watch(
+            &filter,
+            from,
+            Duration::from_millis(timeout_ms),
+            limit,
+            Resume::AfterMark,
+        )
         .await
         .map_err(compacted)?;
     keep_visible(&state, &caller, &mut batch.events);
@@ -166,7 +172,13 @@ fn event_stream(
             }
             let messages: Vec<SseEvent> = match state
                 .watch
-                .watch(&filter, Some(from), SSE_PROGRESS, MAX_BATCH)
+                .watch(
+                    &filter,
+                    Some(from),
+                    SSE_PROGRESS,
+                    MAX_BATCH,
+                    Resume::AfterMark,
+                )
                 .await
             {
                 Ok(mut batch) => {

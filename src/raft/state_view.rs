@@ -23,7 +23,7 @@ use tokio::sync::watch;
 
 use super::mvcc_store;
 use super::state_machine::AppliedMark;
-use crate::domain::history::{Batch, Compacted, KeyFilter};
+use crate::domain::history::{Batch, Compacted, KeyFilter, Resume};
 use crate::domain::history_fill::{EventsPage, HistoryReach, KeysPage, MAX_PAGE_ITEMS, PAGE_BYTES};
 use crate::domain::kv::{KvState, LeaseRecord, Versioned};
 use crate::domain::mvcc;
@@ -38,6 +38,10 @@ pub struct StateView {
     pub(super) history: mvcc_store::History,
     /// Where this node's history begins (changed only with the state, under its write lock).
     pub(super) history_start: Arc<AtomicU64>,
+    /// A compaction mark whose own event records may be gone (0 if none): a store swept by an
+    /// older version, which removed the mark's records too. Set when the store is opened (the
+    /// sweep no longer removes a mark's records; an install's history starts above its mark).
+    pub(super) mark_swept: Revision,
     /// The state machine's removals of history records, for [`read_unswept`].
     pub(super) removals: HistoryRemovals,
 }
@@ -177,6 +181,14 @@ impl StateView {
         let kv = self.kv.read().unwrap_or_else(|p| p.into_inner());
         let start = Revision(self.history_start.load(Ordering::Acquire));
         (mvcc::floor(kv.compact_revision(), start), kv.revision())
+    }
+
+    /// The highest revision a watch may not start from under `resume` (its events may be
+    /// gone).
+    fn watch_floor(&self, resume: Resume) -> Revision {
+        let kv = self.kv.read().unwrap_or_else(|p| p.into_inner());
+        let start = Revision(self.history_start.load(Ordering::Acquire));
+        mvcc::watch_floor(kv.compact_revision(), start, self.mark_swept, resume)
     }
 
     /// The floor, checked again after a read of the history: a compaction that applied
@@ -359,8 +371,8 @@ impl StateView {
 }
 
 impl crate::domain::history::OlderEvents for StateView {
-    fn floor(&self) -> Revision {
-        self.bounds().0
+    fn floor(&self, resume: Resume) -> Revision {
+        self.watch_floor(resume)
     }
 
     fn since(
@@ -369,9 +381,10 @@ impl crate::domain::history::OlderEvents for StateView {
         through: Revision,
         filter: &KeyFilter,
         limit: usize,
+        resume: Resume,
     ) -> Result<Batch, Compacted> {
         let compacted = |floor| Compacted { compacted: floor };
-        let (floor, _) = self.bounds();
+        let floor = self.watch_floor(resume);
         if from <= floor {
             return Err(compacted(floor));
         }
@@ -380,8 +393,11 @@ impl crate::domain::history::OlderEvents for StateView {
                 tracing::error!(error = %e, "reading the history");
                 compacted(through)
             })?;
-        self.still_held(from, false)
-            .map_err(|_| compacted(self.bounds().0))?;
+        // A compaction that applied meanwhile may have swept what the read saw.
+        let floor = self.watch_floor(resume);
+        if from <= floor {
+            return Err(compacted(floor));
+        }
         Ok(batch)
     }
 }

@@ -25,7 +25,7 @@ use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
 use crate::domain::history::{
-    Batch, Compacted, EventHistory, HistoryLimits, KeyFilter, OlderEvents,
+    Batch, Compacted, EventHistory, HistoryLimits, KeyFilter, OlderEvents, Resume,
 };
 use crate::domain::types::Revision;
 use crate::raft::state_machine::{AppliedBatch, ApplyObserver};
@@ -182,9 +182,16 @@ impl WatchHub {
 
     /// Matching events from `from` on: from memory, or, for revisions it no longer holds,
     /// from the store (a batch that ends where memory begins; the next call goes on there).
-    fn since(&self, from: Revision, filter: &KeyFilter, limit: usize) -> Result<Batch, Compacted> {
+    /// `resume` says whether a start at the compaction mark is answered (etcd) or not (`/v1`).
+    fn since(
+        &self,
+        from: Revision,
+        filter: &KeyFilter,
+        limit: usize,
+        resume: Resume,
+    ) -> Result<Batch, Compacted> {
         if let Some(older) = self.older.get() {
-            let floor = older.floor();
+            let floor = older.floor(resume);
             if from <= floor {
                 return Err(Compacted { compacted: floor });
             }
@@ -193,7 +200,7 @@ impl WatchHub {
         let (Err(Compacted { compacted }), Some(older)) = (&in_memory, self.older.get()) else {
             return in_memory;
         };
-        let batch = older.since(from, *compacted, filter, limit)?;
+        let batch = older.since(from, *compacted, filter, limit, resume)?;
         if !batch.events.is_empty() || batch.through < *compacted {
             return Ok(batch);
         }
@@ -230,9 +237,15 @@ impl WatchHub {
         self.advanced.subscribe()
     }
 
-    /// Every event from `from` on, up to `limit`, without waiting.
+    /// Every event from `from` on, up to `limit`, without waiting (`/v1`'s rule: a start at
+    /// or below the compaction mark is compacted).
     pub fn since_all(&self, from: Revision, limit: usize) -> Result<Batch, Compacted> {
-        self.since(from, &KeyFilter::Prefix(String::new()), limit)
+        self.since(
+            from,
+            &KeyFilter::Prefix(String::new()),
+            limit,
+            Resume::AfterMark,
+        )
     }
 
     /// (retained events, retained bytes, compacted revision, waiting watches).
@@ -246,13 +259,15 @@ impl WatchHub {
 
     /// Matching events with revision `>= from` (default: after the current revision), at most
     /// `limit`; if there are none, wait up to `timeout` for one. An empty batch at the timeout
-    /// says how far the watch has looked (`through`): resume from `through + 1`.
+    /// says how far the watch has looked (`through`): resume from `through + 1`. A start
+    /// before what `resume` leaves answerable is `Compacted`.
     pub async fn watch(
         &self,
         filter: &KeyFilter,
         from: Option<Revision>,
         timeout: Duration,
         limit: usize,
+        resume: Resume,
     ) -> Result<Batch, Compacted> {
         let from = from.unwrap_or_else(|| self.current().next());
         let expired = tokio::time::sleep(timeout);
@@ -267,13 +282,13 @@ impl WatchHub {
                 filter,
                 id,
             };
-            let batch = self.since(from, filter, limit)?;
+            let batch = self.since(from, filter, limit, resume)?;
             if !batch.events.is_empty() {
                 return Ok(batch);
             }
             tokio::select! {
                 _ = woken => {}
-                _ = &mut expired => return self.since(from, filter, limit),
+                _ = &mut expired => return self.since(from, filter, limit, resume),
                 _ = self.cancel.cancelled() => return Ok(batch),
             }
         }
@@ -360,6 +375,7 @@ mod tests {
                     None,
                     Duration::from_secs(10),
                     100,
+                    Resume::AfterMark,
                 )
                 .await
             })
@@ -386,6 +402,7 @@ mod tests {
                 None,
                 Duration::from_millis(5),
                 100,
+                Resume::AfterMark,
             )
             .await
             .unwrap();
@@ -405,6 +422,7 @@ mod tests {
                     Some(Revision(1)),
                     Duration::from_secs(10),
                     100,
+                    Resume::AfterMark,
                 )
                 .await
             })

@@ -18,15 +18,19 @@
 //!   version. Base versions (`v/`) are only those with no record: a snapshot's live keys,
 //!   and what compaction keeps once its record goes. (A store of format 5 also holds a base
 //!   for every version a record holds; the index prefers the base, so it reads the same.)
-//! - The history is complete above the floor, `max(compact_revision, history_start)`; the
-//!   state machine persists `history_start`. A store of format 2 (values under `k/` beside
+//! - The history is complete above the floor, `max(compact_revision, history_start)`, and
+//!   from the compaction mark itself where the history starts at or below it and the store
+//!   was not swept through the mark by an older version (`mvcc::watch_floor`: etcd watches
+//!   may start at the mark, as etcd's); the state machine persists `history_start`. A store of format 2 (values under `k/` beside
 //!   the history) is converted when opened; its history starts again at its current state.
 //! - The sweep runs inside `apply`, a bounded number of events per call, so it never stalls a
 //!   write and never runs concurrently with a snapshot install (openraft serializes them).
-//!   It removes event records wholly at or below the compaction mark, oldest first, and for
-//!   each key they name keeps only what compaction keeps ([`KeyIndex::plan_fold`]): the
-//!   newest version at or below the mark, written as a base when its record goes. Reads at
-//!   the mark or later, and watches from after it, never see a difference.
+//!   The state machine sweeps towards the revision below the compaction mark
+//!   (`mvcc::sweep_mark`: the mark's own records stay, for etcd watches from the mark). It
+//!   removes event records wholly at or below its mark, oldest first, and for each key they
+//!   name keeps only what compaction keeps ([`KeyIndex::plan_fold`]): the newest version at
+//!   or below the mark, written as a base when its record goes. Reads at the mark or later,
+//!   and watches from after it, never see a difference.
 //! - The index changes with the writes (the state machine's under the state's write lock, a
 //!   fill's under its gate); a history read takes locations from it a piece at a time, then
 //!   reads them: a location a fold moved meanwhile is missing, and the caller reads again
@@ -57,7 +61,9 @@ pub const KEY_HISTORY_START: &[u8] = b"m/history_start";
 /// Format 2's sweep position: removed when such a store is converted.
 const LEGACY_KEY_SWEPT: &[u8] = b"m/history_swept";
 /// The highest revision through which the sweep has been allowed to remove event records
-/// (absent in a store from before it was kept: the compaction mark bounds it there). The sweep
+/// (absent in a store from before it was kept: the compaction mark bounds it there). Below the
+/// compaction mark, or at a snapshot install's revision; a store whose limit reaches its
+/// compaction mark otherwise was swept by an older version, which removed the mark's records. The sweep
 /// stops at the snapshot on disk, so the records after a snapshot survive until the next
 /// one: a restart loads the snapshot and replays them ([`replay_onto`]) instead of reading
 /// every version.

@@ -8,7 +8,8 @@
 //!   written while the state is locked; the applied mark is published after, so a reader that
 //!   sees mark `i` reads a state that includes entry `i`.
 //! - The sweep runs inside apply, bounded, never past the snapshot on disk nor while a fill's
-//!   records move in.
+//!   records move in, and never removes the compaction mark's own records (an etcd watch from
+//!   the mark delivers its events).
 //! - An install saves the snapshot file first, then makes the state's writes under the install
 //!   marker off the async workers; the state in memory is swapped only after.
 //!
@@ -30,6 +31,7 @@ use super::{
 };
 use crate::domain::command::Response;
 use crate::domain::kv::KvState;
+use crate::domain::mvcc;
 use crate::domain::types::Revision;
 use crate::raft::state_writes::{WriteSet, Writes};
 use crate::raft::{
@@ -91,7 +93,9 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             let records = mvcc_store::record(&mut batch, &events, mvcc_store::EVENT_RECORD_BYTES);
             // Not past the snapshot on disk: the records after it are what a restart replays.
             let on_disk = Revision(self.snapshot_revision.load(Ordering::Acquire));
-            let sweep_to = kv.compact_revision().min(on_disk);
+            // The records below the compaction mark: the mark's own stay (an etcd watch from
+            // the mark delivers its events, `mvcc::sweep_mark`).
+            let sweep_to = mvcc::sweep_mark(kv.compact_revision()).min(on_disk);
             // Not while a fill's records move in (`history_fill`).
             let swept = if sweep_to > Revision(0) && !self.fill_gate.sweep_frozen() {
                 self.history

@@ -146,6 +146,13 @@ impl StateMachine {
         // What the sweep may have removed: a store from before the limit was kept swept
         // towards its compaction mark.
         let mut sweep_limit = mvcc_store::sweep_limit(&state)?.unwrap_or(compact_revision);
+        // The sweep keeps the compaction mark's own records (`mvcc::sweep_mark`), but an older
+        // version swept through the mark: its records may be gone, and a watch from it with them.
+        let mark_swept = if sweep_limit >= compact_revision {
+            compact_revision
+        } else {
+            Revision(0)
+        };
         let (keys, history_start) = match stored_start {
             Some(start) if !mvcc_store::is_legacy(&state)? => {
                 let keys = load_keys(&history, on_disk, start.max(sweep_limit), revision)?;
@@ -186,6 +193,7 @@ impl StateMachine {
             applied: applied_rx,
             history: history.clone(),
             history_start: history_start.clone(),
+            mark_swept,
             removals: removals.clone(),
         };
         let sm = StateMachine {
