@@ -33,6 +33,7 @@ pub(crate) mod learner;
 mod lease;
 mod lock;
 mod permission;
+mod probes;
 pub mod status;
 mod watch;
 
@@ -118,9 +119,11 @@ impl Etcd {
     }
 }
 
-/// The etcd API's router: the gRPC services (HTTP/2) and etcd's JSON gateway (`/v3/...`,
-/// `GET /version`), to be served by a listener that speaks both HTTP/1 and HTTP/2.
+/// The etcd API's router: the gRPC services (HTTP/2), etcd's JSON gateway (`/v3/...`,
+/// `GET /version`) and its plain `GET /health` and `GET /metrics` ([`probes`]), to be served
+/// by a listener that speaks both HTTP/1 and HTTP/2.
 pub fn router(state: AppState) -> Router {
+    let probes = probes::routes(state.clone());
     let client_urls = client_urls::ClientUrls::new(
         state.consensus.peers().clone(),
         Arc::new(crate::clock::SystemClock::new()),
@@ -151,6 +154,7 @@ pub fn router(state: AppState) -> Router {
     )
     .into_axum_router()
     .merge(gateway::routes(etcd))
+    .merge(probes)
 }
 
 /// The lease name of etcd lease `id`.

@@ -7,6 +7,8 @@
 //!   A node only briefly behind on apply is given a bounded moment to catch up before it is
 //!   judged, so that readiness does not flap under load.
 //! - `/health`: always 200 (for old scripts), with `"status": "ok"` only when ready.
+//! - `/metrics`: Prometheus text ([`metrics_text`], which the etcd port's `/metrics` serves
+//!   too), with the process metrics of `metrics::ProcessStats`.
 
 use axum::Json;
 use axum::extract::State;
@@ -162,8 +164,10 @@ pub async fn version() -> Json<crate::version::VersionInfo> {
     Json(crate::version::VersionInfo::of_this_build())
 }
 
-/// The node is ready to serve (see the module docs).
-pub async fn readyz(State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
+/// This node's readiness as `/readyz` judges it (see the module docs): a node only behind on
+/// apply gets [`READY_APPLY_WAIT`] to catch up first. etcd's `/health` on the etcd port asks
+/// this too (`etcd::probes`).
+pub async fn ready(state: &AppState) -> Result<(), NotReady> {
     let consensus = &state.consensus;
     let mut verdict = consensus.readiness();
     if let Err(NotReady::Applying { commit_index, .. }) = verdict {
@@ -173,7 +177,13 @@ pub async fn readyz(State(state): State<AppState>) -> Result<Json<Value>, ApiErr
             .await;
         verdict = consensus.readiness();
     }
-    verdict?;
+    verdict
+}
+
+/// The node is ready to serve (see the module docs).
+pub async fn readyz(State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
+    ready(&state).await?;
+    let consensus = &state.consensus;
     let view = consensus.cluster_view();
     Ok(Json(json!({
         "status": "ready",
@@ -184,7 +194,20 @@ pub async fn readyz(State(state): State<AppState>) -> Result<Json<Value>, ApiErr
     })))
 }
 
+/// The content type of Prometheus' text exposition format.
+pub const METRICS_CONTENT_TYPE: &str = "text/plain; version=0.0.4";
+
 pub async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
+    (
+        [(header::CONTENT_TYPE, METRICS_CONTENT_TYPE)],
+        metrics_text(&state).await,
+    )
+}
+
+/// This node's metrics in Prometheus text: what `/metrics` answers on the client port and on
+/// the etcd port (`etcd::probes`).
+pub async fn metrics_text(state: &AppState) -> String {
+    let process = crate::metrics::ProcessStats::read();
     // A walk of the data directory: file system calls, off the async workers.
     let consensus = state.consensus.clone();
     let data_dir_bytes = tokio::task::spawn_blocking(move || consensus.data_dir_bytes())
@@ -306,17 +329,21 @@ pub async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
                 "Long polls waiting for a change.",
                 waiting as f64,
             ),
+        ])
+        .chain(process.resident_memory_bytes.map(|rss| {
             (
                 "leasecore_process_resident_memory_bytes",
-                "Resident memory of this process (Linux).",
-                resident_memory_bytes() as f64,
-            ),
-        ])
+                "Resident memory of this process (Linux; the same as \
+                 process_resident_memory_bytes).",
+                rss as f64,
+            )
+        }))
         .collect();
     let mut text = state.metrics.render(&gauges);
-    render_lease_metrics(&state, &mut text);
-    render_flease_metrics(&state, &mut text);
-    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text)
+    render_lease_metrics(state, &mut text);
+    render_flease_metrics(state, &mut text);
+    process.render(&mut text);
+    text
 }
 
 fn render_flease_metrics(state: &AppState, out: &mut String) {
@@ -454,17 +481,4 @@ fn render_lease_metrics(state: &AppState, out: &mut String) {
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .render(out, name, "");
-}
-
-/// This process's resident set size, from /proc (0 where unavailable).
-pub fn resident_memory_bytes() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmRSS:"))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|kb| kb.parse::<u64>().ok())
-        })
-        .map_or(0, |kb| kb * 1024)
 }
