@@ -333,6 +333,42 @@ async fn etcdctl_manages_users_roles_and_auth() {
     c.shutdown().await;
 }
 
+/// `member promote` of a learner that is not in sync fails at once with etcd's error, through
+/// the leader or a follower, even with a catch-up wait longer than etcdctl's 5 s command
+/// timeout (leasecore's add path would wait for it: etcdctl then said only "context deadline
+/// exceeded").
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn promoting_a_learner_that_is_not_in_sync_fails_at_once() {
+    if !have_etcdctl() {
+        return;
+    }
+    let c = etcd_cluster_tweaked(|cfg| cfg.catch_up_ms = 30_000).await;
+    let e1 = endpoint(&c, 1);
+    let four = bind_pair().await;
+    let url4 = peer_url_of(&four.0.local_addr().unwrap().to_string());
+    let out = ok(
+        &e1,
+        &[
+            "member",
+            "add",
+            "n4",
+            "--learner",
+            &format!("--peer-urls={url4}"),
+        ],
+    )
+    .await;
+    assert_eq!(added_id(&out), 4, "{out}");
+    let leader = c.leader().await;
+    for id in [leader, (1..=3).find(|i| *i != leader).unwrap()] {
+        let err = fails(&endpoint(&c, id), &["member", "promote", "4"]).await;
+        assert!(
+            err.contains("can only promote a learner member which is in sync with leader"),
+            "through node {id}: {err}"
+        );
+    }
+    c.shutdown().await;
+}
+
 /// The peer URL etcdctl names a new node by: its client port + 1000.
 fn peer_url_of(addr: &str) -> String {
     let peer = leasecore::domain::resources::peer_address(addr).unwrap();

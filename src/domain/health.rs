@@ -171,6 +171,13 @@ pub fn learner_caught_up(
     matched.is_some_and(|m| m >= membership_index && last_log_index.saturating_sub(m) <= max_lag)
 }
 
+/// Whether a learner is in sync enough to be promoted, as a leader's view shows it (etcd's
+/// MemberPromote refuses at once otherwise): not known unreachable, and at most `max_lag`
+/// entries behind (`None`: it never acknowledged anything).
+pub fn learner_in_sync(reachable: Option<bool>, lag: Option<u64>, max_lag: u64) -> bool {
+    reachable != Some(false) && lag.is_some_and(|l| l <= max_lag)
+}
+
 /// How long this node has led in its current term: the shell feeds it every observation and
 /// it remembers when the current tenure began.
 #[derive(Clone, Debug, Default)]
@@ -217,6 +224,15 @@ mod tests {
         assert!(!transferee_may_campaign(Some(u64::MAX - 1), u64::MAX, 100));
     }
     use super::*;
+
+    #[test]
+    fn a_learner_is_in_sync_only_when_reached_and_close_behind() {
+        assert!(learner_in_sync(Some(true), Some(0), 64));
+        assert!(learner_in_sync(Some(true), Some(64), 64));
+        assert!(!learner_in_sync(Some(true), Some(65), 64));
+        assert!(!learner_in_sync(Some(false), Some(0), 64), "unreachable");
+        assert!(!learner_in_sync(Some(true), None, 64), "never acknowledged");
+    }
 
     const ET: u64 = 1000;
 

@@ -138,7 +138,55 @@ pub fn client_address(urls: &[String]) -> Result<String, Status> {
     Ok(address)
 }
 
+/// etcd's refusal to promote a learner that has not caught up.
+fn not_in_sync() -> Status {
+    Status::failed_precondition(
+        "etcdserver: can only promote a learner member which is in sync with leader",
+    )
+}
+
 impl Etcd {
+    /// Whether the leader's view (this node's, or asked of the leader, bounded) shows learner
+    /// `id` unreachable or more than `PROMOTE_MAX_LAG` entries behind. `false` when the leader
+    /// cannot be asked: the add path then judges, within its own wait.
+    async fn leader_sees_lagging(&self, view: &ClusterView, id: NodeId) -> bool {
+        const ASK_WITHIN: Duration = Duration::from_secs(1);
+        let leader_view = if view.leader_id == Some(view.node_id) {
+            view.clone()
+        } else {
+            let Some(address) = view
+                .leader_id
+                .and_then(|l| view.nodes.iter().find(|n| n.id == l))
+                .map(|n| n.address.clone())
+            else {
+                return false;
+            };
+            match self
+                .state
+                .consensus
+                .peers()
+                .status(&address, ASK_WITHIN)
+                .await
+            {
+                Ok(v) if v.leader_id == Some(v.node_id) => v,
+                _ => return false,
+            }
+        };
+        let Some(status) = leader_view
+            .nodes
+            .iter()
+            .find(|n| n.id == id)
+            .map(|n| n.status.clone())
+        else {
+            return false;
+        };
+        !crate::domain::health::learner_in_sync(
+            status.reachable,
+            status.lag,
+            crate::raft::consensus::PROMOTE_MAX_LAG,
+        )
+    }
+
     /// Root only: membership changes (as `/v1/cluster/nodes`) and maintenance calls (as
     /// etcd's: Defragment, Hash, HashKV, Snapshot, MoveLeader).
     fn admin_caller<T>(&self, req: &Request<T>) -> Result<(), Status> {
@@ -346,6 +394,11 @@ impl Cluster for Etcd {
                 "etcdserver: can only promote a learner member",
             ));
         }
+        // etcd refuses a learner that is not in sync at once; leasecore's add would wait for it
+        // (up to --catch-up-ms), past etcdctl's 5 s: judge from the leader's view first.
+        if self.leader_sees_lagging(&view, id).await {
+            return Err(not_in_sync());
+        }
         let add = AdminRequest::AddNode {
             id,
             address: node.address.clone(),
@@ -358,9 +411,7 @@ impl Cluster for Etcd {
             AdminOutcome::Done => {}
             AdminOutcome::Learner { message } => {
                 tracing::info!(node = id, "etcd MemberPromote: {message}");
-                return Err(Status::failed_precondition(
-                    "etcdserver: can only promote a learner member which is in sync with leader",
-                ));
+                return Err(not_in_sync());
             }
             AdminOutcome::Removed { .. } => return Err(member_not_found()),
         }

@@ -150,7 +150,7 @@ pub struct ConsensusTimeouts {
 }
 
 /// The most entries a learner may lag behind the leader's log and still be promoted.
-const PROMOTE_MAX_LAG: u64 = 64;
+pub const PROMOTE_MAX_LAG: u64 = 64;
 
 /// The Raft handle of the node, as the rest of leasecore sees it. Cheap to clone.
 #[derive(Clone)]
