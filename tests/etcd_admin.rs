@@ -346,17 +346,7 @@ async fn promoting_a_learner_that_is_not_in_sync_fails_at_once() {
     let e1 = endpoint(&c, 1);
     let four = bind_pair().await;
     let url4 = peer_url_of(&four.0.local_addr().unwrap().to_string());
-    let out = ok(
-        &e1,
-        &[
-            "member",
-            "add",
-            "n4",
-            "--learner",
-            &format!("--peer-urls={url4}"),
-        ],
-    )
-    .await;
+    let out = add_learner(&e1, "n4", &url4).await;
     assert_eq!(added_id(&out), 4, "{out}");
     let leader = c.leader().await;
     for id in [leader, (1..=3).find(|i| *i != leader).unwrap()] {
@@ -367,6 +357,12 @@ async fn promoting_a_learner_that_is_not_in_sync_fails_at_once() {
         );
     }
     c.shutdown().await;
+}
+
+/// `etcdctl member add NAME --learner --peer-urls=URL` through `ep`: its output.
+async fn add_learner(ep: &str, name: &str, url: &str) -> String {
+    let urls = format!("--peer-urls={url}");
+    ok(ep, &["member", "add", name, "--learner", &urls]).await
 }
 
 /// The peer URL etcdctl names a new node by: its client port + 1000.
@@ -427,7 +423,7 @@ async fn etcdctl_adds_promotes_and_removes_members() {
     if !have_etcdctl() {
         return;
     }
-    // A short catch-up wait, so that promoting a learner that is not running answers well
+    // A short catch-up wait, so that adding a voter that is not running yet answers well
     // within etcdctl's command timeout.
     let mut c = etcd_cluster_tweaked(|cfg| cfg.catch_up_ms = 2_000).await;
     let e1 = endpoint(&c, 1);
@@ -436,17 +432,7 @@ async fn etcdctl_adds_promotes_and_removes_members() {
     let four = bind_pair().await;
     let addr4 = four.0.local_addr().unwrap().to_string();
     let url4 = peer_url_of(&addr4);
-    let out = ok(
-        &e1,
-        &[
-            "member",
-            "add",
-            "n4",
-            "--learner",
-            &format!("--peer-urls={url4}"),
-        ],
-    )
-    .await;
+    let out = add_learner(&e1, "n4", &url4).await;
     let id4 = added_id(&out);
     assert_eq!(id4, 4, "the next id after the highest: {out}");
     assert!(

@@ -6,15 +6,14 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
+use common::certs::{identity, make_certs};
 use common::etcdctl::{endpoint, etcd_cluster};
 use common::{TestCluster, eventually};
 use leasecore::client::Client;
-use leasecore::tls::{ClientTls, IdentityFiles, ServerTls};
+use leasecore::tls::{ClientTls, ServerTls};
 use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -107,30 +106,6 @@ async fn health_follows_the_quorum_and_metrics_are_prometheus_text() {
     c.shutdown().await;
 }
 
-/// Throw-away certificates for one node in `dir` (scripts/certs.sh, as tests/tls.rs).
-fn make_certs(dir: &Path) -> PathBuf {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/certs.sh");
-    let out = Command::new("bash")
-        .arg(script)
-        .arg(dir)
-        .arg("1")
-        .output()
-        .expect("run scripts/certs.sh (needs openssl)");
-    assert!(
-        out.status.success(),
-        "scripts/certs.sh failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    dir.to_path_buf()
-}
-
-fn identity(dir: &Path, name: &str) -> IdentityFiles {
-    IdentityFiles {
-        cert: dir.join(format!("{name}.pem")),
-        key: dir.join(format!("{name}-key.pem")),
-    }
-}
-
 /// One HTTP/1.1 request over TLS; the status code and the raw answer.
 async fn https(addr: &str, tls: &ClientTls, method: &str, path: &str) -> (u16, String) {
     let config = tls.build().unwrap();
@@ -165,7 +140,7 @@ async fn https(addr: &str, tls: &ClientTls, method: &str, path: &str) -> (u16, S
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn health_and_metrics_are_open_with_auth_and_tls_on() {
     let tmp = tempfile::TempDir::new().unwrap();
-    let certs = make_certs(&tmp.path().join("certs"));
+    let certs = make_certs(&tmp.path().join("certs"), 1);
     let server = ServerTls {
         identity: identity(&certs, "node-1"),
         client_ca: Some(certs.join("ca.pem")),

@@ -14,6 +14,7 @@ use std::process::{Child, Command};
 use std::sync::Arc;
 use std::time::Duration;
 
+use common::certs::{identity, make_certs};
 use common::{eventually, free_node_addrs};
 use leasecore::client::{Client, WatchFilter};
 use leasecore::tls::{ClientTls, IdentityFiles, ServerTls, TlsError};
@@ -21,30 +22,6 @@ use tempfile::TempDir;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const WAIT: Duration = Duration::from_secs(30);
-
-/// Throw-away certificates for `nodes` nodes in `dir`.
-fn make_certs(dir: &Path, nodes: usize) -> PathBuf {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/certs.sh");
-    let out = Command::new("bash")
-        .arg(script)
-        .arg(dir)
-        .arg(nodes.to_string())
-        .output()
-        .expect("run scripts/certs.sh (needs openssl)");
-    assert!(
-        out.status.success(),
-        "scripts/certs.sh failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    dir.to_path_buf()
-}
-
-fn identity(dir: &Path, name: &str) -> IdentityFiles {
-    IdentityFiles {
-        cert: dir.join(format!("{name}.pem")),
-        key: dir.join(format!("{name}-key.pem")),
-    }
-}
 
 /// A node process, killed on drop.
 struct Proc {

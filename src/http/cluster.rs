@@ -207,12 +207,17 @@ pub async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
 /// This node's metrics in Prometheus text: what `/metrics` answers on the client port and on
 /// the etcd port (`etcd::probes`).
 pub async fn metrics_text(state: &AppState) -> String {
-    let process = crate::metrics::ProcessStats::read();
-    // A walk of the data directory: file system calls, off the async workers.
+    // A walk of the data directory and reads of /proc: file system calls, off the async
+    // workers.
     let consensus = state.consensus.clone();
-    let data_dir_bytes = tokio::task::spawn_blocking(move || consensus.data_dir_bytes())
-        .await
-        .unwrap_or(0);
+    let (process, data_dir_bytes) = tokio::task::spawn_blocking(move || {
+        (
+            crate::metrics::ProcessStats::read(),
+            consensus.data_dir_bytes(),
+        )
+    })
+    .await
+    .unwrap_or_default();
     let v = state.consensus.cluster_view();
     let (history_keys, history_versions) = state.consensus.view().history_size();
     let is_leader = if v.leader_id == Some(v.node_id) && v.state == "leader" {

@@ -72,8 +72,7 @@ pub async fn check_empty_start(
     c: StartCheck<'_>,
 ) -> Result<Option<String>, Refusal> {
     let replacing = promotion_pending(c.data_dir);
-    // Not a reason given yet, so that the first one is logged.
-    let mut waiting = Waiting::ToBeAddedBack { leader: c.me };
+    let mut waiting: Option<Waiting> = None;
     let deciding = async {
         loop {
             let reports = probe_peers(c.me, c.listed, client, c.probe).await;
@@ -87,10 +86,10 @@ pub async fn check_empty_start(
             )?;
             match start {
                 Start::AskAgain(why) => {
-                    if why != waiting {
+                    if waiting.as_ref() != Some(&why) {
                         tracing::info!(waiting = ?why, "asking the peers again until it changes");
                     }
-                    waiting = why;
+                    waiting = Some(why);
                     tokio::time::sleep(ASK_AGAIN_AFTER).await;
                 }
                 other => return Ok(other),
@@ -102,7 +101,7 @@ pub async fn check_empty_start(
         Ok(start) => start?,
         Err(_) => {
             return Err(match waiting {
-                Waiting::ToBeAddedBack { leader } if leader != c.me => Refusal::NotReplaced {
+                Some(Waiting::ToBeAddedBack { leader }) => Refusal::NotReplaced {
                     leader,
                     why: NotReplaced::RemovedNotAdded,
                 },

@@ -5,6 +5,7 @@
 // Tests wait for conditions against real deadlines.
 #![allow(clippy::disallowed_methods)]
 
+pub mod certs;
 pub mod etcdctl;
 
 use std::collections::BTreeMap;
