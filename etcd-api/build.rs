@@ -14,6 +14,10 @@ fn main() {
     println!("cargo:rerun-if-changed=proto");
     let descriptors = protox::compile(PROTOS, ["proto"]).expect("etcd's .proto files parse");
     let bytes = prost::Message::encode_to_vec(&descriptors);
+    // The encoded descriptors are also what the server's reflection service answers with.
+    let out = std::env::var("OUT_DIR").expect("cargo sets OUT_DIR");
+    std::fs::write(format!("{out}/etcd_descriptors.bin"), &bytes)
+        .expect("the descriptor set is written to OUT_DIR");
     pbjson_build::Builder::new()
         .register_descriptors(&bytes)
         .expect("descriptors register")

@@ -7,6 +7,11 @@
 //! The module layout follows the protos' packages, as etcd's own Go packages do.
 #![allow(clippy::all, clippy::pedantic, missing_docs, rustdoc::all)]
 
+/// The encoded `FileDescriptorSet` of every `.proto` file here: what a gRPC reflection
+/// service answers with, so that tools like `grpcurl` can call the API without the files.
+pub const FILE_DESCRIPTOR_SET: &[u8] =
+    include_bytes!(concat!(env!("OUT_DIR"), "/etcd_descriptors.bin"));
+
 /// `mvccpb`: keys, values and events.
 pub mod mvccpb {
     tonic::include_proto!("mvccpb");

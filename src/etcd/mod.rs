@@ -28,12 +28,14 @@ pub mod client_urls;
 mod cluster;
 mod election;
 mod gateway;
+mod grpc_health;
 mod kv;
 pub(crate) mod learner;
 mod lease;
 mod lock;
 mod permission;
 mod probes;
+mod reflection;
 pub mod status;
 mod watch;
 
@@ -120,8 +122,9 @@ impl Etcd {
 }
 
 /// The etcd API's router: the gRPC services (HTTP/2), etcd's JSON gateway (`/v3/...`,
-/// `GET /version`) and its plain `GET /health` and `GET /metrics` ([`probes`]), to be served
-/// by a listener that speaks both HTTP/1 and HTTP/2.
+/// `GET /version`), its plain `GET /health` and `GET /metrics` ([`probes`]), gRPC's health
+/// service ([`grpc_health`]) and server reflection ([`reflection`]), to be served by a
+/// listener that speaks both HTTP/1 and HTTP/2.
 pub fn router(state: AppState) -> Router {
     let probes = probes::routes(state.clone());
     let client_urls = client_urls::ClientUrls::new(
@@ -132,7 +135,7 @@ pub fn router(state: AppState) -> Router {
         state,
         client_urls: Arc::new(client_urls),
     };
-    tonic::service::Routes::new(
+    let routes = tonic::service::Routes::new(
         KvServer::new(etcd.clone())
             .max_decoding_message_size(MAX_MESSAGE_BYTES)
             .max_encoding_message_size(MAX_MESSAGE_BYTES),
@@ -152,9 +155,11 @@ pub fn router(state: AppState) -> Router {
     .add_service(
         leasecore_etcd_api::v3electionpb::election_server::ElectionServer::new(etcd.clone()),
     )
-    .into_axum_router()
-    .merge(gateway::routes(etcd))
-    .merge(probes)
+    .add_service(grpc_health::server(etcd.state.clone()));
+    reflection::add_to(routes)
+        .into_axum_router()
+        .merge(gateway::routes(etcd))
+        .merge(probes)
 }
 
 /// The lease name of etcd lease `id`.
