@@ -19,6 +19,7 @@
 //! - [`key_index`]: where every version of every key is kept (records or bases).
 //! - [`kv`]: `KvState`, the replicated key-value state machine (keys and leases).
 //! - [`lease`]: `LeaseTracker`, the leader-only lease deadlines.
+//! - [`log_reversion`]: has a follower lost entries it acknowledged (came back empty)?
 //! - [`lwlease`]: the Chockler–Malkhi light-weight lease over one read/write register.
 //! - [`members`]: membership as leased keys (`members/{id}`): layout and record.
 //! - [`peer_trust`]: which peer messages a node accepts (sender membership, consistent
@@ -39,6 +40,7 @@ pub mod key_index;
 pub mod kv;
 pub mod lease;
 pub mod limits;
+pub mod log_reversion;
 /// The Chockler–Malkhi light-weight lease (pure; in the client crate, whose register runner
 /// drives it).
 pub use leasecore_client::lwlease;

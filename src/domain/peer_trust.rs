@@ -50,6 +50,10 @@ pub enum Refusal {
     /// A vote request while a leader is alive (answered "not granted", not with 403).
     #[error("a leader is alive: the vote is not granted")]
     DisruptiveVote,
+    /// A vote request to a node that started empty to join and is not yet listed as a
+    /// non-voter (`raft::vote_hold`): answered "not granted".
+    #[error("this node joined with an empty data dir and does not vote yet")]
+    VoteWithheld,
     /// A forwarded command or request a client could not have sent.
     #[error("the forwarded request is not one a client could send")]
     InvalidRequest,
@@ -60,11 +64,12 @@ pub enum Refusal {
 
 impl Refusal {
     /// Every refusal, for rendering counters.
-    pub const ALL: [Refusal; 6] = [
+    pub const ALL: [Refusal; 7] = [
         Refusal::NoSender,
         Refusal::NotMember,
         Refusal::Inconsistent,
         Refusal::DisruptiveVote,
+        Refusal::VoteWithheld,
         Refusal::InvalidRequest,
         Refusal::InvalidLeaseMessage,
     ];
@@ -76,6 +81,7 @@ impl Refusal {
             Refusal::NotMember => "not_member",
             Refusal::Inconsistent => "inconsistent",
             Refusal::DisruptiveVote => "disruptive_vote",
+            Refusal::VoteWithheld => "vote_withheld",
             Refusal::InvalidRequest => "invalid_request",
             Refusal::InvalidLeaseMessage => "invalid_lease_message",
         }

@@ -95,6 +95,21 @@ pub async fn vote(
     ApiJson(req): ApiJson<VoteRequest<NodeId>>,
 ) -> Result<Json<Result<VoteResponse<NodeId>, RaftError<NodeId>>>, ApiError> {
     claim(&state, sender, req.vote.leader_id().node_id, routes::VOTE)?;
+    if state.consensus.vote_hold().is_some_and(|h| h.is_held()) {
+        record(
+            &state,
+            Refusal::VoteWithheld,
+            Some(sender),
+            routes::VOTE,
+            &format!(
+                "a vote request for term {}: this node joined with an empty data dir and is not \
+                 listed as a non-voter yet",
+                req.vote.leader_id().term
+            ),
+        );
+        let mine = state.consensus.raft().metrics().borrow().vote;
+        return Ok(Json(Ok(VoteResponse::new(mine, None, false))));
+    }
     if disruptive_vote(&vote_context(&state.consensus)) {
         record(
             &state,
@@ -121,6 +136,7 @@ pub async fn snapshot(
 ) -> Result<Json<Result<SnapshotResponse<NodeId>, Fatal<NodeId>>>, ApiError> {
     let (vote, meta, data) = decode_snapshot_frame(&body).map_err(ApiError::invalid)?;
     claim(&state, sender, vote.leader_id().node_id, routes::SNAPSHOT)?;
+    let installed_membership = meta.last_membership.clone();
     let snapshot = Snapshot {
         meta,
         snapshot: Box::new(data),
@@ -132,6 +148,12 @@ pub async fn snapshot(
         .await;
     if vote.is_committed() && matches!(&answer, Ok(r) if r.vote == vote) {
         state.consensus.peers().contacts().led_now();
+    }
+    // Installed: its membership is this node's now.
+    if matches!(&answer, Ok(r) if r.vote == vote)
+        && let Some(hold) = state.consensus.vote_hold()
+    {
+        hold.stored(installed_membership.membership());
     }
     Ok(Json(answer))
 }

@@ -42,14 +42,18 @@ use crate::metrics::Metrics;
 use crate::raft::Raft;
 use crate::raft::consensus::{Consensus, ConsensusError, StorageUse};
 use crate::raft::log_store::LogStore;
+use crate::raft::network::reversion::ReversionGuard;
 use crate::raft::network::{Faults, NetworkFactory, PeerClient};
 use crate::raft::state_machine::{Observers, StateMachine};
+use crate::raft::vote_hold::VoteHold;
 use crate::runtime::compaction::LogCompactor;
 use crate::runtime::election::ElectionWatchdog;
 use crate::runtime::flease::FleaseService;
 use crate::runtime::lease::{LeaseConfig, LeaseHub, LeaseService};
 use crate::runtime::quorum::QuorumWatchdog;
-use crate::runtime::replace::{StartCheck, ask_to_be_added, check_empty_start, promotion_pending};
+use crate::runtime::replace::{
+    StartCheck, ask_to_be_added, check_empty_start, promotion_pending, replace_reverted_nodes,
+};
 use crate::runtime::watch::WatchHub;
 use crate::storage;
 use crate::tls::{PeerTls, RELOAD_POLL, Reload, Reloadable, ServerTls, TlsError, run_reloader};
@@ -236,7 +240,20 @@ impl Node {
             None
         };
         write_identity(&cfg)?;
-        let log_store = LogStore::open(&db, &cfg.data_dir)?.with_node(cfg.id);
+        // A node that starts empty to join a running cluster votes only once the cluster has
+        // listed it as a non-voter (`raft::vote_hold`): a member that lost its data must not
+        // vote as the member it was.
+        let joins_empty = data == DataDir::Empty && (cfg.join || replaced.is_some());
+        let vote_hold = VoteHold::open(cfg.id, &cfg.data_dir, joins_empty).map_err(|e| {
+            NodeError::Config(format!(
+                "writing {} in {}: {e}",
+                crate::raft::vote_hold::HOLD_FILE,
+                cfg.data_dir.display()
+            ))
+        })?;
+        let log_store = LogStore::open(&db, &cfg.data_dir)?
+            .with_node(cfg.id)
+            .with_vote_hold(vote_hold.clone());
         let committed = log_store.committed_index();
         let storage_use = StorageUse {
             log_bytes: log_store.log_bytes(),
@@ -266,10 +283,13 @@ impl Node {
 
         let faults = peers.faults();
         let flease_peers = peers.clone();
+        let (reversion_guard, reversion_reports) = ReversionGuard::new();
         let raft = Raft::new(
             cfg.id,
             raft_config,
-            NetworkFactory::new(peers.clone()).with_durability(log_store.durable_view()),
+            NetworkFactory::new(peers.clone())
+                .with_durability(log_store.durable_view())
+                .with_reversion_guard(reversion_guard.clone()),
             log_store,
             state_machine,
         )
@@ -285,8 +305,16 @@ impl Node {
             storage_use.clone(),
         );
 
+        consensus.set_reversion_guard(reversion_guard);
+        consensus.set_vote_hold(vote_hold);
+
         let tasks = TaskTracker::new();
         tasks.spawn(proposal_queue.run(cancel.clone()));
+        tasks.spawn(replace_reverted_nodes(
+            consensus.clone(),
+            reversion_reports,
+            cancel.clone(),
+        ));
         // A commit the leader told its followers cut to its durable log (`raft::durability`)
         // is told again as soon as the log catches up.
         tasks.spawn({

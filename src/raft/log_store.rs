@@ -105,6 +105,8 @@ pub struct LogStore {
     /// How far the state machine has applied, once known ([`LogStore::with_applied`]): a
     /// purge waits until the state holds what it removes.
     applied: Option<tokio::sync::watch::Receiver<AppliedMark>>,
+    /// Told of every membership appended ([`LogStore::with_vote_hold`]).
+    vote_hold: Option<Arc<super::vote_hold::VoteHold>>,
 }
 
 /// How many appends may wait for a sync before `append` itself waits (back-pressure on the
@@ -211,6 +213,7 @@ impl LogStore {
             entries,
             committed: Arc::new(AtomicU64::new(0)),
             receipts: None,
+            vote_hold: None,
             syncer,
             me: None,
             vote: Arc::new(std::sync::Mutex::new(vote)),
@@ -232,6 +235,12 @@ impl LogStore {
     /// which openraft cannot re-apply from.
     pub fn with_applied(mut self, marks: tokio::sync::watch::Receiver<AppliedMark>) -> Self {
         self.applied = Some(marks);
+        self
+    }
+
+    /// Tell `hold` of every membership appended from now on.
+    pub fn with_vote_hold(mut self, hold: Arc<super::vote_hold::VoteHold>) -> Self {
+        self.vote_hold = Some(hold);
         self
     }
 
@@ -468,6 +477,9 @@ impl RaftLogStorage<TypeConfig> for LogStore {
                 && let Some(stamp) = cmd.lease_clock_stamp()
             {
                 stamps.push((index, stamp));
+            }
+            if let (EntryPayload::Membership(m), Some(hold)) = (&entry.payload, &self.vote_hold) {
+                hold.stored(m);
             }
             records.push((index, encode_entry(entry)?));
         }

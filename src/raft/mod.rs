@@ -26,6 +26,7 @@ pub mod segment_log;
 pub mod state_machine;
 pub mod state_view;
 pub mod state_writes;
+pub mod vote_hold;
 
 use openraft::BasicNode;
 

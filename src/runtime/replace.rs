@@ -356,3 +356,54 @@ pub async fn ask_to_be_added(
         _ = asking => clear_promotion_pending(&data_dir),
     }
 }
+
+/// How long the leader waits before it tries again to replace a node whose log went back,
+/// after a try that could not (its removal would not commit, or the leadership moved).
+const REVERTED_RETRY: Duration = Duration::from_secs(2);
+
+/// On the leader: replace each node that the network reports as having lost entries it had
+/// acknowledged (`raft::network::reversion`), one at a time, until shutdown. Reports of a node
+/// already replaced (its record forgotten) or repeated while one is handled are dropped.
+pub async fn replace_reverted_nodes(
+    consensus: Consensus,
+    mut reports: tokio::sync::mpsc::Receiver<NodeId>,
+    cancel: CancellationToken,
+) {
+    loop {
+        let id = tokio::select! {
+            _ = cancel.cancelled() => return,
+            id = reports.recv() => match id {
+                Some(id) => id,
+                None => return,
+            },
+        };
+        let outcome = tokio::select! {
+            _ = cancel.cancelled() => return,
+            outcome = consensus.replace_reverted(id) => outcome,
+        };
+        match outcome {
+            Ok(AdminOutcome::Done) => tracing::warn!(
+                node = id,
+                "node {id} lost its data and was replaced: removed, added back, caught up"
+            ),
+            Ok(AdminOutcome::Learner { message } | AdminOutcome::Removed { message }) => {
+                tracing::warn!(node = id, %message, "node {id} lost its data and was replaced")
+            }
+            Err(ConsensusError::NotLeader | ConsensusError::NodeNotFound { .. }) => {}
+            Err(e) => {
+                tracing::error!(
+                    node = id,
+                    error = %e,
+                    retry_in_ms = REVERTED_RETRY.as_millis() as u64,
+                    "node {id} lost its data and could not be replaced yet"
+                );
+                tokio::select! {
+                    _ = cancel.cancelled() => return,
+                    _ = tokio::time::sleep(REVERTED_RETRY) => {}
+                }
+            }
+        }
+        // What arrived meanwhile is about the node just handled, or will be reported again.
+        while reports.try_recv().is_ok() {}
+    }
+}

@@ -89,33 +89,10 @@ impl Consensus {
                 }
                 let et = self.election_timeout_ms();
                 let ages = self.inner.peers.contacts().ages();
-                let answers = |v: &NodeId| health::reachable(ages.get(v).copied(), et);
-                if answers(&id) {
+                if health::reachable(ages.get(&id).copied(), et) {
                     return Err(ConsensusError::StillAnswering { id });
                 }
-                // openraft builds the next configuration from the last of a joint pair.
-                let last: BTreeSet<NodeId> = membership
-                    .get_joint_config()
-                    .last()
-                    .cloned()
-                    .unwrap_or_default();
-                let me = self.inner.id;
-                let answering: BTreeSet<NodeId> = last
-                    .iter()
-                    .copied()
-                    .filter(|v| *v == me || answers(v))
-                    .collect();
-                if !bootstrap::removal_commits_without(&last, id, &answering) {
-                    return Err(ConsensusError::InvalidMembership {
-                        message: format!(
-                            "node {id} cannot be replaced now: its removal needs more than half \
-                             of the {} voters without it, and only {} others answer the leader; \
-                             start the missing voters first",
-                            last.len(),
-                            answering.iter().filter(|v| **v != id).count()
-                        ),
-                    });
-                }
+                self.removal_can_commit(id, membership)?;
                 // Run to its end even if the asking node hangs up (its ask timing out drops
                 // this future): cut between the removal and the learner add, the node would
                 // be out of the cluster for good. Bounded by the calls' own timeouts; a core
@@ -131,6 +108,75 @@ impl Consensus {
                     })
             }
         }
+    }
+
+    /// Whether the removal of `id` can commit without it: the voters that answer this leader,
+    /// without `id`, are more than half of the configuration openraft builds the next one from
+    /// (the last of a joint pair).
+    fn removal_can_commit(
+        &self,
+        id: NodeId,
+        membership: &openraft::Membership<NodeId, BasicNode>,
+    ) -> Result<(), ConsensusError> {
+        let et = self.election_timeout_ms();
+        let ages = self.inner.peers.contacts().ages();
+        let answers = |v: &NodeId| health::reachable(ages.get(v).copied(), et);
+        let last: BTreeSet<NodeId> = membership
+            .get_joint_config()
+            .last()
+            .cloned()
+            .unwrap_or_default();
+        let me = self.inner.id;
+        let answering: BTreeSet<NodeId> = last
+            .iter()
+            .copied()
+            .filter(|v| *v != id && (*v == me || answers(v)))
+            .collect();
+        if bootstrap::removal_commits_without(&last, id, &answering) {
+            return Ok(());
+        }
+        Err(ConsensusError::InvalidMembership {
+            message: format!(
+                "node {id} cannot be replaced now: its removal needs more than half of the {} \
+                 voters without it, and only {} others answer the leader; start the missing \
+                 voters first",
+                last.len(),
+                answering.len()
+            ),
+        })
+    }
+
+    /// Replace node `id`, whose log went back (it acknowledged entries it no longer has:
+    /// `raft::network::reversion`), as a node that asks for its replacement is replaced: only
+    /// if its removal commits without it; then, if it was a voter, promote it again once it
+    /// has caught up (it does not ask: it does not know it lost anything).
+    pub async fn replace_reverted(&self, id: NodeId) -> Result<AdminOutcome, ConsensusError> {
+        if !self.is_leader() {
+            return Err(ConsensusError::NotLeader);
+        }
+        let membership = self.inner.raft.metrics().borrow().membership_config.clone();
+        let membership = membership.membership();
+        let address = membership
+            .get_node(&id)
+            .map(|n| n.addr.clone())
+            .ok_or(ConsensusError::NodeNotFound { id })?;
+        let voter = membership.voter_ids().any(|v| v == id);
+        self.removal_can_commit(id, membership)?;
+        let this = self.clone();
+        let replaced = address.clone();
+        // To its end even if the caller goes (as a replacement asked for).
+        tokio::spawn(async move { this.replace_here(id, replaced, voter).await })
+            .await
+            .unwrap_or_else(|e| {
+                Err(ConsensusError::OutcomeUnknown {
+                    detail: format!("the replacement of node {id} failed: {e}"),
+                })
+            })?;
+        if !voter {
+            return Ok(AdminOutcome::Done);
+        }
+        self.add_node_here(id, address.clone(), Some(address), false)
+            .await
     }
 
     /// Remove `id` (a `voter` or a learner), then add it back at `address` as a learner, with
@@ -151,6 +197,10 @@ impl Consensus {
             ChangeMembers::RemoveNodes(ids)
         };
         self.change_membership(change).await?;
+        // Its replication starts afresh: what it acknowledged before says nothing any more.
+        if let Some(guard) = self.inner.reversions.get() {
+            guard.forget(id);
+        }
         let mut tries = 1;
         loop {
             match self.add_learner_here(id, address.clone()).await {

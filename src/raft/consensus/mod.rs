@@ -187,6 +187,11 @@ struct Inner {
     intake: transfer::Intake,
     /// Elections this node holds for a leadership transfer (`transfer`).
     holds: transfer::Holds,
+    /// The network's record of followers' matches (set once by the node): a removed node's
+    /// record is forgotten (`membership`).
+    reversions: std::sync::OnceLock<super::network::reversion::ReversionGuard>,
+    /// Whether this node withholds its vote (set once by the node: `raft::vote_hold`).
+    vote_hold: std::sync::OnceLock<Arc<super::vote_hold::VoteHold>>,
 }
 
 /// A proposal waiting in the queue, with where its applied result goes.
@@ -249,9 +254,26 @@ impl Consensus {
                 forwards: std::sync::OnceLock::new(),
                 intake,
                 holds: transfer::Holds::default(),
+                reversions: std::sync::OnceLock::new(),
+                vote_hold: std::sync::OnceLock::new(),
             }),
         };
         (consensus, ProposalQueue { raft, queue })
+    }
+
+    /// Share the network's record of followers' matches (once, at start).
+    pub fn set_reversion_guard(&self, guard: super::network::reversion::ReversionGuard) {
+        let _ = self.inner.reversions.set(guard);
+    }
+
+    /// Share this node's vote hold (once, at start).
+    pub fn set_vote_hold(&self, hold: Arc<super::vote_hold::VoteHold>) {
+        let _ = self.inner.vote_hold.set(hold);
+    }
+
+    /// This node's vote hold, if set (`raft::vote_hold`).
+    pub fn vote_hold(&self) -> Option<&Arc<super::vote_hold::VoteHold>> {
+        self.inner.vote_hold.get()
     }
 
     /// The term this node leads in, if it is the leader.

@@ -10,6 +10,9 @@
 //!   log (`raft::durability`).
 //! - Every answer is recorded as a contact and may end an outage in the link log; every
 //!   transport failure goes to the link log.
+//! - A follower's acknowledged match is recorded with the [`ReversionGuard`]; a conflict below
+//!   it (the follower lost its data) is answered to openraft as "unreachable", never as a
+//!   conflict (openraft 0.9 cannot take a follower's log going back).
 //!
 //! # What it must not do
 //! Decide. It encodes, sends, maps errors and records contacts; openraft decides what to send,
@@ -30,6 +33,7 @@ use openraft::{AnyError, BasicNode, EntryPayload, OptionalSend, Snapshot, Vote};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
+use super::reversion::ReversionGuard;
 use super::{MAX_APPEND_BYTES, MSGPACK, PeerClient, PeerError, encode_snapshot_frame, routes};
 use crate::raft::durability::DurableView;
 use crate::raft::peer_stream;
@@ -65,6 +69,7 @@ fn cut_to_budget(entries: &mut Vec<Entry>) -> bool {
 pub struct NetworkFactory {
     client: PeerClient,
     durable: Option<DurableView>,
+    reversions: Option<ReversionGuard>,
 }
 
 impl NetworkFactory {
@@ -72,7 +77,14 @@ impl NetworkFactory {
         NetworkFactory {
             client,
             durable: None,
+            reversions: None,
         }
+    }
+
+    /// Record followers' matches, and keep a follower whose log went back from openraft.
+    pub fn with_reversion_guard(mut self, guard: ReversionGuard) -> Self {
+        self.reversions = Some(guard);
+        self
     }
 
     /// Tell followers a commit no higher than this node's durable log (the leader
@@ -92,6 +104,7 @@ impl RaftNetworkFactory<TypeConfig> for NetworkFactory {
             target,
             addr: node.addr.clone(),
             durable: self.durable.clone(),
+            reversions: self.reversions.clone(),
         }
     }
 }
@@ -102,6 +115,7 @@ pub struct PeerConnection {
     target: NodeId,
     addr: String,
     durable: Option<DurableView>,
+    reversions: Option<ReversionGuard>,
 }
 
 impl PeerConnection {
@@ -205,13 +219,35 @@ impl RaftNetwork<TypeConfig> for PeerConnection {
             Err(e) => return Err(self.failed(e)),
         };
         self.answered();
-        match answer {
+        let answer = match answer {
             Ok(AppendEntriesResponse::Success) if cut => {
                 Ok(AppendEntriesResponse::PartialSuccess(last_sent))
             }
-            Ok(resp) => Ok(resp),
-            Err(e) => Err(RPCError::RemoteError(RemoteError::new(self.target, e))),
+            other => other,
+        };
+        if let Some(guard) = &self.reversions {
+            let leader = (rpc.vote.leader_id().term, rpc.vote.leader_id().node_id);
+            let matched = match &answer {
+                Ok(AppendEntriesResponse::Success) => last_sent.or(rpc.prev_log_id),
+                Ok(AppendEntriesResponse::PartialSuccess(upto)) => *upto,
+                _ => None,
+            };
+            if let Some(m) = matched {
+                guard.acknowledged(self.target, leader, m.index);
+            }
+            if let (Ok(AppendEntriesResponse::Conflict), Some(prev)) = (&answer, rpc.prev_log_id)
+                && guard.reverted(self.target, leader, prev.index)
+            {
+                return Err(RPCError::Unreachable(Unreachable::new(&AnyError::error(
+                    format!(
+                        "node {} lost entries it acknowledged (its log went back); it is being \
+                         replaced",
+                        self.target
+                    ),
+                ))));
+            }
         }
+        answer.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e)))
     }
 
     async fn vote(
@@ -230,6 +266,7 @@ impl RaftNetwork<TypeConfig> for PeerConnection {
         option: RPCOption,
     ) -> Result<SnapshotResponse<NodeId>, StreamingError<TypeConfig, Fatal<NodeId>>> {
         let frame = encode_snapshot_frame(&vote, &snapshot.meta, &snapshot.snapshot);
+        let installs_upto = snapshot.meta.last_log_id.map(|l| l.index);
         let send = self
             .client
             .post_bytes::<Result<SnapshotResponse<NodeId>, Fatal<NodeId>>>(
@@ -250,7 +287,15 @@ impl RaftNetwork<TypeConfig> for PeerConnection {
             }
         }
         match answer {
-            Ok(Ok(resp)) => Ok(resp),
+            Ok(Ok(resp)) => {
+                if let (Some(guard), Some(index)) = (&self.reversions, installs_upto)
+                    && resp.vote == vote
+                {
+                    let leader = (vote.leader_id().term, vote.leader_id().node_id);
+                    guard.acknowledged(self.target, leader, index);
+                }
+                Ok(resp)
+            }
             Ok(Err(fatal)) => Err(StreamingError::RemoteError(RemoteError::new(
                 self.target,
                 fatal,

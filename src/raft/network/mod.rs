@@ -33,7 +33,8 @@
 //! This file holds the wire's vocabulary: the routes, the append budget, the MessagePack type,
 //! the snapshot frame and [`PeerError`]; `client` the HTTP client ([`PeerClient`]) and its
 //! peer streams, `connection` openraft's `RaftNetwork` ([`PeerConnection`]), `links` the
-//! contact times and the outage log, `faults` the tests' fault injection.
+//! contact times and the outage log, `reversion` the leader's guard against a follower whose
+//! log went back (it lost its data), `faults` the tests' fault injection.
 //!
 //! # What it must not do
 //! Decide. It moves bytes, maps errors and records contact times.
@@ -46,6 +47,7 @@ mod client;
 mod connection;
 mod faults;
 mod links;
+pub mod reversion;
 
 pub use client::{MAX_ANSWER_BYTES, PeerClient};
 pub use connection::{NetworkFactory, PeerConnection};

@@ -1,0 +1,128 @@
+//! A node that joined with `--join` (no `--peers`, as the README's own command line for a
+//! node added later), lost its data dir, and was started again with the same command line:
+//! it must not come back as the voter it was. Its empty log and lost vote would let it elect a
+//! leader that lacks writes it had acknowledged, or vote twice in one term.
+#![allow(clippy::disallowed_methods)]
+
+mod common;
+
+use std::time::Duration;
+
+use common::{TestCluster, eventually};
+
+const WAIT: Duration = Duration::from_secs(60);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_wiped_joiner_started_again_with_join_is_replaced_not_trusted() {
+    let mut c = TestCluster::start(3).await;
+    c.leader().await;
+    c.start_joiner(4).await;
+    let mut voter = false;
+    for _ in 0..3 {
+        let answer = c
+            .client()
+            .add_node_detailed(4, &c.addrs[&4].clone())
+            .await
+            .unwrap();
+        if answer.voter {
+            voter = true;
+            break;
+        }
+    }
+    assert!(voter, "node 4 became a voter");
+    let client = c.client();
+    for i in 0..50 {
+        client
+            .put(&format!("k/{i}"), &format!("v{i}"), None, None)
+            .await
+            .unwrap();
+    }
+    // Node 4 holds the writes, then loses everything and starts again as it was started.
+    eventually(WAIT, "node 4 applied the writes", || async {
+        let m = c.nodes[&4].consensus().raft().metrics().borrow().clone();
+        m.last_applied.filter(|l| l.index >= 50).map(|_| ())
+    })
+    .await;
+    c.stop(4).await;
+    std::fs::remove_dir_all(c.data_dir(4)).unwrap();
+    c.restart(4).await;
+
+    // The cluster keeps its leader (nobody crashed on the node's empty log) and serves writes.
+    for i in 50..60 {
+        client
+            .put(&format!("k/{i}"), &format!("v{i}"), None, None)
+            .await
+            .unwrap();
+    }
+    // Node 4 ends up whole again: replaced (it no longer counts as the voter whose log it
+    // lost) and caught up, with every write.
+    eventually(WAIT, "node 4 caught up after its replacement", || async {
+        let node = c.nodes.get(&4)?;
+        let m = node.consensus().raft().metrics().borrow().clone();
+        m.last_applied.filter(|l| l.index >= 60).map(|_| ())
+    })
+    .await;
+    let local = c.client_of(4);
+    let listed = local.list("k/", None, true).await.unwrap();
+    assert_eq!(listed.items.len(), 60);
+    for id in [1, 2, 3] {
+        assert!(
+            c.nodes.contains_key(&id) && !c.nodes[&id].cancelled().is_cancelled(),
+            "node {id} still runs"
+        );
+    }
+    c.shutdown().await;
+}
+
+/// A vote request to node `target`'s peer port from `candidate` for `term`, with a log as long
+/// as anyone's: whether it was granted.
+async fn vote_granted(c: &TestCluster, target: u64, candidate: u64, term: u64) -> bool {
+    use leasecore::domain::peer_trust::SENDER_HEADER;
+    use openraft::{CommittedLeaderId, LogId, Vote, raft::VoteRequest};
+    let req = VoteRequest::new(
+        Vote::new(term, candidate),
+        Some(LogId::new(CommittedLeaderId::new(term, candidate), 1 << 40)),
+    );
+    let resp = reqwest::Client::new()
+        .post(format!("{}/raft/vote", c.peer_url(target)))
+        .header(SENDER_HEADER, candidate.to_string())
+        .header("content-type", "application/json")
+        .body(serde_json::to_vec(&req).unwrap())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 200);
+    let doc: serde_json::Value = resp.json().await.unwrap();
+    doc["Ok"]["vote_granted"].as_bool().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_node_joining_empty_votes_only_once_listed_as_a_non_voter() {
+    let mut c = TestCluster::start(3).await;
+    c.leader().await;
+    // Started empty with --join (a new node, or a member that lost its data: it cannot
+    // tell): a candidate gets no vote from it, also after a restart.
+    c.start_joiner(4).await;
+    assert!(!vote_granted(&c, 4, 2, 1000).await);
+    c.stop(4).await;
+    c.restart(4).await;
+    assert!(!vote_granted(&c, 4, 2, 1001).await);
+    // Added: a learner first, so the hold is released (it votes once it is a voter).
+    let answer = c
+        .client()
+        .add_node_detailed(4, &c.addrs[&4].clone())
+        .await
+        .unwrap();
+    assert!(answer.view.nodes.iter().any(|n| n.id == 4), "{answer:?}");
+    eventually(WAIT, "node 4's vote hold released", || async {
+        let hold = c.nodes[&4].consensus().vote_hold().cloned()?;
+        (!hold.is_held()).then_some(())
+    })
+    .await;
+    assert!(!c.data_dir(4).join("vote-held").exists());
+    // A node of the new cluster never held its vote.
+    for id in [1, 2, 3] {
+        assert!(!c.nodes[&id].consensus().vote_hold().unwrap().is_held());
+    }
+    c.shutdown().await;
+}
