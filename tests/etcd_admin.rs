@@ -333,6 +333,51 @@ async fn etcdctl_manages_users_roles_and_auth() {
     c.shutdown().await;
 }
 
+/// The root role is deleted as etcd deletes it: refused while auth is on (`invalid auth
+/// management`); with auth off really deleted, gone from the role list and from its holder,
+/// and a second delete is `role name not found` (leasecore answered success and kept
+/// listing it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn etcdctl_deletes_the_root_role_only_with_auth_off() {
+    if !have_etcdctl() {
+        return;
+    }
+    let c = etcd_cluster().await;
+    let (e1, e2) = (endpoint(&c, 1), endpoint(&c, 2));
+    let root = "--user=root:root-pw";
+    ok(&e1, &["user", "add", "root:root-pw"]).await;
+    ok(&e1, &["role", "add", "root"]).await;
+    ok(&e1, &["user", "grant-role", "root", "root"]).await;
+    ok(&e1, &["auth", "enable"]).await;
+    let err = fails(&e2, &[root, "role", "delete", "root"]).await;
+    assert!(
+        err.lines()
+            .any(|l| l == "Error: etcdserver: invalid auth management"),
+        "{err}"
+    );
+    let roles = ok(&e2, &[root, "role", "list"]).await;
+    assert_eq!(roles.lines().collect::<Vec<_>>(), ["root"]);
+    ok(&e2, &[root, "auth", "disable"]).await;
+
+    assert_eq!(
+        ok(&e1, &["role", "delete", "root"]).await.trim(),
+        "Role root deleted"
+    );
+    for e in [&e1, &e2] {
+        let roles = ok(e, &["role", "list"]).await;
+        assert_eq!(roles, "", "through {e}: {roles}");
+        let user = json(e, &["user", "get", "root"]).await;
+        assert_eq!(user.get("roles"), None, "through {e}: {user}");
+    }
+    let err = fails(&e2, &["role", "delete", "root"]).await;
+    assert!(
+        err.lines()
+            .any(|l| l == "Error: etcdserver: role name not found"),
+        "{err}"
+    );
+    c.shutdown().await;
+}
+
 /// `member promote` of a learner that is not in sync fails at once with etcd's error, through
 /// the leader or a follower, even with a catch-up wait longer than etcdctl's 5 s command
 /// timeout (leasecore's add path would wait for it: etcdctl then said only "context deadline
