@@ -684,3 +684,115 @@ async fn etcdctl_authenticates_with_leasecore_users() {
     );
     c.shutdown().await;
 }
+
+/// A running `etcdctl watch ... -w json` and its output lines.
+fn spawn_watch(
+    ep: &str,
+    args: &[&str],
+) -> (
+    tokio::process::Child,
+    tokio::io::Lines<BufReader<tokio::process::ChildStdout>>,
+) {
+    let mut child = Command::new("etcdctl")
+        .env("ETCDCTL_API", "3")
+        .arg(format!("--endpoints={ep}"))
+        .arg("watch")
+        .args(args)
+        .args(["-w", "json"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    (child, lines)
+}
+
+/// The keys and values of the events of one watch response line.
+fn events_of(line: &str) -> Vec<(String, String)> {
+    let v: Value = serde_json::from_str(line).unwrap();
+    v["Events"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|ev| {
+            let value = ev["kv"].get("value").map(b64).unwrap_or_default();
+            (b64(&ev["kv"]["key"]), value)
+        })
+        .collect()
+}
+
+/// The keys of a watch's next events, through the put of `last` (within a deadline).
+async fn keys_through(
+    lines: &mut tokio::io::Lines<BufReader<tokio::process::ChildStdout>>,
+    last: &(String, String),
+) -> Vec<String> {
+    let mut events = Vec::new();
+    while events.last() != Some(last) {
+        let line = tokio::time::timeout(Duration::from_secs(10), lines.next_line())
+            .await
+            .expect("the watch stalled")
+            .unwrap()
+            .expect("the watch ended");
+        events.extend(events_of(&line));
+    }
+    events.into_iter().map(|(k, _)| k).collect()
+}
+
+/// etcd's empty-key watches: an empty key is "\0" to etcd (its smallest key), so `watch ""`
+/// follows the key "\0", `watch "" b` every key below `b`, and `watch --prefix ""` (which
+/// etcdctl sends as "\0" to "\0") every key. leasecore refused the empty key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn etcdctl_watches_from_the_empty_key_as_etcd() {
+    use leasecore_etcd_api::etcdserverpb::PutRequest;
+    use leasecore_etcd_api::etcdserverpb::kv_client::KvClient;
+
+    if !have_etcdctl() {
+        return;
+    }
+    let c = cluster().await;
+    let (e1, e2) = (endpoint(&c, 1), endpoint(&c, 2));
+    // etcdctl cannot name the key "\0" (an argument cannot hold NUL): a gRPC client can.
+    let mut kv = KvClient::connect(format!("http://{e1}")).await.unwrap();
+    let put_nul = |value: &'static str| PutRequest {
+        key: vec![0],
+        value: value.as_bytes().to_vec(),
+        ..Default::default()
+    };
+    let nul = "\0".to_string();
+    let mut watches = [
+        spawn_watch(&e2, &[""]),
+        spawn_watch(&e2, &["", "b"]),
+        spawn_watch(&e2, &["--prefix", ""]),
+    ];
+    // "\0" is in all three: written until each watch shows it (each starts in its own time).
+    let mut ready = [false; 3];
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !ready.iter().all(|r| *r) && Instant::now() < deadline {
+        kv.put(put_nul("marker")).await.unwrap();
+        for (i, (_, lines)) in watches.iter_mut().enumerate() {
+            while !ready[i] {
+                match tokio::time::timeout(Duration::from_millis(300), lines.next_line()).await {
+                    Ok(Ok(Some(line))) => ready[i] = events_of(&line).iter().any(|e| e.0 == nul),
+                    Ok(_) => panic!("watch {i} ended: it was refused"),
+                    Err(_) => break,
+                }
+            }
+        }
+    }
+    assert_eq!(ready, [true; 3], "the watches never saw the key \"\\0\"");
+    ok(&e1, &["put", "c", "1"]).await;
+    ok(&e1, &["put", "a", "2"]).await;
+    kv.put(put_nul("last")).await.unwrap();
+    let last = (nul.clone(), "last".to_string());
+    let mut seen = Vec::new();
+    for (_, lines) in watches.iter_mut() {
+        let keys = keys_through(lines, &last).await;
+        // Without the markers still on their way.
+        seen.push(keys.into_iter().filter(|k| *k != nul).collect::<Vec<_>>());
+    }
+    assert!(seen[0].is_empty(), "watch \"\" sees only \"\\0\": {seen:?}");
+    assert_eq!(seen[1], ["a"], "watch \"\" b: {seen:?}");
+    assert_eq!(seen[2], ["c", "a"], "watch --prefix \"\": {seen:?}");
+    c.shutdown().await;
+}
