@@ -685,6 +685,45 @@ async fn etcdctl_authenticates_with_leasecore_users() {
     c.shutdown().await;
 }
 
+/// The longest lease is etcd's, 9,000,000,000 s: granted, read back and kept alive as such;
+/// a second more is etcd's own `too large lease TTL` (leasecore's longest used to be 7 days).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn etcdctl_grants_leases_as_long_as_etcds_longest() {
+    if !have_etcdctl() {
+        return;
+    }
+    let c = cluster().await;
+    let (e1, e2) = (endpoint(&c, 1), endpoint(&c, 2));
+    let week_and_a_second = ok(&e1, &["lease", "grant", "604801"]).await;
+    assert!(
+        week_and_a_second.contains("granted with TTL(604801s)"),
+        "{week_and_a_second}"
+    );
+    let longest = ok(&e1, &["lease", "grant", "9000000000"]).await;
+    assert!(
+        longest.contains("granted with TTL(9000000000s)"),
+        "{longest}"
+    );
+    let id = longest.split_whitespace().nth(1).unwrap().to_string();
+    let ttl = json(&e2, &["lease", "timetolive", &id]).await;
+    assert_eq!(ttl["granted-ttl"], 9_000_000_000i64, "{ttl}");
+    let left = ttl["ttl"].as_i64().unwrap();
+    assert!(
+        (9_000_000_000 - 60..=9_000_000_000).contains(&left),
+        "{ttl}"
+    );
+    let kept = ok(&e2, &["lease", "keep-alive", "--once", &id]).await;
+    assert!(kept.contains("keepalived with TTL(9000000000)"), "{kept}");
+    let over = etcdctl_in(&e2, &["lease", "grant", "9000000001"], "").await;
+    assert!(!over.status.success());
+    let err = String::from_utf8_lossy(&over.stderr);
+    assert!(
+        err.contains("Error: failed to grant lease (etcdserver: too large lease TTL)"),
+        "{err}"
+    );
+    c.shutdown().await;
+}
+
 /// A running `etcdctl watch ... -w json` and its output lines.
 fn spawn_watch(
     ep: &str,
