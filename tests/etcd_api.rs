@@ -835,3 +835,35 @@ async fn etcdctl_watches_from_the_empty_key_as_etcd() {
     assert_eq!(seen[2], ["c", "a"], "watch --prefix \"\": {seen:?}");
     c.shutdown().await;
 }
+
+/// A key longer than leasecore holds (1024 bytes) is, to etcd's clients, what etcd answers for
+/// a request over its size limit: `etcdserver: request is too large` (etcd's keys are bounded
+/// only by the request size, 1.5 MiB). 1024 bytes are fine.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn etcdctl_is_told_a_too_long_key_makes_the_request_too_large() {
+    if !have_etcdctl() {
+        return;
+    }
+    let c = cluster().await;
+    let e1 = endpoint(&c, 1);
+    let longest = "k".repeat(1024);
+    assert_eq!(ok(&e1, &["put", &longest, "v"]).await.trim(), "OK");
+    let long = "k".repeat(1025);
+    let out = etcdctl_in(&e1, &["put", &long, "v"], "").await;
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.lines()
+            .any(|l| l == "Error: etcdserver: request is too large"),
+        "{err}"
+    );
+    let txn = etcdctl_in(&e1, &["txn", "-i"], &format!("\nput {long} v\n\n\n")).await;
+    assert!(!txn.status.success());
+    let err = String::from_utf8_lossy(&txn.stderr);
+    assert!(
+        err.lines()
+            .any(|l| l == "Error: etcdserver: request is too large"),
+        "{err}"
+    );
+    c.shutdown().await;
+}
