@@ -724,6 +724,110 @@ async fn etcdctl_grants_leases_as_long_as_etcds_longest() {
     c.shutdown().await;
 }
 
+/// `etcdctl endpoint hashkv` at node `ep`, at revision `at` (0: the present): the hash and
+/// the revision of its header, or etcdctl's error output.
+async fn hashkv(ep: &str, at: i64) -> Result<(u64, i64), String> {
+    let at = at.to_string();
+    let out = etcdctl_in(ep, &["endpoint", "hashkv", "--rev", &at, "-w", "json"], "").await;
+    if !out.status.success() {
+        return Err(String::from_utf8_lossy(&out.stderr).to_string());
+    }
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let answer = &v[0]["HashKV"];
+    // Go's JSON leaves a zero hash out.
+    let hash = answer["hash"].as_u64().unwrap_or(0);
+    Ok((hash, answer["header"]["revision"].as_i64().unwrap()))
+}
+
+/// `endpoint hashkv --rev R` hashes the keys as they were at any revision still held, as etcd:
+/// the same on every node, the same as the present hash was when `R` was the present, and
+/// unchanged by later writes and by a compaction up to `R`. Below the compaction mark it is
+/// etcd's `compacted`, after the present its `future revision`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn etcdctl_hashkv_hashes_any_revision_still_held() {
+    if !have_etcdctl() {
+        return;
+    }
+    let c = cluster().await;
+    let eps: Vec<String> = (1..=3).map(|id| endpoint(&c, id)).collect();
+    let rev = |v: Value| v["header"]["revision"].as_i64().unwrap();
+    let r1 = rev(json(&eps[0], &["put", "a", "1"]).await);
+    let r2 = rev(json(&eps[1], &["put", "b", "2"]).await);
+    let r3 = rev(json(&eps[2], &["put", "a", "3"]).await);
+    // The present hash while r3 is the present (a node answers once it has applied r3).
+    let now_at_r3 = eventually(Duration::from_secs(10), "node 1 at r3", || {
+        let ep = eps[0].clone();
+        async move {
+            match hashkv(&ep, 0).await {
+                Ok((hash, at)) if at == r3 => Some(hash),
+                _ => None,
+            }
+        }
+    })
+    .await;
+    // Every node, at every revision: one hash per revision.
+    let mut at_rev = Vec::new();
+    for r in [r1, r2, r3] {
+        let mut hashes = Vec::new();
+        for ep in &eps {
+            let hash = eventually(Duration::from_secs(10), "a hash at a past revision", || {
+                let ep = ep.clone();
+                async move { hashkv(&ep, r).await.ok().map(|(h, _)| h) }
+            })
+            .await;
+            hashes.push(hash);
+        }
+        assert!(hashes.iter().all(|h| *h == hashes[0]), "at {r}: {hashes:?}");
+        at_rev.push(hashes[0]);
+    }
+    assert_eq!(at_rev[2], now_at_r3, "the hash at r3, then and later");
+    assert!(
+        at_rev[0] != at_rev[1] && at_rev[1] != at_rev[2],
+        "{at_rev:?}"
+    );
+
+    // Later writes change the present hash, not the past ones.
+    ok(&eps[0], &["put", "c", "4"]).await;
+    let r5 = rev(json(&eps[1], &["del", "a"]).await);
+    let later = eventually(Duration::from_secs(10), "node 2 at r5", || {
+        let ep = eps[1].clone();
+        async move {
+            match hashkv(&ep, 0).await {
+                Ok((hash, at)) if at == r5 => Some(hash),
+                _ => None,
+            }
+        }
+    })
+    .await;
+    assert!(!at_rev.contains(&later), "{later} {at_rev:?}");
+    for ep in &eps {
+        assert_eq!(hashkv(ep, r1).await.unwrap().0, at_rev[0], "{ep}");
+        assert_eq!(hashkv(ep, r3).await.unwrap().0, at_rev[2], "{ep}");
+    }
+
+    // Compaction to r2: r2 and after keep their hashes, below is compacted.
+    ok(&eps[2], &["compaction", &r2.to_string()]).await;
+    for ep in &eps {
+        let err = eventually(Duration::from_secs(10), "the compaction to apply", || {
+            let ep = ep.clone();
+            async move { hashkv(&ep, r1).await.err() }
+        })
+        .await;
+        assert!(
+            err.contains("etcdserver: mvcc: required revision has been compacted"),
+            "{ep}: {err}"
+        );
+        assert_eq!(hashkv(ep, r2).await.unwrap().0, at_rev[1], "{ep}");
+        assert_eq!(hashkv(ep, r3).await.unwrap().0, at_rev[2], "{ep}");
+    }
+    let err = hashkv(&eps[0], r5 + 100).await.unwrap_err();
+    assert!(
+        err.contains("etcdserver: mvcc: required revision is a future revision"),
+        "{err}"
+    );
+    c.shutdown().await;
+}
+
 /// A running `etcdctl watch ... -w json` and its output lines.
 fn spawn_watch(
     ep: &str,

@@ -37,6 +37,9 @@
 //! /v1/snapshot`): `etcdctl snapshot save` stores it, `leasecore snapshot restore` seeds a
 //! cluster from it. It is not a bbolt file: `etcdctl snapshot status|restore` cannot read it.
 //!
+//! `HashKV` hashes the keys live at any revision still held (`domain::range::keys_hash`): the
+//! same on every member for the same revision, whatever was written or compacted since.
+//!
 //! `MoveLeader` hands the leadership over (`raft::consensus::transfer`), root only as in
 //! etcd; unlike etcd, any node serves it (a follower forwards it to the leader).
 
@@ -59,8 +62,11 @@ use tonic::{Request, Response, Status};
 
 use super::{ETCD_VERSION, Etcd, EtcdError, learner};
 use crate::clock::{Clock, SystemClock};
+use crate::domain::auth::KeyRange;
 use crate::domain::health;
+use crate::domain::range::keys_hash;
 use crate::domain::resources::{PEER_PORT_OFFSET, peer_address};
+use crate::domain::types::Revision;
 use crate::http::AppState;
 use crate::http::auth::require_root;
 use crate::raft::NodeId;
@@ -552,22 +558,32 @@ impl Maintenance for Etcd {
         req: Request<HashKvRequest>,
     ) -> Result<Response<HashKvResponse>, Status> {
         self.admin_caller(&req)?;
-        let (revision, hash) = self.state_hash();
-        let asked = req.get_ref().revision;
-        if asked > 0 && asked as u64 > revision.0 {
-            return Err(EtcdError::future_revision().into());
-        }
-        // Only the current state is hashed: an older revision is answered as compacted.
-        if asked > 0 && asked as u64 != revision.0 {
-            return Err(EtcdError::compacted(crate::domain::history::Compacted {
-                compacted: revision,
-            })
-            .into());
-        }
+        // The keys live at the revision asked (0: the present), read as a range at a past
+        // revision is: below the floor `compacted`, after the present `future revision`.
+        // (etcd 3.4 refuses the compaction mark itself too; 3.5, which leasecore reports,
+        // hashes it, as a range may read it.)
+        let at = u64::try_from(req.get_ref().revision)
+            .ok()
+            .filter(|r| *r > 0)
+            .map(Revision);
+        let view = self.state.consensus.view();
+        let everything = KeyRange {
+            start: Vec::new(),
+            end: None,
+        };
+        let (revision, kvs) = view
+            .range_at(&everything, at)
+            .map_err(super::kv::history_error)?;
+        let hash = keys_hash(kvs.iter().map(|(k, v)| (k.as_str(), v)));
+        // etcd's -1 before any compaction.
+        let compact_revision = match view.with_state(|kv| kv.compact_revision()) {
+            Revision(0) => -1,
+            Revision(r) => r as i64,
+        };
         Ok(Response::new(HashKvResponse {
             header: self.header_at(revision),
             hash,
-            compact_revision: 0,
+            compact_revision,
         }))
     }
 
