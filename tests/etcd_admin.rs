@@ -333,6 +333,132 @@ async fn etcdctl_manages_users_roles_and_auth() {
     c.shutdown().await;
 }
 
+/// The root role is deleted as etcd deletes it: refused while auth is on (`invalid auth
+/// management`); with auth off really deleted, gone from the role list and from its holder,
+/// and a second delete is `role name not found` (leasecore answered success and kept
+/// listing it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn etcdctl_deletes_the_root_role_only_with_auth_off() {
+    if !have_etcdctl() {
+        return;
+    }
+    let c = etcd_cluster().await;
+    let (e1, e2) = (endpoint(&c, 1), endpoint(&c, 2));
+    let root = "--user=root:root-pw";
+    ok(&e1, &["user", "add", "root:root-pw"]).await;
+    ok(&e1, &["role", "add", "root"]).await;
+    ok(&e1, &["user", "grant-role", "root", "root"]).await;
+    ok(&e1, &["auth", "enable"]).await;
+    let err = fails(&e2, &[root, "role", "delete", "root"]).await;
+    assert!(
+        err.lines()
+            .any(|l| l == "Error: etcdserver: invalid auth management"),
+        "{err}"
+    );
+    let roles = ok(&e2, &[root, "role", "list"]).await;
+    assert_eq!(roles.lines().collect::<Vec<_>>(), ["root"]);
+    ok(&e2, &[root, "auth", "disable"]).await;
+
+    assert_eq!(
+        ok(&e1, &["role", "delete", "root"]).await.trim(),
+        "Role root deleted"
+    );
+    for e in [&e1, &e2] {
+        let roles = ok(e, &["role", "list"]).await;
+        assert_eq!(roles, "", "through {e}: {roles}");
+        let user = json(e, &["user", "get", "root"]).await;
+        assert_eq!(user.get("roles"), None, "through {e}: {user}");
+    }
+    let err = fails(&e2, &["role", "delete", "root"]).await;
+    assert!(
+        err.lines()
+            .any(|l| l == "Error: etcdserver: role name not found"),
+        "{err}"
+    );
+    c.shutdown().await;
+}
+
+/// `etcdctl member list`'s line for member `id` through `ep`.
+async fn member_line(ep: &str, id: u64) -> String {
+    let list = ok(ep, &["member", "list"]).await;
+    let prefix = format!("{id:x}, ");
+    list.lines()
+        .find(|l| l.starts_with(&prefix))
+        .unwrap_or_else(|| panic!("member {id:x} is not listed: {list}"))
+        .to_string()
+}
+
+/// A member added but not started is listed as etcd lists it: without a name or client URLs,
+/// which etcdctl shows as `unstarted` (leasecore listed it `started`, named `node-N`),
+/// through the leader and a follower alike. Once started it is listed with its name and
+/// client URL, and still after it stopped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_member_added_but_not_started_is_listed_unstarted() {
+    if !have_etcdctl() {
+        return;
+    }
+    let mut c = etcd_cluster().await;
+    let leader = c.leader().await;
+    let follower = (1..=3).find(|i| *i != leader).unwrap();
+    let (el, ef) = (endpoint(&c, leader), endpoint(&c, follower));
+    let four = bind_pair().await;
+    let addr4 = four.0.local_addr().unwrap().to_string();
+    let url4 = peer_url_of(&addr4);
+    assert_eq!(added_id(&add_learner(&el, "n4", &url4).await), 4);
+    for e in [&el, &ef] {
+        assert_eq!(
+            member_line(e, 4).await,
+            format!("4, unstarted, , {url4}, , true"),
+            "through {e}"
+        );
+    }
+    // The gateway's JSON leaves the empty name and URLs out, as etcd's.
+    let list: Value = reqwest::Client::new()
+        .post(format!("http://{ef}/v3/cluster/member/list"))
+        .json(&serde_json::json!({}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let four_json = list["members"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["ID"] == "4")
+        .cloned()
+        .unwrap_or_else(|| panic!("{list}"));
+    assert_eq!(
+        (four_json.get("name"), four_json.get("clientURLs")),
+        (None, None),
+        "{four_json}"
+    );
+
+    c.addrs.insert(4, addr4);
+    start_joiner_on(&mut c, 4, four).await;
+    let started = format!(
+        "4, started, node-4, {url4}, http://{}, true",
+        endpoint(&c, 4)
+    );
+    for e in [&el, &ef] {
+        eventually(
+            Duration::from_secs(20),
+            "node 4 to be listed started",
+            || {
+                let (e, started) = (e.clone(), started.clone());
+                async move { (member_line(&e, 4).await == started).then_some(()) }
+            },
+        )
+        .await;
+    }
+    c.stop(4).await;
+    for e in [&el, &ef] {
+        assert_eq!(member_line(e, 4).await, started, "through {e}, stopped");
+    }
+    c.shutdown().await;
+}
+
 /// `member promote` of a learner that is not in sync fails at once with etcd's error, through
 /// the leader or a follower, even with a catch-up wait longer than etcdctl's 5 s command
 /// timeout (leasecore's add path would wait for it: etcdctl then said only "context deadline

@@ -684,3 +684,290 @@ async fn etcdctl_authenticates_with_leasecore_users() {
     );
     c.shutdown().await;
 }
+
+/// The longest lease is etcd's, 9,000,000,000 s: granted, read back and kept alive as such;
+/// a second more is etcd's own `too large lease TTL` (leasecore's longest used to be 7 days).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn etcdctl_grants_leases_as_long_as_etcds_longest() {
+    if !have_etcdctl() {
+        return;
+    }
+    let c = cluster().await;
+    let (e1, e2) = (endpoint(&c, 1), endpoint(&c, 2));
+    let week_and_a_second = ok(&e1, &["lease", "grant", "604801"]).await;
+    assert!(
+        week_and_a_second.contains("granted with TTL(604801s)"),
+        "{week_and_a_second}"
+    );
+    let longest = ok(&e1, &["lease", "grant", "9000000000"]).await;
+    assert!(
+        longest.contains("granted with TTL(9000000000s)"),
+        "{longest}"
+    );
+    let id = longest.split_whitespace().nth(1).unwrap().to_string();
+    let ttl = json(&e2, &["lease", "timetolive", &id]).await;
+    assert_eq!(ttl["granted-ttl"], 9_000_000_000i64, "{ttl}");
+    let left = ttl["ttl"].as_i64().unwrap();
+    assert!(
+        (9_000_000_000 - 60..=9_000_000_000).contains(&left),
+        "{ttl}"
+    );
+    let kept = ok(&e2, &["lease", "keep-alive", "--once", &id]).await;
+    assert!(kept.contains("keepalived with TTL(9000000000)"), "{kept}");
+    let over = etcdctl_in(&e2, &["lease", "grant", "9000000001"], "").await;
+    assert!(!over.status.success());
+    let err = String::from_utf8_lossy(&over.stderr);
+    assert!(
+        err.contains("Error: failed to grant lease (etcdserver: too large lease TTL)"),
+        "{err}"
+    );
+    c.shutdown().await;
+}
+
+/// `etcdctl endpoint hashkv` at node `ep`, at revision `at` (0: the present): the hash and
+/// the revision of its header, or etcdctl's error output.
+async fn hashkv(ep: &str, at: i64) -> Result<(u64, i64), String> {
+    let at = at.to_string();
+    let out = etcdctl_in(ep, &["endpoint", "hashkv", "--rev", &at, "-w", "json"], "").await;
+    if !out.status.success() {
+        return Err(String::from_utf8_lossy(&out.stderr).to_string());
+    }
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let answer = &v[0]["HashKV"];
+    // Go's JSON leaves a zero hash out.
+    let hash = answer["hash"].as_u64().unwrap_or(0);
+    Ok((hash, answer["header"]["revision"].as_i64().unwrap()))
+}
+
+/// `endpoint hashkv --rev R` hashes the keys as they were at any revision still held, as etcd:
+/// the same on every node, the same as the present hash was when `R` was the present, and
+/// unchanged by later writes and by a compaction up to `R`. Below the compaction mark it is
+/// etcd's `compacted`, after the present its `future revision`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn etcdctl_hashkv_hashes_any_revision_still_held() {
+    if !have_etcdctl() {
+        return;
+    }
+    let c = cluster().await;
+    let eps: Vec<String> = (1..=3).map(|id| endpoint(&c, id)).collect();
+    let rev = |v: Value| v["header"]["revision"].as_i64().unwrap();
+    let r1 = rev(json(&eps[0], &["put", "a", "1"]).await);
+    let r2 = rev(json(&eps[1], &["put", "b", "2"]).await);
+    let r3 = rev(json(&eps[2], &["put", "a", "3"]).await);
+    // The present hash while r3 is the present (a node answers once it has applied r3).
+    let now_at_r3 = eventually(Duration::from_secs(10), "node 1 at r3", || {
+        let ep = eps[0].clone();
+        async move {
+            match hashkv(&ep, 0).await {
+                Ok((hash, at)) if at == r3 => Some(hash),
+                _ => None,
+            }
+        }
+    })
+    .await;
+    // Every node, at every revision: one hash per revision.
+    let mut at_rev = Vec::new();
+    for r in [r1, r2, r3] {
+        let mut hashes = Vec::new();
+        for ep in &eps {
+            let hash = eventually(Duration::from_secs(10), "a hash at a past revision", || {
+                let ep = ep.clone();
+                async move { hashkv(&ep, r).await.ok().map(|(h, _)| h) }
+            })
+            .await;
+            hashes.push(hash);
+        }
+        assert!(hashes.iter().all(|h| *h == hashes[0]), "at {r}: {hashes:?}");
+        at_rev.push(hashes[0]);
+    }
+    assert_eq!(at_rev[2], now_at_r3, "the hash at r3, then and later");
+    assert!(
+        at_rev[0] != at_rev[1] && at_rev[1] != at_rev[2],
+        "{at_rev:?}"
+    );
+
+    // Later writes change the present hash, not the past ones.
+    ok(&eps[0], &["put", "c", "4"]).await;
+    let r5 = rev(json(&eps[1], &["del", "a"]).await);
+    let later = eventually(Duration::from_secs(10), "node 2 at r5", || {
+        let ep = eps[1].clone();
+        async move {
+            match hashkv(&ep, 0).await {
+                Ok((hash, at)) if at == r5 => Some(hash),
+                _ => None,
+            }
+        }
+    })
+    .await;
+    assert!(!at_rev.contains(&later), "{later} {at_rev:?}");
+    for ep in &eps {
+        assert_eq!(hashkv(ep, r1).await.unwrap().0, at_rev[0], "{ep}");
+        assert_eq!(hashkv(ep, r3).await.unwrap().0, at_rev[2], "{ep}");
+    }
+
+    // Compaction to r2: r2 and after keep their hashes, below is compacted.
+    ok(&eps[2], &["compaction", &r2.to_string()]).await;
+    for ep in &eps {
+        let err = eventually(Duration::from_secs(10), "the compaction to apply", || {
+            let ep = ep.clone();
+            async move { hashkv(&ep, r1).await.err() }
+        })
+        .await;
+        assert!(
+            err.contains("etcdserver: mvcc: required revision has been compacted"),
+            "{ep}: {err}"
+        );
+        assert_eq!(hashkv(ep, r2).await.unwrap().0, at_rev[1], "{ep}");
+        assert_eq!(hashkv(ep, r3).await.unwrap().0, at_rev[2], "{ep}");
+    }
+    let err = hashkv(&eps[0], r5 + 100).await.unwrap_err();
+    assert!(
+        err.contains("etcdserver: mvcc: required revision is a future revision"),
+        "{err}"
+    );
+    c.shutdown().await;
+}
+
+/// A running `etcdctl watch ... -w json` and its output lines.
+fn spawn_watch(
+    ep: &str,
+    args: &[&str],
+) -> (
+    tokio::process::Child,
+    tokio::io::Lines<BufReader<tokio::process::ChildStdout>>,
+) {
+    let mut child = Command::new("etcdctl")
+        .env("ETCDCTL_API", "3")
+        .arg(format!("--endpoints={ep}"))
+        .arg("watch")
+        .args(args)
+        .args(["-w", "json"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    (child, lines)
+}
+
+/// The keys and values of the events of one watch response line.
+fn events_of(line: &str) -> Vec<(String, String)> {
+    let v: Value = serde_json::from_str(line).unwrap();
+    v["Events"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|ev| {
+            let value = ev["kv"].get("value").map(b64).unwrap_or_default();
+            (b64(&ev["kv"]["key"]), value)
+        })
+        .collect()
+}
+
+/// The keys of a watch's next events, through the put of `last` (within a deadline).
+async fn keys_through(
+    lines: &mut tokio::io::Lines<BufReader<tokio::process::ChildStdout>>,
+    last: &(String, String),
+) -> Vec<String> {
+    let mut events = Vec::new();
+    while events.last() != Some(last) {
+        let line = tokio::time::timeout(Duration::from_secs(10), lines.next_line())
+            .await
+            .expect("the watch stalled")
+            .unwrap()
+            .expect("the watch ended");
+        events.extend(events_of(&line));
+    }
+    events.into_iter().map(|(k, _)| k).collect()
+}
+
+/// etcd's empty-key watches: an empty key is "\0" to etcd (its smallest key), so `watch ""`
+/// follows the key "\0", `watch "" b` every key below `b`, and `watch --prefix ""` (which
+/// etcdctl sends as "\0" to "\0") every key. leasecore refused the empty key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn etcdctl_watches_from_the_empty_key_as_etcd() {
+    use leasecore_etcd_api::etcdserverpb::PutRequest;
+    use leasecore_etcd_api::etcdserverpb::kv_client::KvClient;
+
+    if !have_etcdctl() {
+        return;
+    }
+    let c = cluster().await;
+    let (e1, e2) = (endpoint(&c, 1), endpoint(&c, 2));
+    // etcdctl cannot name the key "\0" (an argument cannot hold NUL): a gRPC client can.
+    let mut kv = KvClient::connect(format!("http://{e1}")).await.unwrap();
+    let put_nul = |value: &'static str| PutRequest {
+        key: vec![0],
+        value: value.as_bytes().to_vec(),
+        ..Default::default()
+    };
+    let nul = "\0".to_string();
+    let mut watches = [
+        spawn_watch(&e2, &[""]),
+        spawn_watch(&e2, &["", "b"]),
+        spawn_watch(&e2, &["--prefix", ""]),
+    ];
+    // "\0" is in all three: written until each watch shows it (each starts in its own time).
+    let mut ready = [false; 3];
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !ready.iter().all(|r| *r) && Instant::now() < deadline {
+        kv.put(put_nul("marker")).await.unwrap();
+        for (i, (_, lines)) in watches.iter_mut().enumerate() {
+            while !ready[i] {
+                match tokio::time::timeout(Duration::from_millis(300), lines.next_line()).await {
+                    Ok(Ok(Some(line))) => ready[i] = events_of(&line).iter().any(|e| e.0 == nul),
+                    Ok(_) => panic!("watch {i} ended: it was refused"),
+                    Err(_) => break,
+                }
+            }
+        }
+    }
+    assert_eq!(ready, [true; 3], "the watches never saw the key \"\\0\"");
+    ok(&e1, &["put", "c", "1"]).await;
+    ok(&e1, &["put", "a", "2"]).await;
+    kv.put(put_nul("last")).await.unwrap();
+    let last = (nul.clone(), "last".to_string());
+    let mut seen = Vec::new();
+    for (_, lines) in watches.iter_mut() {
+        let keys = keys_through(lines, &last).await;
+        // Without the markers still on their way.
+        seen.push(keys.into_iter().filter(|k| *k != nul).collect::<Vec<_>>());
+    }
+    assert!(seen[0].is_empty(), "watch \"\" sees only \"\\0\": {seen:?}");
+    assert_eq!(seen[1], ["a"], "watch \"\" b: {seen:?}");
+    assert_eq!(seen[2], ["c", "a"], "watch --prefix \"\": {seen:?}");
+    c.shutdown().await;
+}
+
+/// A key longer than leasecore holds (1024 bytes) is, to etcd's clients, what etcd answers for
+/// a request over its size limit: `etcdserver: request is too large` (etcd's keys are bounded
+/// only by the request size, 1.5 MiB). 1024 bytes are fine.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn etcdctl_is_told_a_too_long_key_makes_the_request_too_large() {
+    if !have_etcdctl() {
+        return;
+    }
+    let c = cluster().await;
+    let e1 = endpoint(&c, 1);
+    let longest = "k".repeat(1024);
+    assert_eq!(ok(&e1, &["put", &longest, "v"]).await.trim(), "OK");
+    let long = "k".repeat(1025);
+    let out = etcdctl_in(&e1, &["put", &long, "v"], "").await;
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.lines()
+            .any(|l| l == "Error: etcdserver: request is too large"),
+        "{err}"
+    );
+    let txn = etcdctl_in(&e1, &["txn", "-i"], &format!("\nput {long} v\n\n\n")).await;
+    assert!(!txn.status.success());
+    let err = String::from_utf8_lossy(&txn.stderr);
+    assert!(
+        err.lines()
+            .any(|l| l == "Error: etcdserver: request is too large"),
+        "{err}"
+    );
+    c.shutdown().await;
+}

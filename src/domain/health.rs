@@ -178,6 +178,16 @@ pub fn learner_in_sync(reachable: Option<bool>, lag: Option<u64>, max_lag: u64) 
     reachable != Some(false) && lag.is_some_and(|l| l <= max_lag)
 }
 
+/// Whether a member has started, as etcd's `MemberList` tells it: etcd names a member and
+/// lists its client URLs once the member itself has published them, and etcdctl shows one
+/// without a name as `unstarted`. A voter has started (an initial member, or a node promoted
+/// once it had caught up); a learner once it has been `heard` from (it acknowledged the
+/// leader's log, or answered a node that asked it). One that started and later stopped has
+/// still started.
+pub fn member_started(voter: bool, heard: bool) -> bool {
+    voter || heard
+}
+
 /// How long this node has led in its current term: the shell feeds it every observation and
 /// it remembers when the current tenure began.
 #[derive(Clone, Debug, Default)]
@@ -232,6 +242,16 @@ mod tests {
         assert!(!learner_in_sync(Some(true), Some(65), 64));
         assert!(!learner_in_sync(Some(false), Some(0), 64), "unreachable");
         assert!(!learner_in_sync(Some(true), None, 64), "never acknowledged");
+    }
+
+    #[test]
+    fn a_learner_has_started_once_heard_from_and_a_voter_always() {
+        assert!(!member_started(false, false), "added, never heard from");
+        assert!(member_started(false, true));
+        assert!(
+            member_started(true, false),
+            "an initial member not heard from yet"
+        );
     }
 
     const ET: u64 = 1000;

@@ -76,6 +76,11 @@ pub enum InvalidInput {
     /// Input over a size limit.
     #[error("{0}")]
     TooLarge(String),
+    /// A key, or a range bound, longer than [`MAX_KEY_BYTES`]: malformed input to `/v1` (as
+    /// `Invalid`), and to etcd's clients a request over its size limit (etcd bounds keys only
+    /// by the request size).
+    #[error("{0}")]
+    KeyTooLong(String),
     /// The cluster holds as many leases as it may: retry after some were removed.
     #[error("{0}")]
     TooManyLeases(String),
@@ -102,7 +107,7 @@ impl Limits {
             return Err(InvalidInput::Invalid("key must not be empty".into()));
         }
         if key.len() > MAX_KEY_BYTES {
-            return Err(InvalidInput::Invalid(format!(
+            return Err(InvalidInput::KeyTooLong(format!(
                 "key is {} bytes; the limit is {MAX_KEY_BYTES}",
                 key.len()
             )));
@@ -167,7 +172,7 @@ impl Limits {
         use super::txn::{CompareTarget, TxnOp};
         let bound = |b: &[u8]| {
             if b.len() > MAX_KEY_BYTES + 1 {
-                return Err(InvalidInput::Invalid(format!(
+                return Err(InvalidInput::KeyTooLong(format!(
                     "a range bound is {} bytes; keys are at most {MAX_KEY_BYTES}",
                     b.len()
                 )));
@@ -401,7 +406,7 @@ mod tests {
         assert!(l.check_key(&"k".repeat(MAX_KEY_BYTES)).is_ok());
         assert!(matches!(
             l.check_key(&"k".repeat(MAX_KEY_BYTES + 1)),
-            Err(InvalidInput::Invalid(_))
+            Err(InvalidInput::KeyTooLong(_))
         ));
         assert!(matches!(l.check_key(""), Err(InvalidInput::Invalid(_))));
         // Multi-byte characters count in bytes, not characters.
@@ -521,7 +526,7 @@ mod tests {
         let big_key = "k".repeat(100 * 1024);
         assert!(matches!(
             l.check_command(&put(&big_key, "v"), TTL),
-            Err(InvalidInput::Invalid(_))
+            Err(InvalidInput::KeyTooLong(_))
         ));
         let big_value = "v".repeat(32 << 20);
         assert!(matches!(

@@ -13,6 +13,12 @@
 //! - A sort by value is in the order of the raw bytes: a value the etcd API stored as NUL and
 //!   base64 sorts as its bytes ([`super::value_bytes`]).
 //!
+//! [`keys_hash`] is etcd's `HashKV` over the keys live at one revision: a CRC-32 of each key
+//! and its version, in key order. The same revision hashes the same on every member, and a
+//! past revision as it hashed when it was the present (the keys live at a revision never
+//! change). etcd hashes the versions between its compaction mark and the revision instead, so
+//! the numbers are leasecore's own: members compare with each other, not with etcd.
+//!
 //! # What it must not do
 //! Read the store itself: the caller hands in the range's keys in key order.
 
@@ -21,6 +27,28 @@ use serde::{Deserialize, Serialize};
 use super::auth::KeyRange;
 use super::kv::Versioned;
 use super::types::Revision;
+
+/// The hash of `keys` (in key order), each with its version: [`keys_hash`] in the module docs.
+/// Every field is length-prefixed or fixed-width, so no two different inputs run together.
+pub fn keys_hash<'a>(keys: impl IntoIterator<Item = (&'a str, &'a Versioned)>) -> u32 {
+    let mut h = crc32fast::Hasher::new();
+    let mut bytes = |b: &[u8]| {
+        h.update(&(b.len() as u64).to_be_bytes());
+        h.update(b);
+    };
+    for (key, v) in keys {
+        bytes(key.as_bytes());
+        bytes(v.value.as_bytes());
+        bytes(&v.create_revision.0.to_be_bytes());
+        bytes(&v.mod_revision.0.to_be_bytes());
+        bytes(&v.version.to_be_bytes());
+        match &v.lease {
+            Some(lease) => bytes(lease.as_bytes()),
+            None => bytes(&[]),
+        }
+    }
+    h.finalize()
+}
 
 /// The order of a range's result.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -194,6 +222,28 @@ mod tests {
             version,
             lease: None,
         }
+    }
+
+    #[test]
+    fn the_hash_of_keys_changes_with_any_field_and_with_where_a_key_ends() {
+        let hash = |kvs: &[(&str, Versioned)]| keys_hash(kvs.iter().map(|(k, v)| (*k, v)));
+        let base = [("a", v("1", 1, 1, 1)), ("b", v("2", 2, 2, 1))];
+        assert_eq!(hash(&base), hash(&base.clone()), "deterministic");
+        let mut leased = base.clone();
+        leased[1].1.lease = Some("l".into());
+        let variants = [
+            [("a", v("1", 1, 1, 1)), ("b", v("3", 2, 2, 1))],
+            [("a", v("1", 1, 1, 1)), ("b", v("2", 1, 2, 1))],
+            [("a", v("1", 1, 1, 1)), ("b", v("2", 2, 3, 1))],
+            [("a", v("1", 1, 1, 1)), ("b", v("2", 2, 2, 2))],
+            leased,
+            // The same bytes, split between key and value differently.
+            [("a", v("1", 1, 1, 1)), ("b2", v("", 2, 2, 1))],
+        ];
+        for other in &variants {
+            assert_ne!(hash(&base), hash(other), "{other:?}");
+        }
+        assert_ne!(hash(&[]), hash(&base[..1]));
     }
 
     fn data() -> Vec<(String, Versioned)> {

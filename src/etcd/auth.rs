@@ -10,8 +10,10 @@
 //!   `... root user does not exist`, `... root user does not have root role` (on which
 //!   `etcdctl auth enable` adds the role itself), `... invalid auth management` for the root
 //!   user or role while auth is on, `... permission denied` for a non-root caller).
-//! - `root` is built in (as etcd's): it exists without `RoleAdd`, and `RoleGet` shows it
-//!   allowing everything. `RoleList` always lists it.
+//! - `root` is built in: granting it needs no `RoleAdd` (as in etcd), and `RoleGet` shows it
+//!   allowing everything. It exists while it was added or a user holds it (etcd's only once
+//!   added): `RoleList` lists it, and `RoleDelete` (refused while auth is on, `invalid auth
+//!   management`, as etcd's) deletes it and takes it from every user, as etcd's does.
 //!
 //! # Differences from etcd
 //! - Users have passwords: `UserAdd` with `no_password` (etcd's users that authenticate by TLS

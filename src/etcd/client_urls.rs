@@ -15,6 +15,8 @@
 //! - A member that does not answer (down, partitioned, an older build) keeps the URL it gave
 //!   last at the same address, or none if it never answered: its list is empty then, as it
 //!   always was before members learned each other's URLs.
+//! - Whether a member has answered at all is kept too ([`ClientUrls::answered`]): `MemberList`
+//!   lists a learner no one has heard from as not started.
 //! - Answers are not trusted: a URL is kept only from the member asked (the document names it)
 //!   and only as a bare `http(s)://host:port` of at most [`MAX_URL_BYTES`] ([`checked_url`]).
 //!   A member removed, or at another address, is forgotten.
@@ -81,6 +83,8 @@ struct Learned {
     address: String,
     /// The etcd URL it gave (its last one, if it has not answered since).
     url: Option<String>,
+    /// Whether it has answered as itself at this address (it has started).
+    answered: bool,
     /// When it was last asked.
     asked: MonoMillis,
 }
@@ -112,6 +116,7 @@ fn due(
                 .or_insert_with(|| Learned {
                     address: n.address.clone(),
                     url: None,
+                    answered: false,
                     asked: now,
                 });
             due.push((n.id, n.address.clone()));
@@ -154,6 +159,21 @@ impl ClientUrls {
             .collect()
     }
 
+    /// The members of `view` but this node that have answered this node at their present
+    /// address (whether or not they serve an etcd API).
+    pub fn answered(&self, view: &ClusterView) -> std::collections::BTreeSet<NodeId> {
+        let learned = self.learned();
+        view.nodes
+            .iter()
+            .filter(|n| {
+                learned
+                    .get(&n.id)
+                    .is_some_and(|l| l.address == n.address && l.answered)
+            })
+            .map(|n| n.id)
+            .collect()
+    }
+
     /// [`ClientUrls::known`] after asking the members due (bounded by about [`ASK_WITHIN`]).
     pub async fn refreshed(&self, view: &ClusterView) -> BTreeMap<NodeId, String> {
         let now = self.clock.mono();
@@ -176,6 +196,7 @@ impl ClientUrls {
                     && l.address == address
                 {
                     l.url = url;
+                    l.answered = true;
                 }
             }
         }

@@ -8,6 +8,15 @@
 //! about a second at most, the other calls show what is known). A member that serves no etcd
 //! API, or never answered, has none. Changes are root only, as `/v1/cluster/nodes`.
 //!
+//! A member that has not started (`domain::health::member_started`: a learner no one has heard
+//! from, such as one `MemberAdd` added before it runs) is listed as etcd lists a member that
+//! has not published itself: no name and no client URLs, which etcdctl shows as `unstarted`.
+//! Who has been heard from is known, not replicated: the leader's view (who acknowledged its
+//! log; `MemberList` on a follower asks the leader when a learner may not have started), and
+//! each node's own contacts and status asks since it started. So a learner that stopped before
+//! the present leader and this node ever heard from it shows as not started again (etcd keeps
+//! the name it published).
+//!
 //! - `MemberAdd` takes one peer URL, `http(s)://host:port`, and names the node by its client
 //!   address, `host:(port - 1000)`. The new node's id is the next after the highest in the
 //!   membership; start it with that `--id`, `--listen host:(port - 1000)` and `--join`. The
@@ -28,10 +37,13 @@
 //! /v1/snapshot`): `etcdctl snapshot save` stores it, `leasecore snapshot restore` seeds a
 //! cluster from it. It is not a bbolt file: `etcdctl snapshot status|restore` cannot read it.
 //!
+//! `HashKV` hashes the keys live at any revision still held (`domain::range::keys_hash`): the
+//! same on every member for the same revision, whatever was written or compacted since.
+//!
 //! `MoveLeader` hands the leadership over (`raft::consensus::transfer`), root only as in
 //! etcd; unlike etcd, any node serves it (a follower forwards it to the leader).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::pin::Pin;
 use std::time::Duration;
 
@@ -50,7 +62,11 @@ use tonic::{Request, Response, Status};
 
 use super::{ETCD_VERSION, Etcd, EtcdError, learner};
 use crate::clock::{Clock, SystemClock};
+use crate::domain::auth::KeyRange;
+use crate::domain::health;
+use crate::domain::range::keys_hash;
 use crate::domain::resources::{PEER_PORT_OFFSET, peer_address};
+use crate::domain::types::Revision;
 use crate::http::AppState;
 use crate::http::auth::require_root;
 use crate::raft::NodeId;
@@ -63,30 +79,88 @@ pub const PROMOTE_FOR: Duration = Duration::from_secs(600);
 type SnapshotStream = Pin<Box<dyn Stream<Item = Result<SnapshotResponse, Status>> + Send>>;
 
 impl Etcd {
-    /// The members of `view`, with the other members' client URLs this node knows (`others`).
-    fn members_with(&self, view: &ClusterView, others: &BTreeMap<NodeId, String>) -> Vec<Member> {
+    /// The members of `view`, with the other members' client URLs this node knows (`others`)
+    /// and those heard from (`heard`). A member that has not started (`health::member_started`)
+    /// is listed as etcd lists one: without a name or client URLs (etcdctl: `unstarted`).
+    fn members_with(
+        &self,
+        view: &ClusterView,
+        others: &BTreeMap<NodeId, String>,
+        heard: &BTreeSet<NodeId>,
+    ) -> Vec<Member> {
         view.nodes
             .iter()
-            .map(|n| Member {
-                id: n.id,
-                name: format!("node-{}", n.id),
-                peer_ur_ls: peer_address(&n.address)
-                    .map(|a| vec![format!("http://{a}")])
-                    .unwrap_or_default(),
-                client_ur_ls: if n.id == view.node_id {
+            .map(|n| {
+                let me = n.id == view.node_id;
+                let urls = if me {
                     self.state.etcd_url.iter().cloned().collect()
                 } else {
                     others.get(&n.id).cloned().into_iter().collect()
-                },
-                is_learner: !n.voter,
+                };
+                let started = me || health::member_started(n.voter, heard.contains(&n.id));
+                let (name, client_ur_ls) = if started {
+                    (format!("node-{}", n.id), urls)
+                } else {
+                    (String::new(), Vec::new())
+                };
+                Member {
+                    id: n.id,
+                    name,
+                    peer_ur_ls: peer_address(&n.address)
+                        .map(|a| vec![format!("http://{a}")])
+                        .unwrap_or_default(),
+                    client_ur_ls,
+                    is_learner: !n.voter,
+                }
             })
             .collect()
     }
 
-    /// The members of `view`, with the client URLs known (no member is asked).
-    fn members(&self, view: &ClusterView) -> Vec<Member> {
-        self.members_with(view, &self.client_urls.known(view))
+    /// The members this node has heard from: acknowledged its log (on the leader), answered
+    /// its RPCs, or answered its status asks.
+    fn heard(&self, view: &ClusterView) -> BTreeSet<NodeId> {
+        let mut heard = heard_in(view);
+        heard.extend(self.client_urls.answered(view));
+        heard
     }
+
+    /// The members of `view`, with what is known (no member is asked).
+    fn members(&self, view: &ClusterView) -> Vec<Member> {
+        self.members_with(view, &self.client_urls.known(view), &self.heard(view))
+    }
+
+    /// The leader's view: this node's when it leads, else asked of the leader (bounded);
+    /// `None` when no leader is known or it did not answer as the leader.
+    async fn leader_view(&self, view: &ClusterView) -> Option<ClusterView> {
+        const ASK_WITHIN: Duration = Duration::from_secs(1);
+        if view.leader_id == Some(view.node_id) {
+            return Some(view.clone());
+        }
+        let address = view
+            .leader_id
+            .and_then(|l| view.nodes.iter().find(|n| n.id == l))
+            .map(|n| n.address.clone())?;
+        match self
+            .state
+            .consensus
+            .peers()
+            .status(&address, ASK_WITHIN)
+            .await
+        {
+            Ok(v) if v.leader_id == Some(v.node_id) => Some(v),
+            _ => None,
+        }
+    }
+}
+
+/// The members a view shows heard from: the leader knows who acknowledged its log, and every
+/// node whom it heard from since it started.
+fn heard_in(view: &ClusterView) -> BTreeSet<NodeId> {
+    view.nodes
+        .iter()
+        .filter(|n| n.status.matched_index.is_some() || n.status.last_contact_ms.is_some())
+        .map(|n| n.id)
+        .collect()
 }
 
 /// etcd's answers about members.
@@ -150,27 +224,8 @@ impl Etcd {
     /// `id` unreachable or more than `PROMOTE_MAX_LAG` entries behind. `false` when the leader
     /// cannot be asked: the add path then judges, within its own wait.
     async fn leader_sees_lagging(&self, view: &ClusterView, id: NodeId) -> bool {
-        const ASK_WITHIN: Duration = Duration::from_secs(1);
-        let leader_view = if view.leader_id == Some(view.node_id) {
-            view.clone()
-        } else {
-            let Some(address) = view
-                .leader_id
-                .and_then(|l| view.nodes.iter().find(|n| n.id == l))
-                .map(|n| n.address.clone())
-            else {
-                return false;
-            };
-            match self
-                .state
-                .consensus
-                .peers()
-                .status(&address, ASK_WITHIN)
-                .await
-            {
-                Ok(v) if v.leader_id == Some(v.node_id) => v,
-                _ => return false,
-            }
+        let Some(leader_view) = self.leader_view(view).await else {
+            return false;
         };
         let Some(status) = leader_view
             .nodes
@@ -370,10 +425,26 @@ impl Cluster for Etcd {
     ) -> Result<Response<MemberListResponse>, Status> {
         // Public, as etcd's (and `GET /v1/cluster`): monitoring lists members without a user.
         let view = self.state.consensus.cluster_view();
-        let others = self.client_urls.refreshed(&view).await;
+        let mut heard = self.heard(&view);
+        // Only the leader knows who acknowledged its log: asked (meanwhile) when a learner
+        // here may not have started.
+        let unsure = view
+            .nodes
+            .iter()
+            .any(|n| !health::member_started(n.voter, heard.contains(&n.id)));
+        let leader = async {
+            if unsure {
+                self.leader_view(&view).await
+            } else {
+                None
+            }
+        };
+        let (others, leader) = tokio::join!(self.client_urls.refreshed(&view), leader);
+        heard.extend(self.client_urls.answered(&view));
+        heard.extend(leader.iter().flat_map(heard_in));
         Ok(Response::new(MemberListResponse {
             header: self.header(),
-            members: self.members_with(&view, &others),
+            members: self.members_with(&view, &others, &heard),
         }))
     }
 
@@ -487,22 +558,32 @@ impl Maintenance for Etcd {
         req: Request<HashKvRequest>,
     ) -> Result<Response<HashKvResponse>, Status> {
         self.admin_caller(&req)?;
-        let (revision, hash) = self.state_hash();
-        let asked = req.get_ref().revision;
-        if asked > 0 && asked as u64 > revision.0 {
-            return Err(EtcdError::future_revision().into());
-        }
-        // Only the current state is hashed: an older revision is answered as compacted.
-        if asked > 0 && asked as u64 != revision.0 {
-            return Err(EtcdError::compacted(crate::domain::history::Compacted {
-                compacted: revision,
-            })
-            .into());
-        }
+        // The keys live at the revision asked (0: the present), read as a range at a past
+        // revision is: below the floor `compacted`, after the present `future revision`.
+        // (etcd 3.4 refuses the compaction mark itself too; 3.5, which leasecore reports,
+        // hashes it, as a range may read it.)
+        let at = u64::try_from(req.get_ref().revision)
+            .ok()
+            .filter(|r| *r > 0)
+            .map(Revision);
+        let view = self.state.consensus.view();
+        let everything = KeyRange {
+            start: Vec::new(),
+            end: None,
+        };
+        let (revision, kvs) = view
+            .range_at(&everything, at)
+            .map_err(super::kv::history_error)?;
+        let hash = keys_hash(kvs.iter().map(|(k, v)| (k.as_str(), v)));
+        // etcd's -1 before any compaction.
+        let compact_revision = match view.with_state(|kv| kv.compact_revision()) {
+            Revision(0) => -1,
+            Revision(r) => r as i64,
+        };
         Ok(Response::new(HashKvResponse {
             header: self.header_at(revision),
             hash,
-            compact_revision: 0,
+            compact_revision,
         }))
     }
 

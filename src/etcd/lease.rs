@@ -4,7 +4,8 @@
 //! leasecore's guarantees hold unchanged: the leader times every lease on its own clock, a
 //! failover never shortens one (checkpoints), and expiry is proposed within milliseconds of
 //! the deadline. A TTL below the cluster's minimum is raised to it, as etcd raises a TTL to
-//! its `minTTL`; one above the maximum is refused (`too large lease TTL`).
+//! its `minTTL`; one above the maximum, etcd's own (9,000,000,000 s,
+//! [`crate::runtime::lease::MAX_TTL_MS`]), is refused with etcd's `too large lease TTL`.
 
 use std::pin::Pin;
 

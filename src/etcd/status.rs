@@ -11,7 +11,7 @@
 use tonic::{Code, Status};
 
 use crate::domain::history::Compacted;
-use crate::http::error::ApiError;
+use crate::http::error::{ApiError, MAX_KEY_BYTES_DETAIL};
 
 /// An error on its way to an etcd client.
 #[derive(Debug)]
@@ -67,6 +67,11 @@ impl From<EtcdError> for Status {
 /// The `/v1` classification, in etcd's words.
 fn from_api(e: ApiError) -> Status {
     let (code, message): (Code, String) = match e.code {
+        // etcd bounds a key only by the request's size: a key longer than leasecore holds is,
+        // to etcd's clients, a request too large (etcd's own answer, which they recognise).
+        "invalid_argument" if e.details.contains_key(MAX_KEY_BYTES_DETAIL) => {
+            (Code::InvalidArgument, "request is too large".into())
+        }
         "invalid_argument" => (Code::InvalidArgument, e.message),
         "too_large" => (Code::InvalidArgument, "request is too large".into()),
         "lease_not_found" => (Code::NotFound, "requested lease not found".into()),
@@ -150,6 +155,12 @@ mod tests {
                 Code::OutOfRange,
                 "etcdserver: mvcc: required revision has been compacted"
             )
+        );
+        let long = crate::domain::limits::InvalidInput::KeyTooLong("key is 1025 bytes".into());
+        let s: Status = EtcdError::from(long).into();
+        assert_eq!(
+            (s.code(), s.message()),
+            (Code::InvalidArgument, "etcdserver: request is too large")
         );
     }
 }

@@ -12,6 +12,8 @@
 //!   and the first revision still held, so the client can resume there. As in etcd, a
 //!   compaction at `C` keeps `C` ([`Resume::AtMark`]): a watch from `C` delivers its events,
 //!   one from below is cancelled with `compact_revision` `C`.
+//! - An empty key is `"\0"`, the smallest key, as etcd reads it: a watch of `""` follows
+//!   that one key, `""` to `"\0"` every key, `""` to `end` every key below `end`.
 //! - Events are checked against the caller's read permission at delivery.
 //! - The session ends when the client's stream ends, the client stops reading, or the node
 //!   stops; its watchers end with it.
@@ -170,7 +172,12 @@ impl Session {
         }
     }
 
-    async fn create(&mut self, c: WatchCreateRequest) -> bool {
+    async fn create(&mut self, mut c: WatchCreateRequest) -> bool {
+        if c.key.is_empty() {
+            // As etcd: `etcdctl watch ""` and `watch "" <end>` are accepted and mean "\0",
+            // the smallest key (`watch --prefix ""` sends "\0" itself).
+            c.key = vec![0];
+        }
         let range = KeyRange::from_etcd(&c.key, &c.range_end);
         let id = if c.watch_id != 0 {
             c.watch_id
@@ -190,11 +197,6 @@ impl Session {
                 "etcdserver: too many watchers on one stream (at most {MAX_WATCHERS_PER_STREAM})"
             );
             return self.send(self.refused(id, &reason)).await;
-        }
-        if c.key.is_empty() {
-            return self
-                .send(self.refused(id, "etcdserver: key is not provided"))
-                .await;
         }
         if check(&self.etcd.state, &self.caller, Access::Read, &range).is_err() {
             return self

@@ -17,6 +17,10 @@ use crate::runtime::auth::AccessError;
 use crate::runtime::lease::LeaseError;
 use crate::wire::{ErrorBody, ErrorDetail};
 
+/// The detail of a 400 `invalid_argument` for a key (or a range bound) over the key limit: the
+/// limit. The etcd API answers such a request as etcd answers one over its size limit.
+pub const MAX_KEY_BYTES_DETAIL: &str = "max_key_bytes";
+
 /// An error on its way to a client.
 #[derive(Debug)]
 pub struct ApiError {
@@ -63,6 +67,8 @@ impl From<InvalidInput> for ApiError {
     fn from(e: InvalidInput) -> Self {
         match e {
             InvalidInput::Invalid(m) => ApiError::invalid(m),
+            InvalidInput::KeyTooLong(m) => ApiError::invalid(m)
+                .with(MAX_KEY_BYTES_DETAIL, crate::domain::limits::MAX_KEY_BYTES),
             InvalidInput::TooLarge(m) => ApiError::too_large(m),
             InvalidInput::TooManyLeases(m) => {
                 ApiError::new(StatusCode::TOO_MANY_REQUESTS, "too_many_leases", m)

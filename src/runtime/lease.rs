@@ -39,8 +39,11 @@ use crate::raft::log_store::LogReceipts;
 use crate::raft::network::routes;
 use crate::raft::state_machine::{AppliedBatch, ApplyObserver};
 
-/// The longest lease: 7 days.
-pub const MAX_TTL_MS: u64 = 7 * 24 * 3600 * 1000;
+/// The longest lease: etcd's (`MaxLeaseTTL`, 9,000,000,000 s, about 285 years), so that every
+/// TTL an etcd client may ask for is granted. Nothing needs a shorter bound: every deadline
+/// sum saturates (`MonoMillis::plus`), the driver's sleep is tokio's (which caps a far
+/// deadline), and in JSON the largest value stays below 2^53, exact for JavaScript clients.
+pub const MAX_TTL_MS: u64 = 9_000_000_000 * 1000;
 /// The default shortest lease.
 pub const DEFAULT_MIN_TTL_MS: u64 = 1000;
 /// Leases per `ExpireLeases` or `CheckpointLeases` entry.

@@ -5,9 +5,11 @@
 //! # Model (as etcd's)
 //! - A user has a password hash (argon2, made by the node that received the request: the log
 //!   never holds a password) and a set of roles. A role has permissions ([`perm::Permission`]).
-//! - The role named `root` is built in: it needs no `role add` and allows everything. Enabling
-//!   auth needs a user named `root` holding it; while auth is on, that user cannot be deleted or
-//!   lose the role, and the role cannot be deleted (no way to lock everyone out).
+//! - The role named `root` is built in: it needs no `role add` and allows everything. It exists
+//!   while it was added or a user holds it; deleting it removes both, so it exists no more
+//!   (etcd's root role exists once added: granting it needs no `role add` there either).
+//!   Enabling auth needs a user named `root` holding it; while auth is on, that user cannot be
+//!   deleted or lose the role, and the role cannot be deleted (no way to lock everyone out).
 //! - While auth is off, everything is allowed to everyone (so the first users can be made).
 //! - Every applied change advances the auth `revision`; a write checked at one revision is
 //!   re-checked at apply if the revision moved (see `Command::Guarded`).
@@ -346,9 +348,14 @@ impl AuthState {
         })
     }
 
-    /// A role's record (`root` is built in and has no listed permissions).
+    /// Whether the built-in `root` role exists: added, or held by a user.
+    fn root_exists(&self) -> bool {
+        self.roles.contains_key(ROOT) || self.users.values().any(|u| u.roles.contains(ROOT))
+    }
+
+    /// A role's record (`root` is built in and has no listed permissions), if it exists.
     pub fn role_info(&self, name: &str) -> Option<RoleInfo> {
-        if name == ROOT && !self.roles.contains_key(ROOT) {
+        if name == ROOT && !self.roles.contains_key(ROOT) && self.root_exists() {
             return Some(RoleInfo {
                 name: ROOT.into(),
                 permissions: vec![],
@@ -360,10 +367,12 @@ impl AuthState {
         })
     }
 
-    /// Every role name, `root` included.
+    /// Every role name, `root` included while it exists.
     pub fn role_names(&self) -> Vec<String> {
         let mut names: BTreeSet<String> = self.roles.keys().cloned().collect();
-        names.insert(ROOT.into());
+        if self.root_exists() {
+            names.insert(ROOT.into());
+        }
         names.into_iter().collect()
     }
 }
@@ -467,6 +476,44 @@ mod tests {
         assert_eq!(a.key(), None);
         a.apply(&AuthChange::UserDelete { name: ROOT.into() })
             .unwrap();
+    }
+
+    #[test]
+    fn the_root_role_exists_until_deleted_with_auth_off() {
+        let mut a = AuthState::default();
+        assert_eq!(
+            a.role_names(),
+            Vec::<String>::new(),
+            "neither added nor held"
+        );
+        assert_eq!(a.role_info(ROOT), None);
+        assert!(matches!(
+            a.apply(&AuthChange::RoleDelete { name: ROOT.into() }),
+            Err(AuthError::RoleNotFound { .. })
+        ));
+        let mut a = with_root();
+        assert_eq!(a.role_names(), [ROOT], "held by the root user");
+        assert!(a.role_info(ROOT).is_some());
+        a.apply(&AuthChange::RoleAdd { name: ROOT.into() }).unwrap();
+        enable(&mut a).unwrap();
+        assert!(
+            a.apply(&AuthChange::RoleDelete { name: ROOT.into() })
+                .is_err()
+        );
+        a.apply(&AuthChange::Disable).unwrap();
+        a.apply(&AuthChange::RoleDelete { name: ROOT.into() })
+            .unwrap();
+        assert_eq!(
+            a.role_names(),
+            Vec::<String>::new(),
+            "deleted: listed no more"
+        );
+        assert_eq!(a.role_info(ROOT), None);
+        assert_eq!(a.user_info(ROOT).unwrap().roles, Vec::<String>::new());
+        assert!(matches!(
+            a.apply(&AuthChange::RoleDelete { name: ROOT.into() }),
+            Err(AuthError::RoleNotFound { .. })
+        ));
     }
 
     #[test]
