@@ -126,3 +126,48 @@ async fn a_node_joining_empty_votes_only_once_listed_as_a_non_voter() {
     }
     c.shutdown().await;
 }
+
+/// The manual procedure (remove, wipe, start with --join, add) under one leader: the node's
+/// acknowledgements from before its removal must not make its fresh catch-up look like a
+/// log that went back (which would have it removed again).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_node_removed_and_added_back_by_hand_is_not_taken_for_a_reverted_one() {
+    let mut c = TestCluster::start(3).await;
+    let leader = c.leader().await;
+    let client = c.client();
+    for i in 0..40 {
+        client
+            .put(&format!("k/{i}"), &format!("v{i}"), None, None)
+            .await
+            .unwrap();
+    }
+    let gone = *c.nodes.keys().find(|id| **id != leader).unwrap();
+    eventually(WAIT, "the follower applied the writes", || async {
+        let m = c.nodes[&gone].consensus().raft().metrics().borrow().clone();
+        m.last_applied.filter(|l| l.index >= 40).map(|_| ())
+    })
+    .await;
+    c.stop(gone).await;
+    c.client_of(leader).remove_node(gone).await.unwrap();
+    std::fs::remove_dir_all(c.data_dir(gone)).unwrap();
+    c.restart_as_joiner(gone).await;
+    let answer = c
+        .client_of(leader)
+        .add_node_detailed(gone, &c.addrs[&gone].clone())
+        .await
+        .unwrap();
+    assert!(answer.voter, "{answer:?}");
+    assert_eq!(c.leader().await, leader, "the same leader throughout");
+    // Still a voter a moment later (no replacement removed it meanwhile), with every key.
+    eventually(WAIT, "the node holds every key", || async {
+        let listed = c.client_of(gone).list("k/", None, true).await.ok()?;
+        (listed.items.len() == 40).then_some(())
+    })
+    .await;
+    let view = c.client_of(leader).cluster_status().await.unwrap();
+    assert!(
+        view.nodes.iter().any(|n| n.id == gone && n.voter),
+        "{view:?}"
+    );
+    c.shutdown().await;
+}

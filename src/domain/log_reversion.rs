@@ -14,8 +14,9 @@
 //! # Invariants
 //! - A match is recorded per target and per leader (term and node): a new leader starts with
 //!   nothing recorded, as openraft's replication progress does.
-//! - The recorded match only grows within a term; [`MatchTracker::forget`] drops it (after the
-//!   node's removal, so that its fresh progress as a learner starts from nothing).
+//! - The recorded match only grows within a term; [`MatchTracker::forget`] drops it when the
+//!   node is added (again) as a learner, so that its fresh progress starts from nothing, as
+//!   openraft's does.
 //!
 //! # What it must not do
 //! Decide what to do about a reversion (the consensus layer replaces the node), or read any
@@ -95,7 +96,7 @@ impl MatchTracker {
             .is_some_and(|m| m.leader == leader && m.reported)
     }
 
-    /// Forget `target` (it was removed: its next progress starts from nothing).
+    /// Forget `target` (it is added as a learner: its progress starts from nothing).
     pub fn forget(&mut self, target: NodeId) {
         self.matched.remove(&target);
     }

@@ -305,6 +305,13 @@ impl TestCluster {
         self.nodes.insert(id, node);
     }
 
+    /// Restart a stopped node on its old address as a joiner (`--join`, no peers), as an
+    /// operator restarts a node removed by hand.
+    pub async fn restart_as_joiner(&mut self, id: NodeId) {
+        let node = Node::start(self.config(id, true)).await.unwrap();
+        self.nodes.insert(id, node);
+    }
+
     /// Start a new, empty node that waits to be added.
     pub async fn start_joiner(&mut self, id: NodeId) {
         let (l, p) = bind_pair().await;

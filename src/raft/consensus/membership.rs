@@ -197,10 +197,6 @@ impl Consensus {
             ChangeMembers::RemoveNodes(ids)
         };
         self.change_membership(change).await?;
-        // Its replication starts afresh: what it acknowledged before says nothing any more.
-        if let Some(guard) = self.inner.reversions.get() {
-            guard.forget(id);
-        }
         let mut tries = 1;
         loop {
             match self.add_learner_here(id, address.clone()).await {
@@ -330,6 +326,11 @@ impl Consensus {
     /// `blocking`: openraft's own wait judges "caught up" by a lag threshold alone, which a
     /// node that never answered passes while the log is short.
     async fn add_learner_here(&self, id: NodeId, address: String) -> Result<u64, ConsensusError> {
+        // Its replication starts afresh: what a node of this id acknowledged before it was
+        // removed (by hand, or for a replacement) says nothing about its log now.
+        if let Some(guard) = self.inner.reversions.get() {
+            guard.forget(id);
+        }
         let t = self.inner.timeouts.request;
         let add = self
             .inner

@@ -5,7 +5,7 @@
 //! # Invariants
 //! - A conflict that the tracker calls a reversion never reaches openraft: the connection
 //!   answers "unreachable" instead (openraft backs off and tries again), until the node is
-//!   removed and forgotten.
+//!   removed, and forgotten when it is added back as a learner.
 //! - Reports are bounded: a full channel drops the report (the next conflict reports again).
 //!
 //! # What it must not do
@@ -73,7 +73,7 @@ impl ReversionGuard {
         }
     }
 
-    /// `target` was removed: its next progress starts from nothing.
+    /// `target` is added as a learner: its progress starts from nothing.
     pub fn forget(&self, target: NodeId) {
         self.tracker().forget(target);
     }
