@@ -50,6 +50,16 @@ fn budget() -> u64 {
     BUDGET
 }
 
+/// Failures print their seed; nothing is written next to this file (proptest cannot place
+/// its regression files for a module outside a crate root).
+fn config(cases: u32) -> ProptestConfig {
+    ProptestConfig {
+        cases,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    }
+}
+
 #[test]
 fn hand_written_histories() {
     use Input::{Cas, Read, Write};
@@ -336,7 +346,7 @@ fn inject(rng: &mut StdRng, ops: &mut Vec<Op>) -> Option<&'static str> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(2_000))]
+    #![proptest_config(config(2_000))]
 
     #[test]
     fn histories_from_a_sequential_execution_are_linearizable(
@@ -361,16 +371,20 @@ proptest! {
         };
         prop_assert_eq!(v.at, ops[added].ret.unwrap(), "seed {}: {}", seed, what);
         prop_assert!(v.culprits.contains(&added), "seed {seed}: {what}: culprits {:?}", v.culprits);
-        // What the key could hold instead: never what the impossible read returned.
+        // What the key could hold instead: never what the impossible read returned. (Failed
+        // compare-and-sets that do not say what they saw keep every unanswered write in the
+        // search, so listing the states may run out of its budget then.)
         if let Output::Read(x) = ops[added].output {
-            let possible = v.possible.expect("computed in budget");
-            prop_assert!(!possible.is_empty() && !possible.contains(&x), "seed {seed}: {possible:?}");
+            prop_assert!(blind || v.possible.is_some(), "seed {seed}: not computed in budget");
+            if let Some(possible) = &v.possible {
+                prop_assert!(!possible.is_empty() && !possible.contains(&x), "seed {seed}: {possible:?}");
+            }
         }
     }
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(500))]
+    #![proptest_config(config(500))]
 
     /// Leaving out the unanswered operations that cannot matter never changes a verdict
     /// (small histories, so that the full search stays cheap).
