@@ -93,6 +93,9 @@ pub struct Setup {
     pub origin: Instant,
     pub seed: u64,
     pub records: Arc<Mutex<Vec<Rec>>>,
+    /// Read from the serving node's own state (`consistency=local`, etcd `serializable`):
+    /// not linearizable, for checking that the test can fail.
+    pub local_reads: bool,
     /// Definite answers so far, over every client (the test waits on it).
     pub answered: Arc<AtomicU64>,
     /// The next logical process id, over every client.
@@ -210,10 +213,17 @@ impl Client {
     /// A linearizable read; the value and its revision when it answered.
     async fn read(&mut self, key: usize, etcd: bool) -> Option<(Option<String>, u64)> {
         let (http, mut client) = (self.http.clone(), self.etcd.clone());
-        let url = format!("{}/v1/kv/{}", self.s.url, key_name(key));
+        let local = self.s.local_reads;
+        let url = format!(
+            "{}/v1/kv/{}{}",
+            self.s.url,
+            key_name(key),
+            if local { "?consistency=local" } else { "" }
+        );
         let answer = async move {
             if etcd {
-                match client.get(key_name(key), None).await {
+                let opts = local.then(|| etcd_client::GetOptions::new().with_serializable());
+                match client.get(key_name(key), opts).await {
                     Ok(r) => {
                         let kv = r
                             .kvs()
