@@ -10,14 +10,15 @@
 //! The rules that make the check sound:
 //! - every written value is unique, so the register model can tell writes apart, and a
 //!   compare on a `mod_revision` is a compare on the value that revision holds (a value is
-//!   applied once: the test checks that every value is only ever seen at one revision);
+//!   applied once: the test checks that every value is only ever seen at one revision, and
+//!   every revision of a key with one value);
 //! - each client is bound to one node (followers forward) and has one operation in flight; a
 //!   client whose operation got no definite answer (a timeout, a broken connection,
-//!   `outcome_unknown`, a `504`, an etcd `Unavailable` other than "no leader") goes on as a new
-//!   logical process, and that operation may take effect at any time after its call, or never;
+//!   `outcome_unknown`, a `504`, etcd's "request timed out") goes on as a new logical process,
+//!   and that operation may take effect at any time after its call, or never;
 //! - an answer the API documents as "nothing was done" (`503 no_leader`, `no_quorum`,
-//!   `shutting_down`; etcd's "no leader"; a refused connection) is left out of the history, so
-//!   its value must never be observed;
+//!   `shutting_down`, and the etcd API's `Unavailable` for the same three; a refused
+//!   connection) is left out of the history, so its value must never be observed;
 //! - the recorded interval of an operation contains the real one (the clock is read before the
 //!   request is sent and after its answer arrived, on one monotonic clock).
 //!
