@@ -22,9 +22,9 @@
 //! - the recorded interval of an operation contains the real one (the clock is read before the
 //!   request is sent and after its answer arrived, on one monotonic clock).
 //!
-//! Before each fault every node has caught up with the leader. Without that wait, a follower
-//! killed while installing the leader's snapshot is lost for good (it panics at every start):
-//! a bug this test found, reproduced by the ignored test at the end of this file.
+//! Before each fault every node has caught up with the leader, so that each fault meets a whole
+//! cluster. (Without that wait this test found a follower killed while installing the leader's
+//! snapshot that could never start again; the last test of this file reproduces it.)
 //!
 //! Nothing sleeps to let the cluster settle: each step waits for a condition under a deadline.
 //! Only a pause is a length of time (it is the fault), and a client backs off briefly after an
@@ -214,9 +214,8 @@ async fn every_key_is_linearizable_through_both_apis_under_kills_pauses_and_rest
         let what = run_fault(&c, fault, &answered).await;
         let leader = c.wait_healthy().await;
         progress(&c, &answered, PROGRESS).await;
-        // Caught up (by log, or by installing the leader's snapshot) before the next fault: a
-        // node killed while it installs a snapshot never starts again (the ignored test
-        // below), which would end this test before its check.
+        // Caught up (by log, or by installing the leader's snapshot) before the next fault, so
+        // that each fault meets a whole cluster.
         c.wait_caught_up().await;
         let line = format!(
             "{:9.1} .. {:9.1} ms  {what}; healthy again, leader {leader}",
@@ -317,29 +316,22 @@ async fn every_key_is_linearizable_through_both_apis_under_kills_pauses_and_rest
     );
 }
 
-/// BUG, found by the test above (seed 1795754581001446986; the fault schedule is what
-/// matters): a follower was restarted (SIGTERM), paused (SIGSTOP 1.6 s) while the others wrote
-/// past its log, resumed, and killed with SIGKILL a moment later (`KillFollower`), while it
-/// was installing the leader's snapshot. It never started again: every start panics in
-/// openraft 0.9's state check, `snapshot_last_log_id (index 1610) <= committed (index 1241)`
-/// (openraft-0.9.25/src/raft_state/mod.rs:196), and exits with code 70. The replica is lost
-/// until an operator wipes it.
+/// Found by the test above (seed 1795754581001446986): a follower restarted (SIGTERM), paused
+/// (SIGSTOP 1.6 s) while the others wrote past its log, resumed, and killed with SIGKILL a
+/// moment later while it installed the leader's snapshot, never started again: every start
+/// panicked in openraft 0.9's state check, `snapshot_last_log_id (index 1610) <= committed
+/// (index 1241)`, and exited with code 70.
 ///
-/// Why, as far as the code tells: `install_snapshot` (src/raft/state_machine/apply.rs) first
-/// writes the snapshot file, synced and renamed into place, and only then writes the state and
-/// flushes sled (`complete_install`). The committed id is a sled write left to that flush
-/// (`save_committed` in src/raft/log_store.rs). A kill in between leaves a snapshot file whose
-/// last log id is above the committed id read back at the next start (`read_committed` caps
-/// the saved id at the durable log, but never raises it to the snapshot's), and openraft
-/// refuses that state. The state machine's own recovery from a cut install
-/// (tests/raft_storage.rs, `an_install_cut_anywhere_finishes_when_the_node_opens`) is fine; it
-/// is the pair of committed id and snapshot file that is not.
+/// Why: an install saves the snapshot file first (synced, renamed into place), then writes the
+/// state under an install marker, which is a sled write made durable only with the install's
+/// writes. Killed in between, the node found the new snapshot file, no marker, and its old
+/// applied mark; openraft takes what is applied as committed and refuses a snapshot past it.
+/// Now a node that opens with a snapshot file past its applied mark finishes that install from
+/// the file, as it does with a marker (`state_machine::snapshot::cut_before_its_marker`).
 ///
 /// The same sequence on purpose: pause a follower while the leader writes a large state and
 /// purges its log past several snapshots, resume it, and kill it the moment its snapshot file
 /// is replaced (the install's first step); then start it again.
-#[ignore = "BUG: a follower SIGKILLed while installing a snapshot never starts again \
-            (openraft: snapshot_last_log_id > committed, exit 70); see the comment"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_follower_killed_while_installing_a_snapshot_starts_again() {
     let c = Nodes::new(50);

@@ -21,7 +21,7 @@ use std::sync::{Arc, RwLock};
 
 use tokio::sync::watch;
 
-use super::snapshot::{decode_payload, finish_install, installing};
+use super::snapshot::{cut_before_its_marker, decode_payload, finish_install, installing};
 use super::{
     AppliedMark, ApplyObserver, HistoryRemovals, KEY_APPLIED, KEY_AUTH, KEY_COMPACT,
     KEY_LEASE_CLOCK, KEY_MEMBERSHIP, KEY_REVISION, LEASE_PREFIX, LEGACY_KEY_PREFIX, StateMachine,
@@ -91,6 +91,12 @@ impl StateMachine {
         if let Some(marker) = installing(&state)? {
             finish_install(&state, &snapshots, &marker, dir)?;
             tracing::info!(revision = %marker.revision, "an interrupted snapshot install finished");
+        } else if let Some(marker) = cut_before_its_marker(&state, &snapshots)? {
+            finish_install(&state, &snapshots, &marker, dir)?;
+            tracing::info!(
+                last_log_id = ?marker.last_log_id,
+                "a snapshot install cut before its marker was durable finished from the file"
+            );
         }
         let staging = db.open_tree(history_fill::TREE_FILL)?;
         if let Some(floor) = history_fill::finish_interrupted(&state, &staging, dir)? {

@@ -10,7 +10,8 @@
 //!   log id of the file last written is checked under its lock.
 //! - An install's writes are made key by key under [`KEY_INSTALLING`], which goes only once they
 //!   are durable (sled's blob files included): a node that opens with the marker redoes them
-//!   from the file.
+//!   from the file, and so does one that opens with a snapshot file past its applied mark (the
+//!   marker was not durable yet: [`cut_before_its_marker`]).
 //!
 //! # What it must not do
 //! Encode or write a snapshot on the apply path (the builder works from a copy), or hold an
@@ -62,6 +63,38 @@ pub(super) fn installing(
             })
         })
         .transpose()
+}
+
+/// An install that a crash cut before its marker was durable: the marker is a sled write,
+/// flushed with the install's writes, but the snapshot file was saved and synced before it.
+/// Such a file is past the state's applied mark, which a snapshot this node built never is
+/// (the state is flushed before the file is written). openraft refuses to start on a snapshot
+/// past what it knows committed, so the install is finished from the file, as with a marker.
+pub(super) fn cut_before_its_marker(
+    state: &sled::Tree,
+    snapshots: &SnapshotFile,
+) -> Result<Option<Installing>, crate::storage::StorageError> {
+    let corrupt = |what: &str, detail: String| crate::storage::StorageError::Corrupt {
+        what: what.into(),
+        detail,
+    };
+    let Some(meta) = snapshots
+        .read_meta()
+        .map_err(|e| corrupt("snapshot file", e.to_string()))?
+    else {
+        return Ok(None);
+    };
+    let meta: SnapshotMeta =
+        serde_json::from_slice(&meta).map_err(|e| corrupt("snapshot meta", e.to_string()))?;
+    let applied: Option<LogId> = match state.get(KEY_APPLIED)? {
+        Some(b) => serde_json::from_slice(&b).map_err(|e| corrupt("applied", e.to_string()))?,
+        None => None,
+    };
+    Ok((meta.last_log_id > applied).then_some(Installing {
+        last_log_id: meta.last_log_id,
+        // Known once the file is read; the marker's revision only names the install in logs.
+        revision: Revision::default(),
+    }))
 }
 
 /// Finish an install a crash cut, from the snapshot file it saved first.
