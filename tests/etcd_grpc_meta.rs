@@ -121,50 +121,40 @@ async fn grpc_health_is_open_with_auth_on() {
     c.shutdown().await;
 }
 
-/// The names of the services a reflection service lists, through its `v1` or `v1alpha` API.
+/// The names of the services a reflection service lists, through one version of its API
+/// (`v1` and `v1alpha` have the same messages in two packages).
+macro_rules! listed_through {
+    ($version:ident, $addr:expr) => {{
+        use tonic_reflection::pb::$version::ServerReflectionRequest;
+        use tonic_reflection::pb::$version::server_reflection_client::ServerReflectionClient;
+        use tonic_reflection::pb::$version::server_reflection_request::MessageRequest;
+        use tonic_reflection::pb::$version::server_reflection_response::MessageResponse;
+        let mut client = ServerReflectionClient::new(channel($addr).await);
+        let request = ServerReflectionRequest {
+            host: String::new(),
+            message_request: Some(MessageRequest::ListServices(String::new())),
+        };
+        let mut answers = client
+            .server_reflection_info(futures::stream::iter([request]))
+            .await
+            .unwrap()
+            .into_inner();
+        match answers.next().await.unwrap().unwrap().message_response {
+            Some(MessageResponse::ListServicesResponse(list)) => list
+                .service
+                .into_iter()
+                .map(|s| s.name)
+                .collect::<Vec<String>>(),
+            other => panic!("not a service list: {other:?}"),
+        }
+    }};
+}
+
 async fn listed(addr: &str, v1: bool) -> Vec<String> {
     if v1 {
-        use tonic_reflection::pb::v1::ServerReflectionRequest;
-        use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
-        use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
-        use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
-        let mut client = ServerReflectionClient::new(channel(addr).await);
-        let request = ServerReflectionRequest {
-            host: String::new(),
-            message_request: Some(MessageRequest::ListServices(String::new())),
-        };
-        let mut answers = client
-            .server_reflection_info(futures::stream::iter([request]))
-            .await
-            .unwrap()
-            .into_inner();
-        match answers.next().await.unwrap().unwrap().message_response {
-            Some(MessageResponse::ListServicesResponse(list)) => {
-                list.service.into_iter().map(|s| s.name).collect()
-            }
-            other => panic!("not a service list: {other:?}"),
-        }
+        listed_through!(v1, addr)
     } else {
-        use tonic_reflection::pb::v1alpha::ServerReflectionRequest;
-        use tonic_reflection::pb::v1alpha::server_reflection_client::ServerReflectionClient;
-        use tonic_reflection::pb::v1alpha::server_reflection_request::MessageRequest;
-        use tonic_reflection::pb::v1alpha::server_reflection_response::MessageResponse;
-        let mut client = ServerReflectionClient::new(channel(addr).await);
-        let request = ServerReflectionRequest {
-            host: String::new(),
-            message_request: Some(MessageRequest::ListServices(String::new())),
-        };
-        let mut answers = client
-            .server_reflection_info(futures::stream::iter([request]))
-            .await
-            .unwrap()
-            .into_inner();
-        match answers.next().await.unwrap().unwrap().message_response {
-            Some(MessageResponse::ListServicesResponse(list)) => {
-                list.service.into_iter().map(|s| s.name).collect()
-            }
-            other => panic!("not a service list: {other:?}"),
-        }
+        listed_through!(v1alpha, addr)
     }
 }
 
