@@ -102,9 +102,10 @@ pub async fn vote(
             Some(sender),
             routes::VOTE,
             &format!(
-                "a vote request for term {}: this node joined with an empty data dir and is not \
-                 listed as a non-voter yet",
-                req.vote.leader_id().term
+                "vote for term {}: joined empty, not yet listed as a non-voter; if listed as a \
+                 voter it lost its data: `leasecore cluster remove {me}`, then `cluster add`",
+                req.vote.leader_id().term,
+                me = state.consensus.cluster_view().node_id
             ),
         );
         let mine = state.consensus.raft().metrics().borrow().vote;
