@@ -11,15 +11,12 @@ use tonic::service::Routes;
 /// `routes` with both reflection services added. The descriptor sets are compiled in, so a
 /// failure here is a build defect: it is logged and the port serves on without reflection.
 pub fn add_to(routes: Routes) -> Routes {
-    let v1 = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(leasecore_etcd_api::FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-        .build_v1();
-    let v1alpha = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(leasecore_etcd_api::FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-        .build_v1alpha();
-    match (v1, v1alpha) {
+    let described = || {
+        tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(leasecore_etcd_api::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+    };
+    match (described().build_v1(), described().build_v1alpha()) {
         (Ok(v1), Ok(v1alpha)) => routes.add_service(v1).add_service(v1alpha),
         (Err(e), _) | (_, Err(e)) => {
             tracing::error!(error = %e, "gRPC reflection is not served: its descriptors do not build");

@@ -93,19 +93,9 @@ impl Consensus {
                     return Err(ConsensusError::StillAnswering { id });
                 }
                 self.removal_can_commit(id, membership)?;
-                // Run to its end even if the asking node hangs up (its ask timing out drops
-                // this future): cut between the removal and the learner add, the node would
-                // be out of the cluster for good. Bounded by the calls' own timeouts; a core
-                // shutting down fails them at once.
-                let this = self.clone();
-                let voter = voters.contains(&id);
-                tokio::spawn(async move { this.replace_here(id, address, voter).await })
+                // Bounded by the calls' own timeouts; a core shutting down fails them at once.
+                self.replace_to_the_end(id, address, voters.contains(&id))
                     .await
-                    .unwrap_or_else(|e| {
-                        Err(ConsensusError::OutcomeUnknown {
-                            detail: format!("the replacement of node {id} failed: {e}"),
-                        })
-                    })
             }
         }
     }
@@ -162,21 +152,31 @@ impl Consensus {
             .ok_or(ConsensusError::NodeNotFound { id })?;
         let voter = membership.voter_ids().any(|v| v == id);
         self.removal_can_commit(id, membership)?;
-        let this = self.clone();
-        let replaced = address.clone();
-        // To its end even if the caller goes (as a replacement asked for).
-        tokio::spawn(async move { this.replace_here(id, replaced, voter).await })
-            .await
-            .unwrap_or_else(|e| {
-                Err(ConsensusError::OutcomeUnknown {
-                    detail: format!("the replacement of node {id} failed: {e}"),
-                })
-            })?;
+        self.replace_to_the_end(id, address.clone(), voter).await?;
         if !voter {
             return Ok(AdminOutcome::Done);
         }
         self.add_node_here(id, address.clone(), Some(address), false)
             .await
+    }
+
+    /// [`Self::replace_here`] on a task of its own, so that it runs to its end even if the
+    /// caller's future is dropped (an asking node that hangs up): cut between the removal and
+    /// the learner add, the node would be out of the cluster for good.
+    async fn replace_to_the_end(
+        &self,
+        id: NodeId,
+        address: String,
+        voter: bool,
+    ) -> Result<AdminOutcome, ConsensusError> {
+        let this = self.clone();
+        tokio::spawn(async move { this.replace_here(id, address, voter).await })
+            .await
+            .unwrap_or_else(|e| {
+                Err(ConsensusError::OutcomeUnknown {
+                    detail: format!("the replacement of node {id} failed: {e}"),
+                })
+            })
     }
 
     /// Remove `id` (a `voter` or a learner), then add it back at `address` as a learner, with
