@@ -171,3 +171,86 @@ async fn a_node_removed_and_added_back_by_hand_is_not_taken_for_a_reverted_one()
     );
     c.shutdown().await;
 }
+
+/// A member that lost its data, restarted with `--join` after the leader changed (so no
+/// leader remembers what it acknowledged, and nobody replaces it): its young log, replayed
+/// from index 1, holds its own first learner entry. That entry must not release the hold: the
+/// cluster still counts it as the voter it was. It votes again only once removed and added.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_wiped_voter_replaying_its_own_learner_entry_keeps_withholding_its_vote() {
+    let mut c = TestCluster::start(4).await;
+    let first_leader = c.leader().await;
+    c.start_joiner(5).await;
+    let mut voter = false;
+    for _ in 0..3 {
+        let answer = c
+            .client()
+            .add_node_detailed(5, &c.addrs[&5].clone())
+            .await
+            .unwrap();
+        if answer.voter {
+            voter = true;
+            break;
+        }
+    }
+    assert!(voter, "node 5 became a voter");
+    let client = c.client();
+    for i in 0..30 {
+        client
+            .put(&format!("k/{i}"), &format!("v{i}"), None, None)
+            .await
+            .unwrap();
+    }
+    eventually(WAIT, "node 5 applied the writes", || async {
+        let m = c.nodes[&5].consensus().raft().metrics().borrow().clone();
+        m.last_applied.filter(|l| l.index >= 30).map(|_| ())
+    })
+    .await;
+    c.stop(5).await;
+    std::fs::remove_dir_all(c.data_dir(5)).unwrap();
+    // A new leader, which never heard from node 5, before node 5 comes back.
+    c.stop(first_leader).await;
+    let leader = c.leader().await;
+    c.restart_as_joiner(5).await;
+    let client = c.client_of(leader);
+    for i in 30..40 {
+        client
+            .put(&format!("k/{i}"), &format!("v{i}"), None, None)
+            .await
+            .unwrap();
+    }
+    let last = c.nodes[&leader]
+        .consensus()
+        .raft()
+        .metrics()
+        .borrow()
+        .last_log_index
+        .unwrap();
+    eventually(WAIT, "node 5 caught up from the new leader", || async {
+        let m = c
+            .nodes
+            .get(&5)?
+            .consensus()
+            .raft()
+            .metrics()
+            .borrow()
+            .clone();
+        m.last_applied.filter(|l| l.index >= last).map(|_| ())
+    })
+    .await;
+    let hold = c.nodes[&5].consensus().vote_hold().cloned().unwrap();
+    assert!(hold.is_held(), "released by its own first learner entry");
+    assert!(!vote_granted(&c, 5, 2, 1000).await);
+    assert!(c.data_dir(5).join("vote-held").exists());
+    // The operator's way out, as its log says: remove it and add it again.
+    client.remove_node(5).await.unwrap();
+    client
+        .add_node_detailed(5, &c.addrs[&5].clone())
+        .await
+        .unwrap();
+    eventually(WAIT, "node 5's vote hold released", || async {
+        (!hold.is_held()).then_some(())
+    })
+    .await;
+    c.shutdown().await;
+}

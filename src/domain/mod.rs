@@ -27,6 +27,7 @@
 //! - [`health`]: readiness, quorum loss, peer reachability, learner catch-up.
 //! - [`resources`]: connection cap, storage quota, log compaction by bytes, peer addresses.
 //! - [`value_bytes`]: the etcd API's byte values in the text store (NUL and base64).
+//! - [`vote_release`]: when a node that joined with an empty data dir may vote again.
 
 pub mod auth;
 pub mod auto_compact;
@@ -54,3 +55,4 @@ pub mod resources;
 pub mod txn;
 pub mod types;
 pub mod value_bytes;
+pub mod vote_release;

@@ -77,6 +77,7 @@ pub async fn append_answer(
     let leader = req.vote.leader_id().node_id;
     claim(state, sender, leader, routes::APPEND)?;
     let from_leader = req.vote.is_committed();
+    let (leader_term, leader_commit) = (req.vote.leader_id().term, req.leader_commit);
     let answer = state.consensus.raft().append_entries(req).await;
     if from_leader && matches!(&answer, Ok(r) if !matches!(r, AppendEntriesResponse::HigherVote(_)))
     {
@@ -85,6 +86,10 @@ pub async fn append_answer(
         let contacts = state.consensus.peers().contacts();
         contacts.heard_from(leader);
         contacts.led_now();
+        // The leader's commit point, for a node that joined empty (`raft::vote_hold`).
+        if let Some(hold) = state.consensus.vote_hold() {
+            hold.leader_append(leader_term, leader_commit.as_ref());
+        }
     }
     Ok(answer)
 }
@@ -137,7 +142,7 @@ pub async fn snapshot(
 ) -> Result<Json<Result<SnapshotResponse<NodeId>, Fatal<NodeId>>>, ApiError> {
     let (vote, meta, data) = decode_snapshot_frame(&body).map_err(ApiError::invalid)?;
     claim(&state, sender, vote.leader_id().node_id, routes::SNAPSHOT)?;
-    let installed_membership = meta.last_membership.clone();
+    let (installed_membership, installed_last) = (meta.last_membership.clone(), meta.last_log_id);
     let snapshot = Snapshot {
         meta,
         snapshot: Box::new(data),
@@ -154,7 +159,12 @@ pub async fn snapshot(
     if matches!(&answer, Ok(r) if r.vote == vote)
         && let Some(hold) = state.consensus.vote_hold()
     {
-        hold.stored(installed_membership.membership());
+        if let Some(at) = installed_membership.log_id() {
+            hold.stored(at.index, installed_membership.membership());
+        }
+        if let Some(last) = installed_last {
+            hold.stored_up_to(last.index);
+        }
     }
     Ok(Json(answer))
 }

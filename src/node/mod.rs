@@ -306,6 +306,15 @@ impl Node {
         );
 
         consensus.set_reversion_guard(reversion_guard);
+        if vote_hold.is_held() {
+            // What a start before this one stored (the log store is told only of appends).
+            let m = consensus.raft().metrics().borrow().clone();
+            let membership = m.membership_config.log_id().map(|at| at.index);
+            vote_hold.opened_with(
+                m.last_log_index,
+                membership.map(|at| (at, m.membership_config.membership())),
+            );
+        }
         consensus.set_vote_hold(vote_hold);
 
         let tasks = TaskTracker::new();

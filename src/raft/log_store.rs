@@ -479,7 +479,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
                 stamps.push((index, stamp));
             }
             if let (EntryPayload::Membership(m), Some(hold)) = (&entry.payload, &self.vote_hold) {
-                hold.stored(m);
+                hold.stored(index, m);
             }
             records.push((index, encode_entry(entry)?));
         }
@@ -487,6 +487,9 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             (&self.receipts, records.first(), records.last())
         {
             receipts.received(*first, *last, &stamps);
+        }
+        if let (Some(hold), Some((last, _))) = (&self.vote_hold, records.last()) {
+            hold.stored_up_to(*last);
         }
         // openraft truncates a conflicting suffix before it appends over it, and never appends
         // below the purge point; its storage suite does both: an append that starts inside the
