@@ -173,11 +173,9 @@ async fn a_node_removed_and_added_back_by_hand_is_not_taken_for_a_reverted_one()
 }
 
 /// A member that lost its data, restarted with `--join` after the leader changed (so no
-/// leader remembers what it acknowledged, and nobody replaces it): its young log, replayed
-/// from index 1, holds its own first learner entry. That entry must not release the hold: the
-/// cluster still counts it as the voter it was. It votes again only once removed and added.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_wiped_voter_replaying_its_own_learner_entry_keeps_withholding_its_vote() {
+/// leader remembers what it acknowledged, and nobody notices its log went back). Returns the
+/// cluster with node 5 caught up from the new leader, and that leader.
+async fn wiped_voter_back_under_a_new_leader(auto_replace: bool) -> (TestCluster, u64) {
     let mut c = TestCluster::start(4).await;
     let first_leader = c.leader().await;
     c.start_joiner(5).await;
@@ -211,6 +209,9 @@ async fn a_wiped_voter_replaying_its_own_learner_entry_keeps_withholding_its_vot
     // A new leader, which never heard from node 5, before node 5 comes back.
     c.stop(first_leader).await;
     let leader = c.leader().await;
+    c.tweak = Some(std::sync::Arc::new(move |cfg| {
+        cfg.auto_replace = auto_replace
+    }));
     c.restart_as_joiner(5).await;
     let client = c.client_of(leader);
     for i in 30..40 {
@@ -238,11 +239,62 @@ async fn a_wiped_voter_replaying_its_own_learner_entry_keeps_withholding_its_vot
         m.last_applied.filter(|l| l.index >= last).map(|_| ())
     })
     .await;
+    (c, leader)
+}
+
+/// Its young log, replayed from index 1, holds its own first learner entry: that entry must
+/// not release the hold (the cluster still counts it as the voter it was). With auto-replace
+/// off it withholds its vote, does not campaign when no leader is left without it, and votes
+/// again once the operator removed and added it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_wiped_voter_replaying_its_own_learner_entry_keeps_withholding_its_vote() {
+    let (mut c, leader) = wiped_voter_back_under_a_new_leader(false).await;
     let hold = c.nodes[&5].consensus().vote_hold().cloned().unwrap();
     assert!(hold.is_held(), "released by its own first learner entry");
+    assert!(hold.still_counted_as_voter());
     assert!(!vote_granted(&c, 5, 2, 1000).await);
     assert!(c.data_dir(5).join("vote-held").exists());
-    // The operator's way out, as its log says: remove it and add it again.
+
+    // Without the leader, the two other live voters cannot elect anyone without node 5's
+    // vote; node 5 must not campaign (a vote for itself is a vote) while they try.
+    let term_before = c.nodes[&5]
+        .consensus()
+        .raft()
+        .metrics()
+        .borrow()
+        .current_term;
+    c.stop(leader).await;
+    let others: Vec<u64> = c.nodes.keys().copied().filter(|id| *id != 5).collect();
+    eventually(WAIT, "the other voters campaigned a few terms", || async {
+        let campaigned = others.iter().all(|id| {
+            let t = c.nodes[id]
+                .consensus()
+                .raft()
+                .metrics()
+                .borrow()
+                .current_term;
+            t >= term_before + 3
+        });
+        let voted_for_itself = c.nodes[&5]
+            .consensus()
+            .raft()
+            .metrics()
+            .borrow()
+            .vote
+            .leader_id()
+            .node_id
+            == 5;
+        (campaigned || voted_for_itself).then_some(())
+    })
+    .await;
+    let m = c.nodes[&5].consensus().raft().metrics().borrow().clone();
+    assert_ne!(m.vote.leader_id().node_id, 5, "node 5 campaigned: {m:?}");
+    assert_ne!(m.state, openraft::ServerState::Leader);
+
+    // The operator's way out, as its log says: with a leader back, remove it and add it.
+    c.restart(leader).await;
+    let leader = c.leader().await;
+    let client = c.client_of(leader);
     client.remove_node(5).await.unwrap();
     client
         .add_node_detailed(5, &c.addrs[&5].clone())
@@ -252,5 +304,24 @@ async fn a_wiped_voter_replaying_its_own_learner_entry_keeps_withholding_its_vot
         (!hold.is_held()).then_some(())
     })
     .await;
+    c.shutdown().await;
+}
+
+/// The same member with auto-replace on (the default): it finds out from its own log that it
+/// is still counted as the voter it was, asks the leader to replace it, and ends a voter
+/// again with every write, its vote released.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_wiped_voter_nobody_replaced_asks_to_be_replaced() {
+    let (c, leader) = wiped_voter_back_under_a_new_leader(true).await;
+    let hold = c.nodes[&5].consensus().vote_hold().cloned().unwrap();
+    eventually(WAIT, "node 5 replaced and a voter again", || async {
+        let view = c.client_of(leader).cluster_status().await.ok()?;
+        let voter = view.nodes.iter().any(|n| n.id == 5 && n.voter);
+        (voter && !hold.is_held()).then_some(())
+    })
+    .await;
+    let listed = c.client_of(5).list("k/", None, true).await.unwrap();
+    assert_eq!(listed.items.len(), 40);
+    assert!(!c.data_dir(5).join("vote-held").exists());
     c.shutdown().await;
 }

@@ -88,6 +88,17 @@ impl VoteRelease {
         self.first_commit
     }
 
+    /// Whether the log reached the first commit point and the latest membership stored still
+    /// lists this node as a voter, with nothing that releases it: a member that lost its data
+    /// and that no leader replaced (it may ask to be).
+    pub fn still_counted_as_voter(&self) -> bool {
+        let (Some(c0), Some(end)) = (self.first_commit, self.log_end) else {
+            return false;
+        };
+        let latest_voter = matches!(self.memberships.last_key_value(), Some((_, true)));
+        end >= c0 && latest_voter && !self.releases()
+    }
+
     /// Whether the node may vote again.
     pub fn releases(&self) -> bool {
         let (Some(c0), Some(end)) = (self.first_commit, self.log_end) else {
@@ -118,13 +129,20 @@ mod tests {
         r.membership(5, false);
         assert!(!r.releases(), "below the first commit point");
         r.membership(7, true);
+        r.stored_up_to(53);
+        assert!(
+            !r.still_counted_as_voter(),
+            "not caught up to the first commit point"
+        );
         r.stored_up_to(54);
         assert!(!r.releases(), "a voter at the first commit point");
         r.stored_up_to(60);
         assert!(!r.releases());
+        assert!(r.still_counted_as_voter(), "it may ask to be replaced");
         // The leader replaces it: removed, then added back as a learner.
         r.membership(61, false);
         assert!(r.releases());
+        assert!(!r.still_counted_as_voter());
     }
 
     #[test]

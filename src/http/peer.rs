@@ -216,13 +216,16 @@ pub async fn admin(
     ApiJson(req): ApiJson<AdminRequest>,
 ) -> Result<Json<Result<AdminOutcome, ConsensusError>>, ApiError> {
     if let AdminRequest::AddNode { address, .. }
-    | AdminRequest::RemoveForReplacement { address, .. } = &req
+    | AdminRequest::RemoveForReplacement { address, .. }
+    | AdminRequest::ReplaceHeldVoter { address, .. } = &req
     {
         super::cluster::check_address(address)
             .map_err(|e| invalid(&state, sender, routes::ADMIN, e))?;
     }
     // Only a node itself asks to be replaced.
-    if let AdminRequest::RemoveForReplacement { id, .. } = &req {
+    if let AdminRequest::RemoveForReplacement { id, .. }
+    | AdminRequest::ReplaceHeldVoter { id, .. } = &req
+    {
         claim(&state, sender, *id, routes::ADMIN)?;
     }
     Ok(Json(state.consensus.admin_here(req).await))

@@ -52,7 +52,8 @@ use crate::runtime::flease::FleaseService;
 use crate::runtime::lease::{LeaseConfig, LeaseHub, LeaseService};
 use crate::runtime::quorum::QuorumWatchdog;
 use crate::runtime::replace::{
-    StartCheck, ask_to_be_added, check_empty_start, promotion_pending, replace_reverted_nodes,
+    HeldNode, StartCheck, ask_to_be_added, check_empty_start, promotion_pending,
+    replace_if_held_as_voter, replace_reverted_nodes, resume_elections_when_released,
 };
 use crate::runtime::watch::WatchHub;
 use crate::storage;
@@ -251,6 +252,16 @@ impl Node {
                 cfg.data_dir.display()
             ))
         })?;
+        // Nor does it campaign: openraft's election timer starts off, and is turned on at
+        // the release (`Consensus::vote_hold_released`).
+        let raft_config = if vote_hold.is_held() {
+            Arc::new(openraft::Config {
+                enable_elect: false,
+                ..(*raft_config).clone()
+            })
+        } else {
+            raft_config
+        };
         let log_store = LogStore::open(&db, &cfg.data_dir)?
             .with_node(cfg.id)
             .with_vote_hold(vote_hold.clone());
@@ -315,7 +326,7 @@ impl Node {
                 membership.map(|at| (at, m.membership_config.membership())),
             );
         }
-        consensus.set_vote_hold(vote_hold);
+        consensus.set_vote_hold(vote_hold.clone());
 
         let tasks = TaskTracker::new();
         tasks.spawn(proposal_queue.run(cancel.clone()));
@@ -324,6 +335,25 @@ impl Node {
             reversion_reports,
             cancel.clone(),
         ));
+        if vote_hold.is_held() {
+            tasks.spawn(resume_elections_when_released(
+                consensus.clone(),
+                vote_hold.clone(),
+                cancel.clone(),
+            ));
+            let t = cfg.timeouts();
+            tasks.spawn(replace_if_held_as_voter(
+                consensus.clone(),
+                vote_hold,
+                HeldNode {
+                    address: advertise.clone(),
+                    ask_replacement: cfg.auto_replace,
+                    data_dir: cfg.data_dir.clone(),
+                    ask_within: t.catch_up + t.request * 2,
+                },
+                cancel.clone(),
+            ));
+        }
         // A commit the leader told its followers cut to its durable log (`raft::durability`)
         // is told again as soon as the log catches up.
         tasks.spawn({

@@ -279,6 +279,21 @@ fn note_promotion_pending(data_dir: &Path) -> std::io::Result<()> {
     std::fs::File::open(data_dir)?.sync_all()
 }
 
+/// The addresses of the other members this node's log names.
+fn member_addresses(consensus: &Consensus, me: NodeId, advertise: &str) -> Vec<String> {
+    let m = consensus
+        .raft()
+        .metrics()
+        .borrow()
+        .membership_config
+        .clone();
+    m.membership()
+        .nodes()
+        .filter(|(id, node)| **id != me && node.addr != advertise)
+        .map(|(_, node)| node.addr.clone())
+        .collect()
+}
+
 /// Whether `data_dir` says this node is to be promoted.
 pub fn promotion_pending(data_dir: &Path) -> bool {
     data_dir.join(PROMOTION_PENDING).exists()
@@ -313,11 +328,16 @@ pub async fn ask_to_be_added(
     let client = consensus.peers().clone();
     let req = AdminRequest::AddNode {
         id: me,
-        address: advertise,
+        address: advertise.clone(),
     };
     let mut pause = ASK_AGAIN_AFTER;
     let asking = async {
         loop {
+            // A node started with `--join` lists no peers: the members its log names.
+            let mut addresses = addresses.clone();
+            addresses.extend(member_addresses(&consensus, me, &advertise));
+            addresses.sort();
+            addresses.dedup();
             let (leader, listed) = ask_peers(&client, me, &addresses, STATUS_WITHIN).await;
             let reason = match leader {
                 None => "no leader found".to_string(),
@@ -405,5 +425,105 @@ pub async fn replace_reverted_nodes(
         }
         // What arrived meanwhile is about the node just handled, or will be reported again.
         while reports.try_recv().is_ok() {}
+    }
+}
+
+/// A node that withholds its vote (`raft::vote_hold`): where it is recorded, whether it may
+/// ask to be replaced (`--no-auto-replace` says no: the operator removes and adds it), and
+/// what its promotion afterwards needs ([`ask_to_be_added`]).
+pub struct HeldNode {
+    pub address: String,
+    pub ask_replacement: bool,
+    pub data_dir: std::path::PathBuf,
+    pub ask_within: Duration,
+}
+
+/// How often a held node looks at its hold.
+const HELD_CHECK_EVERY: Duration = Duration::from_millis(500);
+
+/// After a refused or failed ask to be replaced, wait this long before asking again.
+const HELD_ASK_AGAIN_AFTER: Duration = Duration::from_secs(5);
+
+/// Once the vote hold is released, let openraft campaign again.
+pub async fn resume_elections_when_released(
+    consensus: Consensus,
+    hold: std::sync::Arc<crate::raft::vote_hold::VoteHold>,
+    cancel: CancellationToken,
+) {
+    tokio::select! {
+        _ = cancel.cancelled() => {}
+        _ = hold.until_released() => consensus.vote_hold_released(),
+    }
+}
+
+/// While this node withholds its vote: if its log shows it lost its data as a voter nobody
+/// replaced ([`VoteHold::still_counted_as_voter`](crate::raft::vote_hold::VoteHold)), note
+/// that it is to be promoted, ask the leader to replace it
+/// (`AdminRequest::ReplaceHeldVoter`), and then to promote it once caught up
+/// ([`ask_to_be_added`]). Ends once released without that, or at shutdown.
+pub async fn replace_if_held_as_voter(
+    consensus: Consensus,
+    hold: std::sync::Arc<crate::raft::vote_hold::VoteHold>,
+    node: HeldNode,
+    cancel: CancellationToken,
+) {
+    let asking = async {
+        let mut told = false;
+        loop {
+            tokio::time::sleep(HELD_CHECK_EVERY).await;
+            if !hold.is_held() {
+                return false;
+            }
+            if !hold.still_counted_as_voter() {
+                continue;
+            }
+            if !node.ask_replacement {
+                if !told {
+                    tracing::warn!(
+                        "this node lost its data but the cluster still counts it as a voter; it \
+                         does not vote until removed and added again (auto-replace is off): \
+                         `leasecore cluster remove`, then `cluster add`"
+                    );
+                    told = true;
+                }
+                continue;
+            }
+            if let Err(e) = note_promotion_pending(&node.data_dir) {
+                tracing::error!(error = %e, "could not write {PROMOTION_PENDING}; not asking to be replaced");
+                tokio::time::sleep(HELD_ASK_AGAIN_AFTER).await;
+                continue;
+            }
+            let req = AdminRequest::ReplaceHeldVoter {
+                id: consensus.cluster_view().node_id,
+                address: node.address.clone(),
+            };
+            tracing::warn!(
+                "this node lost its data and the cluster still counts it as a voter: asking \
+                 the leader to replace it (removed, added back, promoted once caught up)"
+            );
+            match consensus.admin(req).await {
+                Ok(_) => return true,
+                Err(e) => {
+                    tracing::warn!(error = %e, "not replaced yet; asking again");
+                    tokio::time::sleep(HELD_ASK_AGAIN_AFTER).await;
+                }
+            }
+        }
+    };
+    let replaced = tokio::select! {
+        _ = cancel.cancelled() => return,
+        replaced = asking => replaced,
+    };
+    if replaced {
+        tracing::info!("removed by the leader and added back as a learner; asking to be promoted");
+        ask_to_be_added(
+            consensus,
+            node.address,
+            Vec::new(),
+            node.data_dir,
+            node.ask_within,
+            cancel,
+        )
+        .await;
     }
 }

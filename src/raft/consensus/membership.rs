@@ -97,6 +97,24 @@ impl Consensus {
                 self.replace_to_the_end(id, address, voters.contains(&id))
                     .await
             }
+            AdminRequest::ReplaceHeldVoter { id, address } => {
+                let recorded = membership
+                    .get_node(&id)
+                    .map(|n| n.addr.clone())
+                    .ok_or(ConsensusError::NodeNotFound { id })?;
+                if recorded != address || !voters.contains(&id) || id == self.inner.id {
+                    return Err(ConsensusError::InvalidMembership {
+                        message: format!(
+                            "node {id} at {address} is not a voter of this leader's \
+                             configuration (recorded: {recorded}): nothing to replace"
+                        ),
+                    });
+                }
+                // The node answers (it is the one asking): no "still answering" wait. As for
+                // a replacement asked at start, the node asks to be promoted itself.
+                self.removal_can_commit(id, membership)?;
+                self.replace_to_the_end(id, address, true).await
+            }
         }
     }
 

@@ -128,6 +128,17 @@ pub enum AdminRequest {
         id: NodeId,
         address: String,
     },
+    /// Sent by node `id` itself while it withholds its vote (`raft::vote_hold`: it joined with
+    /// an empty data dir) although its log has reached the leader's commit point and still
+    /// lists it as a voter: it lost its data, and no leader replaced it (the one that had its
+    /// acknowledgements changed before it came back). The leader replaces it as for
+    /// `RemoveForReplacement` (only at the recorded `address`, only a voter, only if the
+    /// removal commits without it), without waiting for it to fall silent; the node then asks
+    /// to be promoted (`AddNode`). Older builds refuse the unknown op: nothing is done.
+    ReplaceHeldVoter {
+        id: NodeId,
+        address: String,
+    },
 }
 
 pub use leasecore_client::api::{ClusterView, MemberNode, MemberStatus};

@@ -139,7 +139,7 @@ impl Drop for Hold<'_> {
     fn drop(&mut self) {
         let mut count = self.consensus.inner.holds.count();
         *count = count.saturating_sub(1);
-        if *count == 0 {
+        if *count == 0 && !self.consensus.vote_withheld() {
             self.consensus.inner.raft.runtime_config().elect(true);
         }
     }
@@ -148,7 +148,21 @@ impl Drop for Hold<'_> {
 impl Consensus {
     /// Whether this node holds its elections for a transfer (the election watchdog asks).
     pub fn elections_held(&self) -> bool {
-        *self.inner.holds.count() > 0
+        *self.inner.holds.count() > 0 || self.vote_withheld()
+    }
+
+    /// Whether this node withholds its vote (`raft::vote_hold`): it does not campaign either.
+    pub fn vote_withheld(&self) -> bool {
+        self.vote_hold().is_some_and(|h| h.is_held())
+    }
+
+    /// The vote hold was released: openraft's election timer runs again unless a transfer
+    /// holds it (checked under the same lock as [`Hold`]'s drop, so one of them turns it on).
+    pub fn vote_hold_released(&self) {
+        let count = self.inner.holds.count();
+        if *count == 0 && !self.vote_withheld() {
+            self.inner.raft.runtime_config().elect(true);
+        }
     }
 
     /// Whether this node, as leader, is handing its leadership over.
@@ -302,6 +316,10 @@ impl Consensus {
         // Only the leader this node follows, in its term, may hold its elections.
         if leader != Some(sender) || term != req.term || sender == me {
             return Err(ConsensusError::NotLeader);
+        }
+        // A node that withholds its vote (it joined empty) takes no leadership either.
+        if req.target == me && self.vote_withheld() {
+            return Ok(TransferAnswer { leads: false });
         }
         let hold = Duration::from_millis(req.hold_ms).min(MAX_HOLD);
         let _hold = Hold::begin(self);
