@@ -12,48 +12,67 @@ use common::{TestCluster, eventually};
 
 const WAIT: Duration = Duration::from_secs(60);
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_wiped_joiner_started_again_with_join_is_replaced_not_trusted() {
-    let mut c = TestCluster::start(3).await;
-    c.leader().await;
-    c.start_joiner(4).await;
-    let mut voter = false;
+/// Start node `id` empty with `--join`, and add it until it is a voter.
+async fn join_as_voter(c: &mut TestCluster, id: u64) {
+    c.start_joiner(id).await;
     for _ in 0..3 {
         let answer = c
             .client()
-            .add_node_detailed(4, &c.addrs[&4].clone())
+            .add_node_detailed(id, &c.addrs[&id].clone())
             .await
             .unwrap();
         if answer.voter {
-            voter = true;
-            break;
+            return;
         }
     }
-    assert!(voter, "node 4 became a voter");
-    let client = c.client();
-    for i in 0..50 {
+    panic!("node {id} did not become a voter");
+}
+
+/// Write `k/{i}` = `v{i}` for each `i` of `range`.
+async fn write_keys(client: &leasecore::client::Client, range: std::ops::Range<u32>) {
+    for i in range {
         client
             .put(&format!("k/{i}"), &format!("v{i}"), None, None)
             .await
             .unwrap();
     }
-    // Node 4 holds the writes, then loses everything and starts again as it was started.
-    eventually(WAIT, "node 4 applied the writes", || async {
-        let m = c.nodes[&4].consensus().raft().metrics().borrow().clone();
-        m.last_applied.filter(|l| l.index >= 50).map(|_| ())
-    })
+}
+
+/// Wait until node `id` applied up to `index`.
+async fn applied_at_least(c: &TestCluster, id: u64, index: u64) {
+    eventually(
+        WAIT,
+        &format!("node {id} applied up to {index}"),
+        || async {
+            let m = c
+                .nodes
+                .get(&id)?
+                .consensus()
+                .raft()
+                .metrics()
+                .borrow()
+                .clone();
+            m.last_applied.filter(|l| l.index >= index).map(|_| ())
+        },
+    )
     .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_wiped_joiner_started_again_with_join_is_replaced_not_trusted() {
+    let mut c = TestCluster::start(3).await;
+    c.leader().await;
+    join_as_voter(&mut c, 4).await;
+    let client = c.client();
+    write_keys(&client, 0..50).await;
+    // Node 4 holds the writes, then loses everything and starts again as it was started.
+    applied_at_least(&c, 4, 50).await;
     c.stop(4).await;
     std::fs::remove_dir_all(c.data_dir(4)).unwrap();
     c.restart(4).await;
 
     // The cluster keeps its leader (nobody crashed on the node's empty log) and serves writes.
-    for i in 50..60 {
-        client
-            .put(&format!("k/{i}"), &format!("v{i}"), None, None)
-            .await
-            .unwrap();
-    }
+    write_keys(&client, 50..60).await;
     // Node 4 ends up whole again: replaced (it no longer counts as the voter whose log it
     // lost) and caught up, with every write.
     eventually(WAIT, "node 4 caught up after its replacement", || async {
@@ -178,32 +197,9 @@ async fn a_node_removed_and_added_back_by_hand_is_not_taken_for_a_reverted_one()
 async fn wiped_voter_back_under_a_new_leader(auto_replace: bool) -> (TestCluster, u64) {
     let mut c = TestCluster::start(4).await;
     let first_leader = c.leader().await;
-    c.start_joiner(5).await;
-    let mut voter = false;
-    for _ in 0..3 {
-        let answer = c
-            .client()
-            .add_node_detailed(5, &c.addrs[&5].clone())
-            .await
-            .unwrap();
-        if answer.voter {
-            voter = true;
-            break;
-        }
-    }
-    assert!(voter, "node 5 became a voter");
-    let client = c.client();
-    for i in 0..30 {
-        client
-            .put(&format!("k/{i}"), &format!("v{i}"), None, None)
-            .await
-            .unwrap();
-    }
-    eventually(WAIT, "node 5 applied the writes", || async {
-        let m = c.nodes[&5].consensus().raft().metrics().borrow().clone();
-        m.last_applied.filter(|l| l.index >= 30).map(|_| ())
-    })
-    .await;
+    join_as_voter(&mut c, 5).await;
+    write_keys(&c.client(), 0..30).await;
+    applied_at_least(&c, 5, 30).await;
     c.stop(5).await;
     std::fs::remove_dir_all(c.data_dir(5)).unwrap();
     // A new leader, which never heard from node 5, before node 5 comes back.
@@ -214,12 +210,7 @@ async fn wiped_voter_back_under_a_new_leader(auto_replace: bool) -> (TestCluster
     }));
     c.restart_as_joiner(5).await;
     let client = c.client_of(leader);
-    for i in 30..40 {
-        client
-            .put(&format!("k/{i}"), &format!("v{i}"), None, None)
-            .await
-            .unwrap();
-    }
+    write_keys(&client, 30..40).await;
     let last = c.nodes[&leader]
         .consensus()
         .raft()
@@ -227,18 +218,7 @@ async fn wiped_voter_back_under_a_new_leader(auto_replace: bool) -> (TestCluster
         .borrow()
         .last_log_index
         .unwrap();
-    eventually(WAIT, "node 5 caught up from the new leader", || async {
-        let m = c
-            .nodes
-            .get(&5)?
-            .consensus()
-            .raft()
-            .metrics()
-            .borrow()
-            .clone();
-        m.last_applied.filter(|l| l.index >= last).map(|_| ())
-    })
-    .await;
+    applied_at_least(&c, 5, last).await;
     (c, leader)
 }
 
