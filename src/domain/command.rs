@@ -299,6 +299,21 @@ pub enum KvError {
     /// An auth change refused by its validation.
     #[error("{error}")]
     Auth { error: AuthError },
+    /// A transaction whose answer (its ranges and `prev_kv`s) would pass
+    /// [`crate::domain::range::MAX_RESULT_BYTES`]: refused before it changes anything.
+    #[error(
+        "answer too large: the transaction's answer would take more than {limit} bytes (at least {bytes}): narrow its ranges, or use a limit, keys_only or count_only"
+    )]
+    ResultTooLarge { bytes: u64, limit: u64 },
+}
+
+impl From<crate::domain::range::ResultTooLarge> for KvError {
+    fn from(e: crate::domain::range::ResultTooLarge) -> Self {
+        KvError::ResultTooLarge {
+            bytes: e.bytes,
+            limit: e.limit,
+        }
+    }
 }
 
 /// A change to the set of leases, for the leader's tracker.

@@ -13,6 +13,15 @@
 //! - A sort by value is in the order of the raw bytes: a value the etcd API stored as NUL and
 //!   base64 sorts as its bytes ([`super::value_bytes`]).
 //!
+//! # Bounded answers
+//! A request's answer (a Range, every range and `prev_kv` of a Txn) is at most
+//! [`MAX_RESULT_BYTES`], counted by [`ResultBudget`] on the selected keys *before* any value is
+//! copied: a request of a few hundred bytes could otherwise make a node (every node, for a Txn
+//! applied through the log) copy the whole store, many times over. The count is the stored
+//! size plus [`KV_OVERHEAD_BYTES`] per key, so it is the same on every member (a Txn's
+//! refusal is decided where it applies) and an answer within it encodes within the etcd API's
+//! message limit.
+//!
 //! [`keys_hash`] is etcd's `HashKV` over the keys live at one revision: a CRC-32 of each key
 //! and its version, in key order. The same revision hashes the same on every member, and a
 //! past revision as it hashed when it was the present (the keys live at a revision never
@@ -154,11 +163,131 @@ pub struct RangeResult {
     pub count: u64,
 }
 
-/// Evaluate `spec` over the keys of its range, given in key order.
+/// The most one request's answers may hold, in [`ResultBudget`]'s count (about etcd's
+/// default request limit of 1.5 MiB, and its 4 MiB message limit on the way out).
+pub const MAX_RESULT_BYTES: usize = 4 << 20;
+
+/// What one key costs in an answer besides its key and value: its revisions, version, lease
+/// and framing (an etcd `KeyValue` spends at most about 60 bytes on them).
+pub const KV_OVERHEAD_BYTES: usize = 64;
+
+/// An answer that would pass [`MAX_RESULT_BYTES`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "answer too large: more than {limit} bytes (at least {bytes}): narrow the range, or \
+     use a limit, keys_only or count_only"
+)]
+pub struct ResultTooLarge {
+    /// What the answer had reached when it passed the limit.
+    pub bytes: u64,
+    pub limit: u64,
+}
+
+/// The bytes one request's answers may still take: every range and `prev_kv` of a request
+/// charges the same budget.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ResultBudget {
+    used: usize,
+    limit: usize,
+}
+
+impl Default for ResultBudget {
+    fn default() -> Self {
+        ResultBudget::new(MAX_RESULT_BYTES)
+    }
+}
+
+impl ResultBudget {
+    pub fn new(limit: usize) -> Self {
+        ResultBudget { used: 0, limit }
+    }
+
+    /// Charge one key of an answer (its value, unless `keys_only`).
+    pub fn charge(&mut self, key: &str, value: Option<&Versioned>) -> Result<(), ResultTooLarge> {
+        let bytes = key.len() + value.map_or(0, |v| v.value.len()) + KV_OVERHEAD_BYTES;
+        self.used = self.used.saturating_add(bytes);
+        if self.used > self.limit {
+            return Err(ResultTooLarge {
+                bytes: self.used as u64,
+                limit: self.limit as u64,
+            });
+        }
+        Ok(())
+    }
+}
+
+/// Evaluate `spec` over the keys of its range, given in key order, with no bound on the
+/// answer (tests, and callers that bound it otherwise).
 pub fn evaluate<'a>(
     spec: &RangeSpec,
     in_range: impl Iterator<Item = (&'a str, &'a Versioned)>,
 ) -> RangeResult {
+    let mut unbounded = ResultBudget::new(usize::MAX);
+    // A budget of usize::MAX saturates, never passes.
+    evaluate_within(spec, in_range, &mut unbounded).unwrap_or_default()
+}
+
+/// Evaluate `spec` as [`evaluate`] does, charging the answer to `budget` before any value is
+/// copied.
+pub fn evaluate_within<'a>(
+    spec: &RangeSpec,
+    in_range: impl Iterator<Item = (&'a str, &'a Versioned)>,
+    budget: &mut ResultBudget,
+) -> Result<RangeResult, ResultTooLarge> {
+    let selected = select(spec, in_range);
+    selected.charge(spec, budget)?;
+    Ok(selected.into_result(spec))
+}
+
+/// Charge to `budget` what evaluating `spec` would answer, copying nothing (a Txn's check
+/// before it applies).
+pub fn charge<'a>(
+    spec: &RangeSpec,
+    in_range: impl Iterator<Item = (&'a str, &'a Versioned)>,
+    budget: &mut ResultBudget,
+) -> Result<(), ResultTooLarge> {
+    select(spec, in_range).charge(spec, budget)
+}
+
+/// The keys an evaluation answers, not yet copied.
+struct Selected<'a> {
+    kept: Vec<(&'a str, &'a Versioned)>,
+    more: bool,
+    count: u64,
+}
+
+impl Selected<'_> {
+    fn charge(&self, spec: &RangeSpec, budget: &mut ResultBudget) -> Result<(), ResultTooLarge> {
+        for (k, v) in &self.kept {
+            budget.charge(k, (!spec.keys_only).then_some(*v))?;
+        }
+        Ok(())
+    }
+
+    fn into_result(self, spec: &RangeSpec) -> RangeResult {
+        let kvs = self
+            .kept
+            .into_iter()
+            .map(|(k, v)| {
+                let mut v = v.clone();
+                if spec.keys_only {
+                    v.value = String::new();
+                }
+                (k.to_string(), v)
+            })
+            .collect();
+        RangeResult {
+            kvs,
+            more: self.more,
+            count: self.count,
+        }
+    }
+}
+
+fn select<'a>(
+    spec: &RangeSpec,
+    in_range: impl Iterator<Item = (&'a str, &'a Versioned)>,
+) -> Selected<'a> {
     let mut count = 0u64;
     let limit = usize::try_from(spec.limit).unwrap_or(usize::MAX);
     let order = spec.order();
@@ -197,17 +326,7 @@ pub fn evaluate<'a>(
     if limit != 0 {
         kept.truncate(limit);
     }
-    let kvs = kept
-        .into_iter()
-        .map(|(k, v)| {
-            let mut v = v.clone();
-            if spec.keys_only {
-                v.value = String::new();
-            }
-            (k.to_string(), v)
-        })
-        .collect();
-    RangeResult { kvs, more, count }
+    Selected { kept, more, count }
 }
 
 #[cfg(test)]

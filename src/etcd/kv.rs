@@ -20,7 +20,9 @@ use tonic::{Request, Response, Status};
 use super::{Etcd, EtcdError, key_value, lease_name, text};
 use crate::domain::auth::{Access, KeyRange};
 use crate::domain::command::{Command, Response as Applied};
-use crate::domain::range::{RangeResult, RangeSpec, SortOrder, SortTarget, evaluate};
+use crate::domain::range::{
+    RangeResult, RangeSpec, ResultBudget, SortOrder, SortTarget, evaluate_within,
+};
 use crate::domain::txn::{
     Compare, CompareOp, CompareTarget, OpResult, ReadOp, ReadTxn, Txn, TxnOp, TxnResult,
     evaluate_read_only, fill_deferred, has_deferred,
@@ -67,10 +69,16 @@ impl Etcd {
         }
         let view = self.state.consensus.view();
         let now = view.with_state(|kv| kv.revision());
-        let result = evaluate_read_only(&read, now, &mut |range, at| {
-            view.range_at(range, Some(at)).map(|(_, kvs)| kvs)
-        })
-        .map_err(history_error)?;
+        let result = evaluate_read_only(
+            &read,
+            now,
+            &mut |range, at| {
+                view.range_at(range, Some(at))
+                    .map(|(_, kvs)| kvs)
+                    .map_err(history_error)
+            },
+            &mut ResultBudget::default(),
+        )?;
         Ok(self.txn_response(now, result))
     }
 
@@ -92,10 +100,17 @@ impl Etcd {
             .wait_revision(revision, std::time::Duration::from_secs(10))
             .await;
         let filled = if applied_here {
-            fill_deferred(t, out, &mut |range, at| {
-                view.range_at(range, Some(at)).map(|(_, kvs)| kvs)
-            })
-            .map_err(|e| e.to_string())
+            fill_deferred(
+                t,
+                out,
+                &mut |range, at| {
+                    view.range_at(range, Some(at))
+                        .map(|(_, kvs)| kvs)
+                        .map_err(history_error)
+                },
+                &mut ResultBudget::default(),
+            )
+            .map_err(|e| Status::from(e).message().to_string())
         } else {
             Err("this member did not apply it in time".to_string())
         };
@@ -376,14 +391,27 @@ impl Kv for Etcd {
         let view = self.state.consensus.view();
         if r.revision <= 0 {
             // Now: evaluated in place, without copying the range.
-            let (revision, result) =
-                view.with_state(|kv| (kv.revision(), evaluate(&spec, kv.range(&spec.range))));
+            // Charged before anything is copied: a range larger than an answer may be is
+            // refused without building it.
+            let (revision, result) = view.with_state(|kv| {
+                let budget = &mut ResultBudget::default();
+                (
+                    kv.revision(),
+                    evaluate_within(&spec, kv.range(&spec.range), budget),
+                )
+            });
+            let result = result.map_err(EtcdError::from)?;
             return Ok(Response::new(self.range_response(revision, result)));
         }
         let (revision, kvs) = view
             .range_at(&spec.range, Some(Revision(r.revision as u64)))
             .map_err(history_error)?;
-        let result = evaluate(&spec, kvs.iter().map(|(k, v)| (k.as_str(), v)));
+        let result = evaluate_within(
+            &spec,
+            kvs.iter().map(|(k, v)| (k.as_str(), v)),
+            &mut ResultBudget::default(),
+        )
+        .map_err(EtcdError::from)?;
         Ok(Response::new(self.range_response(revision, result)))
     }
 

@@ -69,6 +69,11 @@ pub const ETCD_VERSION: &str = "3.5.17";
 /// values may be up to the configured limit, so allow a little more than that).
 const MAX_MESSAGE_BYTES: usize = 4 << 20;
 
+/// The largest KV answer sent: what [`crate::domain::range::MAX_RESULT_BYTES`] lets a request's
+/// ranges and `prev_kv`s hold (refused before it is built beyond), plus room for the headers
+/// of a Txn's 128 operations, so that no admitted answer fails to encode.
+const MAX_KV_ANSWER_BYTES: usize = crate::domain::range::MAX_RESULT_BYTES + (1 << 20);
+
 /// What every service shares: the node's state.
 #[derive(Clone)]
 pub struct Etcd {
@@ -138,7 +143,7 @@ pub fn router(state: AppState) -> Router {
     let routes = tonic::service::Routes::new(
         KvServer::new(etcd.clone())
             .max_decoding_message_size(MAX_MESSAGE_BYTES)
-            .max_encoding_message_size(MAX_MESSAGE_BYTES),
+            .max_encoding_message_size(MAX_KV_ANSWER_BYTES),
     )
     .add_service(
         WatchServer::new(etcd.clone())

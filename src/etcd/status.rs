@@ -99,6 +99,9 @@ fn from_api(e: ApiError) -> Status {
             Code::ResourceExhausted,
             "mvcc: database space exceeded".into(),
         ),
+        // etcd has no such limit (it answers up to 2 GiB); gRPC's own code for a message
+        // over a size limit is ResourceExhausted.
+        "result_too_large" => (Code::ResourceExhausted, e.message),
         "too_many_requests" | "too_many_leases" => {
             (Code::ResourceExhausted, "too many requests".into())
         }

@@ -77,6 +77,18 @@ impl From<InvalidInput> for ApiError {
     }
 }
 
+/// An answer too large to give (`domain::range::MAX_RESULT_BYTES`): the request asked for it,
+/// so a 400 that says how to narrow it.
+fn result_too_large(message: String, limit: u64) -> ApiError {
+    ApiError::new(StatusCode::BAD_REQUEST, "result_too_large", message).with("limit", limit)
+}
+
+impl From<crate::domain::range::ResultTooLarge> for ApiError {
+    fn from(e: crate::domain::range::ResultTooLarge) -> Self {
+        result_too_large(e.to_string(), e.limit)
+    }
+}
+
 impl From<KvError> for ApiError {
     fn from(e: KvError) -> Self {
         let message = e.to_string();
@@ -111,6 +123,7 @@ impl From<KvError> for ApiError {
             }
             KvError::PermissionDenied => AccessError::PermissionDenied.into(),
             KvError::Auth { error } => error.into(),
+            KvError::ResultTooLarge { limit, .. } => result_too_large(message, limit),
         }
     }
 }

@@ -5,7 +5,11 @@
 //!   transaction: the whole path is chosen before the first change.
 //! - Everything that could refuse the transaction on that path (an unknown lease, `ignore_value`
 //!   or `ignore_lease` on a missing key, a range at a compacted or future revision) is checked
-//!   before the first change: a refused transaction changes nothing.
+//!   before the first change: a refused transaction changes nothing. That includes an answer
+//!   too large to give: its ranges and `prev_kv`s are charged to one
+//!   [`ResultBudget`] (counted on the state before the transaction, the same on every
+//!   member) before anything is copied, so a small request cannot make every member copy the
+//!   store.
 //! - Every change shares the request's one revision; a transaction that changes nothing takes
 //!   none.
 //!
@@ -16,7 +20,7 @@
 use super::{OpResult, Txn, TxnOp, TxnResult, holds};
 use crate::domain::command::{Event, KvError};
 use crate::domain::kv::{KvState, Versioned};
-use crate::domain::range::{RangeResult, evaluate};
+use crate::domain::range::{self, RangeResult, ResultBudget, evaluate};
 use crate::domain::types::Revision;
 
 /// The branches a transaction takes, decided before any change: etcd evaluates every compare
@@ -34,7 +38,7 @@ impl KvState {
         txn: &Txn,
     ) -> Result<(TxnResult, Vec<Event>), KvError> {
         let path = self.choose(txn);
-        self.precheck(txn, &path, &mut false)?;
+        self.precheck(txn, &path, &mut false, &mut ResultBudget::default())?;
         let begin = self.revision();
         let mut events = Vec::new();
         let result = self.run(txn, &path, begin, &mut events);
@@ -59,8 +63,16 @@ impl KvState {
 
     /// What could refuse the transaction, on its path, against the state before it.
     /// `changed`: whether an operation before this point of the path changes the store (then
-    /// a range may read at the transaction's own revision, as in etcd).
-    fn precheck(&self, txn: &Txn, path: &Path, changed: &mut bool) -> Result<(), KvError> {
+    /// a range may read at the transaction's own revision, as in etcd). `budget`: what the
+    /// answer may still take; ranges are charged as the state before the transaction holds
+    /// them (the transaction's own puts, bounded by the request's size, are not counted).
+    fn precheck(
+        &self,
+        txn: &Txn,
+        path: &Path,
+        changed: &mut bool,
+        budget: &mut ResultBudget,
+    ) -> Result<(), KvError> {
         let mut nested = path.nested.iter();
         for op in txn.branch(path.succeeded) {
             match op {
@@ -69,8 +81,12 @@ impl KvState {
                     lease,
                     ignore_value,
                     ignore_lease,
+                    prev_kv,
                     ..
                 } => {
+                    if *prev_kv && let Some(before) = self.get(key) {
+                        budget.charge(key, Some(before))?;
+                    }
                     if (*ignore_value || *ignore_lease) && self.get(key).is_none() {
                         return Err(KvError::KeyNotFound { key: key.clone() });
                     }
@@ -85,15 +101,20 @@ impl KvState {
                 }
                 TxnOp::Txn { txn } => {
                     if let Some(p) = nested.next() {
-                        self.precheck(txn, p, changed)?;
+                        self.precheck(txn, p, changed, budget)?;
                     }
                 }
                 // No key is written twice on a path (`check`): the state before the
                 // transaction says whether this delete removes anything.
-                TxnOp::DeleteRange { range, .. } => {
+                TxnOp::DeleteRange { range, prev_kv } => {
                     *changed |= self.range(range).next().is_some();
+                    if *prev_kv {
+                        for (k, v) in self.range(range) {
+                            budget.charge(k, Some(v))?;
+                        }
+                    }
                 }
-                TxnOp::Range { at: Some(at), .. } => {
+                TxnOp::Range { at: Some(at), spec } => {
                     let newest = Revision(self.revision().0 + u64::from(*changed));
                     if *at > newest {
                         return Err(KvError::FutureRevision {
@@ -102,8 +123,15 @@ impl KvState {
                         });
                     }
                     self.check_revision((*at).min(self.revision()))?;
+                    // At the transaction's own revision it is read from the state (`run`);
+                    // an earlier one is read from the history by the member that answers.
+                    if *at >= self.revision() {
+                        range::charge(spec, self.range(&spec.range), budget)?;
+                    }
                 }
-                TxnOp::Range { at: None, .. } => {}
+                TxnOp::Range { at: None, spec } => {
+                    range::charge(spec, self.range(&spec.range), budget)?;
+                }
             }
         }
         Ok(())

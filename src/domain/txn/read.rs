@@ -16,7 +16,7 @@
 use super::{Compare, OpResult, Txn, TxnOp, TxnResult, holds};
 use crate::domain::auth::KeyRange;
 use crate::domain::kv::Versioned;
-use crate::domain::range::{RangeSpec, evaluate};
+use crate::domain::range::{RangeSpec, ResultBudget, ResultTooLarge, evaluate_within};
 use crate::domain::types::Revision;
 
 /// A transaction that only reads, whose ranges may ask for a past revision (etcd's Txn with a
@@ -86,10 +86,14 @@ pub type KeysAt = Vec<(String, Versioned)>;
 /// the others at their own revision, every read through `read(range, revision)` (the live keys
 /// of `range` at `revision`, from the MVCC history), so that all of it is one consistent view
 /// whatever is applied meanwhile.
-pub fn evaluate_read_only<E>(
+///
+/// Every range's answer is charged to `budget` before it is copied: one that would pass it
+/// fails the whole read ([`ResultTooLarge`]).
+pub fn evaluate_read_only<E: From<ResultTooLarge>>(
     txn: &ReadTxn,
     now: Revision,
     read: &mut dyn FnMut(&KeyRange, Revision) -> Result<KeysAt, E>,
+    budget: &mut ResultBudget,
 ) -> Result<TxnResult, E> {
     let mut succeeded = true;
     for c in &txn.compares {
@@ -110,12 +114,16 @@ pub fn evaluate_read_only<E>(
             ReadOp::Range { spec, at } => {
                 let kvs = read(&spec.range, at.unwrap_or(now))?;
                 OpResult::Range {
-                    result: evaluate(spec, kvs.iter().map(|(k, v)| (k.as_str(), v))),
+                    result: evaluate_within(
+                        spec,
+                        kvs.iter().map(|(k, v)| (k.as_str(), v)),
+                        budget,
+                    )?,
                     deferred: None,
                 }
             }
             ReadOp::Txn { txn } => OpResult::Txn {
-                result: evaluate_read_only(txn, now, read)?,
+                result: evaluate_read_only(txn, now, read, budget)?,
             },
         });
     }
@@ -133,21 +141,26 @@ pub fn has_deferred(result: &TxnResult) -> bool {
 
 /// Read the ranges a logged transaction deferred ([`OpResult::Range::deferred`]) through
 /// `read(range, revision)` (the live keys of `range` at `revision`, from the history), so that
-/// `result` answers as if the state machine had read them.
-pub fn fill_deferred<E>(
+/// `result` answers as if the state machine had read them, each charged to `budget` before it
+/// is copied.
+pub fn fill_deferred<E: From<ResultTooLarge>>(
     txn: &Txn,
     result: &mut TxnResult,
     read: &mut dyn FnMut(&KeyRange, Revision) -> Result<KeysAt, E>,
+    budget: &mut ResultBudget,
 ) -> Result<(), E> {
     for (op, r) in txn.branch(result.succeeded).iter().zip(&mut result.results) {
         match (op, r) {
             (TxnOp::Range { spec, .. }, OpResult::Range { result, deferred }) => {
                 if let Some(at) = deferred.take() {
                     let kvs = read(&spec.range, at)?;
-                    *result = evaluate(spec, kvs.iter().map(|(k, v)| (k.as_str(), v)));
+                    *result =
+                        evaluate_within(spec, kvs.iter().map(|(k, v)| (k.as_str(), v)), budget)?;
                 }
             }
-            (TxnOp::Txn { txn }, OpResult::Txn { result }) => fill_deferred(txn, result, read)?,
+            (TxnOp::Txn { txn }, OpResult::Txn { result }) => {
+                fill_deferred(txn, result, read, budget)?
+            }
             _ => {}
         }
     }

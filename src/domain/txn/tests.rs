@@ -12,6 +12,9 @@
 use super::*;
 use crate::domain::command::{Event, KvError};
 use crate::domain::kv::KvState;
+use crate::domain::range::{
+    KV_OVERHEAD_BYTES, MAX_RESULT_BYTES, RangeSpec, ResultBudget, ResultTooLarge,
+};
 
 fn v(value: &str, create: u64, modr: u64, version: u64, lease: Option<&str>) -> Versioned {
     Versioned {
@@ -191,12 +194,17 @@ fn ranges_at_a_past_revision_in_a_writing_txn_are_checked_on_apply_and_read_afte
     assert_eq!(value(&out.results[4]), (Some("x".into()), None));
     // The answering node reads the deferred ones from its history.
     let mut asked = Vec::new();
-    fill_deferred(&t, &mut out, &mut |range, at| {
-        asked.push(at);
-        let value = if at == Revision(1) { "v1" } else { "v3" };
-        let key = String::from_utf8(range.start.clone()).unwrap();
-        Ok::<_, ()>(vec![(key, v(value, 1, at.0, at.0, None))])
-    })
+    fill_deferred(
+        &t,
+        &mut out,
+        &mut |range, at| {
+            asked.push(at);
+            let value = if at == Revision(1) { "v1" } else { "v3" };
+            let key = String::from_utf8(range.start.clone()).unwrap();
+            Ok::<_, ResultTooLarge>(vec![(key, v(value, 1, at.0, at.0, None))])
+        },
+        &mut ResultBudget::default(),
+    )
     .unwrap();
     assert_eq!(asked, [Revision(1), Revision(3)]);
     assert!(!has_deferred(&out));
@@ -367,17 +375,18 @@ fn a_put_that_keeps_a_missing_key_refuses_the_whole_txn() {
 #[test]
 fn a_read_only_txn_reads_each_range_at_its_revision() {
     // The history of key `a`: "1" at revision 1, "2" at revision 2, deleted at 3.
-    let history = |range: &KeyRange, at: Revision| -> Result<Vec<(String, Versioned)>, ()> {
-        let a = match at.0 {
-            1 => Some(v("1", 1, 1, 1, None)),
-            2 => Some(v("2", 1, 2, 2, None)),
-            _ => None,
+    let history =
+        |range: &KeyRange, at: Revision| -> Result<Vec<(String, Versioned)>, ResultTooLarge> {
+            let a = match at.0 {
+                1 => Some(v("1", 1, 1, 1, None)),
+                2 => Some(v("2", 1, 2, 2, None)),
+                _ => None,
+            };
+            Ok(a.filter(|_| range.contains(b"a"))
+                .map(|v| ("a".to_string(), v))
+                .into_iter()
+                .collect())
         };
-        Ok(a.filter(|_| range.contains(b"a"))
-            .map(|v| ("a".to_string(), v))
-            .into_iter()
-            .collect())
-    };
     let get = |at: Option<u64>| ReadOp::Range {
         spec: RangeSpec::all(KeyRange::key("a")),
         at: at.map(Revision),
@@ -410,7 +419,13 @@ fn a_read_only_txn_reads_each_range_at_its_revision() {
         ],
         failure: vec![get(Some(3))],
     };
-    let out = evaluate_read_only(&txn, Revision(2), &mut |r, at| history(r, at)).unwrap();
+    let out = evaluate_read_only(
+        &txn,
+        Revision(2),
+        &mut |r, at| history(r, at),
+        &mut ResultBudget::default(),
+    )
+    .unwrap();
     assert!(out.succeeded);
     assert_eq!(values(&out.results[0]), ["1"]);
     assert_eq!(values(&out.results[1]), ["2"]);
@@ -422,7 +437,13 @@ fn a_read_only_txn_reads_each_range_at_its_revision() {
         other => panic!("{other:?}"),
     }
     // At revision 3 the key is gone: the failure branch runs.
-    let out = evaluate_read_only(&txn, Revision(3), &mut |r, at| history(r, at)).unwrap();
+    let out = evaluate_read_only(
+        &txn,
+        Revision(3),
+        &mut |r, at| history(r, at),
+        &mut ResultBudget::default(),
+    )
+    .unwrap();
     assert!(!out.succeeded);
     assert!(values(&out.results[0]).is_empty());
     assert_eq!(txn.ranges().len(), 7);
@@ -463,4 +484,74 @@ fn the_edge_refuses_what_etcd_refuses() {
         ..Txn::default()
     };
     assert_eq!(check(&empty, 128), Err(TxnInvalid::EmptyKey));
+}
+
+/// A transaction whose ranges would answer more than [`MAX_RESULT_BYTES`] is refused before its
+/// first change (counted on the state before it, so every member decides the same), and one
+/// just within the limit applies.
+#[test]
+fn a_txn_whose_answer_would_pass_the_result_limit_changes_nothing() {
+    let mut kv = KvState::default();
+    let value = "x".repeat(1 << 20);
+    for i in 0..3 {
+        kv.apply(&crate::domain::command::Command::Put {
+            key: format!("big/{i}"),
+            value: value.clone(),
+            lease: None,
+            prev_revision: None,
+        });
+    }
+    let range = || TxnOp::Range {
+        spec: RangeSpec::all(KeyRange::prefix("big/")),
+        at: None,
+    };
+    let marker = || TxnOp::Put {
+        key: "marker".into(),
+        value: "v".into(),
+        lease: None,
+        ignore_value: false,
+        ignore_lease: false,
+        prev_kv: false,
+    };
+    let before = kv.revision();
+    // 3 MiB per range: the second one passes 4 MiB.
+    let too_large = Txn {
+        success: vec![marker(), range(), range()],
+        ..Txn::default()
+    };
+    match kv.apply_txn(&too_large) {
+        Err(KvError::ResultTooLarge { limit, bytes }) => {
+            assert_eq!(limit, MAX_RESULT_BYTES as u64);
+            assert!(bytes > limit);
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(kv.revision(), before);
+    assert!(kv.get("marker").is_none());
+    // A delete's prev_kv counts too.
+    let delete = Txn {
+        success: vec![
+            range(),
+            TxnOp::DeleteRange {
+                range: KeyRange::prefix("big/"),
+                prev_kv: true,
+            },
+        ],
+        ..Txn::default()
+    };
+    assert!(matches!(
+        kv.apply_txn(&delete),
+        Err(KvError::ResultTooLarge { .. })
+    ));
+    assert_eq!(kv.revision(), before);
+    // One range of 3 MiB (plus its overhead) fits.
+    let (out, _) = kv
+        .apply_txn(&Txn {
+            success: vec![marker(), range()],
+            ..Txn::default()
+        })
+        .unwrap();
+    assert_eq!(out.results.len(), 2);
+    const { assert!(3 * ((1 << 20) + KV_OVERHEAD_BYTES) < MAX_RESULT_BYTES) };
+    assert!(kv.get("marker").is_some());
 }
