@@ -236,7 +236,8 @@ async fn a_wiped_voter_replaying_its_own_learner_entry_keeps_withholding_its_vot
     assert!(c.data_dir(5).join("vote-held").exists());
 
     // Without the leader, the two other live voters cannot elect anyone without node 5's
-    // vote; node 5 must not campaign (a vote for itself is a vote) while they try.
+    // vote (nor win a pre-vote); node 5 must not campaign (a vote for itself is a vote)
+    // while everyone has been without a leader for several election timeouts.
     let term_before = c.nodes[&5]
         .consensus()
         .raft()
@@ -244,16 +245,13 @@ async fn a_wiped_voter_replaying_its_own_learner_entry_keeps_withholding_its_vot
         .borrow()
         .current_term;
     c.stop(leader).await;
-    let others: Vec<u64> = c.nodes.keys().copied().filter(|id| *id != 5).collect();
-    eventually(WAIT, "the other voters campaigned a few terms", || async {
-        let campaigned = others.iter().all(|id| {
-            let t = c.nodes[id]
-                .consensus()
-                .raft()
-                .metrics()
-                .borrow()
-                .current_term;
-            t >= term_before + 3
+    eventually(WAIT, "every live node without a leader for 3 s", || async {
+        let leaderless = c.nodes.values().all(|n| {
+            n.consensus()
+                .peers()
+                .contacts()
+                .led_age()
+                .is_some_and(|age| age >= 3_000)
         });
         let voted_for_itself = c.nodes[&5]
             .consensus()
@@ -264,12 +262,13 @@ async fn a_wiped_voter_replaying_its_own_learner_entry_keeps_withholding_its_vot
             .leader_id()
             .node_id
             == 5;
-        (campaigned || voted_for_itself).then_some(())
+        (leaderless || voted_for_itself).then_some(())
     })
     .await;
     let m = c.nodes[&5].consensus().raft().metrics().borrow().clone();
     assert_ne!(m.vote.leader_id().node_id, 5, "node 5 campaigned: {m:?}");
     assert_ne!(m.state, openraft::ServerState::Leader);
+    assert_eq!(m.current_term, term_before, "{m:?}");
 
     // The operator's way out, as its log says: with a leader back, remove it and add it.
     c.restart(leader).await;

@@ -24,6 +24,7 @@
 //! - [`members`]: membership as leased keys (`members/{id}`): layout and record.
 //! - [`peer_trust`]: which peer messages a node accepts (sender membership, consistent
 //!   claims, no disruptive votes).
+//! - [`prevote`]: whether a node grants a pre-vote, and whether a candidate won one.
 //! - [`health`]: readiness, quorum loss, peer reachability, learner catch-up.
 //! - [`resources`]: connection cap, storage quota, log compaction by bytes, peer addresses.
 //! - [`value_bytes`]: the etcd API's byte values in the text store (NUL and base64).
@@ -49,6 +50,7 @@ pub mod members;
 pub mod mvcc;
 pub mod peer_link;
 pub mod peer_trust;
+pub mod prevote;
 pub mod range;
 pub mod recipes;
 pub mod resources;

@@ -326,6 +326,7 @@ pub fn route_table() -> Vec<RouteSpec> {
         spec("POST", routes::APPEND, Peer, post(peer::append)),
         spec("GET", routes::STREAM, Peer, get(peer_stream::open)),
         spec("POST", routes::VOTE, Peer, post(peer::vote)),
+        spec("POST", routes::PREVOTE, Peer, post(peer::prevote)),
         spec("POST", routes::SNAPSHOT, Peer, post(peer::snapshot)),
         spec("POST", routes::PROPOSE, Peer, post(peer::propose)),
         spec(

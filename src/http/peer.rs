@@ -30,7 +30,8 @@ use crate::domain::command::{Command, Response};
 use crate::domain::history_fill::{HistoryReach, PageAnswer, PageAsk};
 use crate::domain::peer_trust::{Refusal, check_claim, disruptive_vote};
 use crate::raft::consensus::{
-    AdminOutcome, AdminRequest, ClusterView, ConsensusError, TransferAnswer, TransferRequest,
+    AdminOutcome, AdminRequest, ClusterView, ConsensusError, PreVoteAnswer, PreVoteRequest,
+    TransferAnswer, TransferRequest,
 };
 use crate::raft::network::{decode_snapshot_frame, routes};
 use crate::raft::{NodeId, TypeConfig};
@@ -133,6 +134,20 @@ pub async fn vote(
         return Ok(Json(Ok(VoteResponse::new(mine, None, false))));
     }
     Ok(Json(state.consensus.raft().vote(req).await))
+}
+
+/// A pre-vote (`domain::prevote`): answered as the real vote would be, and nothing changes.
+pub async fn prevote(
+    State(state): State<AppState>,
+    Extension(PeerSender(sender)): Extension<PeerSender>,
+    ApiJson(req): ApiJson<PreVoteRequest>,
+) -> Result<Json<PreVoteAnswer>, ApiError> {
+    claim(&state, sender, req.candidate, routes::PREVOTE)?;
+    let ctx = vote_context(&state.consensus);
+    let held = state.consensus.vote_withheld();
+    let mine = state.consensus.raft().data_metrics().borrow().last_log;
+    let granted = crate::domain::prevote::grants(&ctx, held, &req.last_log_id, &mine);
+    Ok(Json(PreVoteAnswer { granted }))
 }
 
 pub async fn snapshot(

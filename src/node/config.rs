@@ -181,6 +181,9 @@ impl NodeConfig {
             // requires that it answered (a lag threshold alone passes a dead node).
             replication_lag_threshold: self.snapshot_threshold.max(1) * 2,
             max_payload_entries: 512,
+            // openraft 0.9 has no pre-vote: its timer would campaign from a node cut off from
+            // the others. `runtime::election` is the election timer instead, and asks first.
+            enable_elect: false,
             ..Default::default()
         };
         config

@@ -53,7 +53,7 @@ use crate::runtime::lease::{LeaseConfig, LeaseHub, LeaseService};
 use crate::runtime::quorum::QuorumWatchdog;
 use crate::runtime::replace::{
     HeldNode, StartCheck, ask_to_be_added, check_empty_start, promotion_pending,
-    replace_if_held_as_voter, replace_reverted_nodes, resume_elections_when_released,
+    replace_if_held_as_voter, replace_reverted_nodes,
 };
 use crate::runtime::watch::WatchHub;
 use crate::storage;
@@ -252,16 +252,6 @@ impl Node {
                 cfg.data_dir.display()
             ))
         })?;
-        // Nor does it campaign: openraft's election timer starts off, and is turned on at
-        // the release (`Consensus::vote_hold_released`).
-        let raft_config = if vote_hold.is_held() {
-            Arc::new(openraft::Config {
-                enable_elect: false,
-                ..(*raft_config).clone()
-            })
-        } else {
-            raft_config
-        };
         let log_store = LogStore::open(&db, &cfg.data_dir)?
             .with_node(cfg.id)
             .with_vote_hold(vote_hold.clone());
@@ -336,11 +326,6 @@ impl Node {
             cancel.clone(),
         ));
         if vote_hold.is_held() {
-            tasks.spawn(resume_elections_when_released(
-                consensus.clone(),
-                vote_hold.clone(),
-                cancel.clone(),
-            ));
             let t = cfg.timeouts();
             tasks.spawn(replace_if_held_as_voter(
                 consensus.clone(),
@@ -501,8 +486,8 @@ impl Node {
             ElectionWatchdog {
                 port: consensus.clone(),
                 check_every: heartbeat,
-                stall_after: election_max * 4,
-                jitter_max: election_max,
+                election_min: Duration::from_millis(cfg.timings.election_min_ms),
+                election_max,
                 // openraft's leader lease is the largest election timeout; a heartbeat more
                 // covers the other voters, which accepted the last append a little later.
                 silence_after: election_max + heartbeat,

@@ -21,8 +21,8 @@
 //!   commit point once known (a restart learning a later one would only wait longer).
 //! - Once released, the hold stays released.
 //! - Released only by what this node stored (appended, or installed with a snapshot).
-//! - While held the node does not campaign either (`Consensus::elections_held`; openraft's
-//!   timer starts off): a vote for itself is a vote.
+//! - While held the node does not campaign either (`Consensus::elections_held` keeps the
+//!   election watchdog, the only one that campaigns, quiet): a vote for itself is a vote.
 //!
 //! # What it must not do
 //! Hold anything for a node that started from existing data, or for the nodes of a new
@@ -51,8 +51,6 @@ pub struct VoteHold {
     held: AtomicBool,
     /// What decides the release; only consulted while held.
     release: Mutex<VoteRelease>,
-    /// `true` while held: what [`VoteHold::until_released`] waits on.
-    holding: tokio::sync::watch::Sender<bool>,
     /// The note in the data dir (none in unit tests).
     note: Option<PathBuf>,
 }
@@ -78,7 +76,6 @@ impl VoteHold {
             me,
             held: AtomicBool::new(held),
             release: Mutex::new(VoteRelease::new(first_commit)),
-            holding: tokio::sync::watch::channel(held).0,
             note: Some(note),
         };
         if held {
@@ -98,7 +95,6 @@ impl VoteHold {
             me,
             held: AtomicBool::new(held),
             release: Mutex::new(VoteRelease::new(None)),
-            holding: tokio::sync::watch::channel(held).0,
             note: None,
         })
     }
@@ -160,12 +156,6 @@ impl VoteHold {
                 .still_counted_as_voter()
     }
 
-    /// Returns once the hold is released (at once if it never was held).
-    pub async fn until_released(&self) {
-        let mut rx = self.holding.subscribe();
-        let _ = rx.wait_for(|holding| !*holding).await;
-    }
-
     fn lists_me(&self, membership: &Membership<NodeId, BasicNode>) -> bool {
         membership.voter_ids().any(|v| v == self.me)
     }
@@ -189,7 +179,6 @@ impl VoteHold {
             }
         }
         if r.releases() && self.held.swap(false, Ordering::AcqRel) {
-            self.holding.send_replace(false);
             if let Some(note) = &self.note
                 && let Err(e) = std::fs::remove_file(note)
                 && e.kind() != std::io::ErrorKind::NotFound

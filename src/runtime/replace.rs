@@ -444,18 +444,6 @@ const HELD_CHECK_EVERY: Duration = Duration::from_millis(500);
 /// After a refused or failed ask to be replaced, wait this long before asking again.
 const HELD_ASK_AGAIN_AFTER: Duration = Duration::from_secs(5);
 
-/// Once the vote hold is released, let openraft campaign again.
-pub async fn resume_elections_when_released(
-    consensus: Consensus,
-    hold: std::sync::Arc<crate::raft::vote_hold::VoteHold>,
-    cancel: CancellationToken,
-) {
-    tokio::select! {
-        _ = cancel.cancelled() => {}
-        _ = hold.until_released() => consensus.vote_hold_released(),
-    }
-}
-
 /// While this node withholds its vote: if its log shows it lost its data as a voter nobody
 /// replaced ([`VoteHold::still_counted_as_voter`](crate::raft::vote_hold::VoteHold)), note
 /// that it is to be promoted, ask the leader to replace it

@@ -141,6 +141,20 @@ pub enum AdminRequest {
     },
 }
 
+/// A pre-vote asked of a voter (`domain::prevote`): would it vote for `candidate`, whose log
+/// ends at `last_log_id`, now? Answering changes nothing on the node asked.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct PreVoteRequest {
+    pub candidate: NodeId,
+    pub last_log_id: Option<openraft::LogId<NodeId>>,
+}
+
+/// A pre-vote's answer.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct PreVoteAnswer {
+    pub granted: bool,
+}
+
 pub use leasecore_client::api::{ClusterView, MemberNode, MemberStatus};
 
 /// Reads this node's lease clock, if it tracks leases as leader.

@@ -295,4 +295,56 @@ impl ElectionPort for Consensus {
             let _ = self.inner.raft.trigger().elect().await;
         })
     }
+
+    fn prevote(&self) -> Pin<Box<dyn Future<Output = bool> + Send + '_>> {
+        Box::pin(self.prevote_round())
+    }
+}
+
+impl Consensus {
+    /// Ask every other voter whether it would vote for this node now (`domain::prevote`),
+    /// each within a minimum election timeout; won with a majority of every configuration.
+    /// A voter on an older build (no such route) counts as granting: its real vote decides.
+    async fn prevote_round(&self) -> bool {
+        let me = self.inner.id;
+        let (configs, addresses) = {
+            let m = self.inner.raft.metrics();
+            let m = m.borrow();
+            let membership = m.membership_config.membership();
+            let configs: Vec<BTreeSet<NodeId>> = membership.get_joint_config().clone();
+            let addresses: Vec<(NodeId, String)> = membership
+                .voter_ids()
+                .filter(|id| *id != me)
+                .filter_map(|id| membership.get_node(&id).map(|n| (id, n.addr.clone())))
+                .collect();
+            (configs, addresses)
+        };
+        let req = PreVoteRequest {
+            candidate: me,
+            last_log_id: self.inner.raft.data_metrics().borrow().last_log,
+        };
+        let within = Duration::from_millis(self.inner.raft.config().election_timeout_min);
+        let peers = &self.inner.peers;
+        let asks = addresses.iter().map(|(id, addr)| {
+            let req = &req;
+            async move {
+                let answer: Result<PreVoteAnswer, PeerError> =
+                    peers.post_json(addr, routes::PREVOTE, req, within).await;
+                match answer {
+                    Ok(a) => a.granted.then_some(*id),
+                    Err(PeerError::NoRoute { .. }) => Some(*id),
+                    Err(_) => None,
+                }
+            }
+        });
+        let mut granted: BTreeSet<NodeId> = futures::future::join_all(asks)
+            .await
+            .into_iter()
+            .flatten()
+            .collect();
+        granted.insert(me);
+        let won = crate::domain::prevote::won(&configs, &granted);
+        tracing::debug!(?granted, won, "pre-vote");
+        won
+    }
 }

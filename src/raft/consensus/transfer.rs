@@ -51,8 +51,8 @@ pub struct TransferAnswer {
     pub leads: bool,
 }
 
-/// Elections held on this node (several transfers may overlap); openraft's election timer
-/// is off while any hold lasts.
+/// Elections held on this node (several transfers may overlap); the election watchdog (the
+/// only one that campaigns: openraft's timer is off) is quiet while any hold lasts.
 #[derive(Default)]
 pub(super) struct Holds {
     count: Mutex<usize>,
@@ -119,18 +119,14 @@ impl Drop for Leaving<'_> {
     }
 }
 
-/// A follower's hold on its elections: openraft's timer off, the watchdog quiet, until dropped.
+/// A follower's hold on its elections: the election watchdog quiet, until dropped.
 struct Hold<'a> {
     consensus: &'a Consensus,
 }
 
 impl<'a> Hold<'a> {
     fn begin(consensus: &'a Consensus) -> Self {
-        let mut count = consensus.inner.holds.count();
-        if *count == 0 {
-            consensus.inner.raft.runtime_config().elect(false);
-        }
-        *count += 1;
+        *consensus.inner.holds.count() += 1;
         Hold { consensus }
     }
 }
@@ -139,9 +135,6 @@ impl Drop for Hold<'_> {
     fn drop(&mut self) {
         let mut count = self.consensus.inner.holds.count();
         *count = count.saturating_sub(1);
-        if *count == 0 && !self.consensus.vote_withheld() {
-            self.consensus.inner.raft.runtime_config().elect(true);
-        }
     }
 }
 
@@ -154,15 +147,6 @@ impl Consensus {
     /// Whether this node withholds its vote (`raft::vote_hold`): it does not campaign either.
     pub fn vote_withheld(&self) -> bool {
         self.vote_hold().is_some_and(|h| h.is_held())
-    }
-
-    /// The vote hold was released: openraft's election timer runs again unless a transfer
-    /// holds it (checked under the same lock as [`Hold`]'s drop, so one of them turns it on).
-    pub fn vote_hold_released(&self) {
-        let count = self.inner.holds.count();
-        if *count == 0 && !self.vote_withheld() {
-            self.inner.raft.runtime_config().elect(true);
-        }
     }
 
     /// Whether this node, as leader, is handing its leadership over.

@@ -65,6 +65,8 @@ pub const MSGPACK: &str = "application/msgpack";
 pub mod routes {
     pub const APPEND: &str = "/raft/append";
     pub const VOTE: &str = "/raft/vote";
+    /// Would you vote for me? (`domain::prevote`; answers change nothing.)
+    pub const PREVOTE: &str = "/raft/prevote";
     pub const SNAPSHOT: &str = "/raft/snapshot";
     pub const PROPOSE: &str = "/raft/propose";
     /// Several forwarded proposals in one request (`raft::consensus::forward`).
