@@ -115,6 +115,20 @@ async fn vote_granted(c: &TestCluster, target: u64, candidate: u64, term: u64) -
     doc["Ok"]["vote_granted"].as_bool().unwrap()
 }
 
+/// Node `id`'s `leasecore_vote_withheld` sample in `/metrics`.
+async fn vote_withheld_gauge(c: &TestCluster, id: u64) -> String {
+    let text = reqwest::get(format!("{}/metrics", c.url(id)))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix("leasecore_vote_withheld "))
+        .unwrap_or_else(|| panic!("no leasecore_vote_withheld in {text}"))
+        .to_string()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_node_joining_empty_votes_only_once_listed_as_a_non_voter() {
     let mut c = TestCluster::start(3).await;
@@ -123,6 +137,7 @@ async fn a_node_joining_empty_votes_only_once_listed_as_a_non_voter() {
     // tell): a candidate gets no vote from it, also after a restart.
     c.start_joiner(4).await;
     assert!(!vote_granted(&c, 4, 2, 1000).await);
+    assert_eq!(vote_withheld_gauge(&c, 4).await, "1");
     c.stop(4).await;
     c.restart(4).await;
     assert!(!vote_granted(&c, 4, 2, 1001).await);
@@ -139,6 +154,7 @@ async fn a_node_joining_empty_votes_only_once_listed_as_a_non_voter() {
     })
     .await;
     assert!(!c.data_dir(4).join("vote-held").exists());
+    assert_eq!(vote_withheld_gauge(&c, 4).await, "0");
     // A node of the new cluster never held its vote.
     for id in [1, 2, 3] {
         assert!(!c.nodes[&id].consensus().vote_hold().unwrap().is_held());

@@ -237,6 +237,17 @@ pub async fn metrics_text(state: &AppState) -> String {
             if v.ready { 1.0 } else { 0.0 },
         ),
         (
+            "leasecore_vote_withheld",
+            "1 while this node withholds its vote and does not campaign (it joined with an \
+             empty data dir and the cluster does not list it as a non-voter yet: \
+             raft::vote_hold).",
+            if state.consensus.vote_withheld() {
+                1.0
+            } else {
+                0.0
+            },
+        ),
+        (
             "leasecore_raft_term",
             "The current Raft term.",
             v.term as f64,
