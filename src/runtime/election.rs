@@ -87,7 +87,7 @@ impl<P: ElectionPort> ElectionWatchdog<P> {
                 }
                 if silent(&self.port) {
                     tracing::info!("leader silent past its lease; asking the voters");
-                    self.try_campaign(&mut tries).await;
+                    self.try_campaign(&mut tries, |p| silent(p)).await;
                 }
                 continue;
             }
@@ -109,19 +109,25 @@ impl<P: ElectionPort> ElectionWatchdog<P> {
                 if tries == 0 {
                     tracing::info!("no leader known; asking the voters, then campaigning");
                 }
-                self.try_campaign(&mut tries).await;
+                self.try_campaign(&mut tries, |p| !p.leader_known()).await;
             }
         }
     }
 
-    /// A pre-vote, then, if won, a campaign.
-    async fn try_campaign(&self, tries: &mut u64) {
+    /// A pre-vote, then, if won and `still_needed` (no leader appeared meanwhile: a campaign
+    /// would depose it), a campaign.
+    async fn try_campaign(&self, tries: &mut u64, still_needed: impl Fn(&P) -> bool) {
         *tries += 1;
-        if self.port.prevote().await {
+        if !self.port.prevote().await {
+            tracing::debug!(tries = *tries, "pre-vote lost; not campaigning");
+        } else if still_needed(&self.port) {
             tracing::debug!(tries = *tries, "pre-vote won; campaigning");
             self.port.elect().await;
         } else {
-            tracing::debug!(tries = *tries, "pre-vote lost; not campaigning");
+            tracing::debug!(
+                tries = *tries,
+                "pre-vote won, but a leader appeared meanwhile"
+            );
         }
     }
 
@@ -156,6 +162,8 @@ mod tests {
     struct FakePort {
         silence: AtomicU64,
         prevote_wins: AtomicBool,
+        /// A leader is heard from while the pre-vote is out.
+        leader_meanwhile: AtomicBool,
         prevotes: Arc<AtomicUsize>,
         elections: Arc<AtomicUsize>,
     }
@@ -175,6 +183,9 @@ mod tests {
         }
         fn prevote(&self) -> Pin<Box<dyn Future<Output = bool> + Send + '_>> {
             self.prevotes.fetch_add(1, Ordering::Relaxed);
+            if self.leader_meanwhile.load(Ordering::Relaxed) {
+                self.silence.store(50, Ordering::Relaxed);
+            }
             Box::pin(std::future::ready(
                 self.prevote_wins.load(Ordering::Relaxed),
             ))
@@ -189,12 +200,17 @@ mod tests {
 
     /// (pre-votes asked, elections started) in 2 s of a watchdog over `silence_ms`.
     async fn run_for_2s(silence_ms: u64, prevote_wins: bool) -> (usize, usize) {
+        run_with(silence_ms, prevote_wins, false).await
+    }
+
+    async fn run_with(silence_ms: u64, prevote_wins: bool, meanwhile: bool) -> (usize, usize) {
         let elections = Arc::new(AtomicUsize::new(0));
         let prevotes = Arc::new(AtomicUsize::new(0));
         let dog = ElectionWatchdog {
             port: FakePort {
                 silence: AtomicU64::new(silence_ms),
                 prevote_wins: AtomicBool::new(prevote_wins),
+                leader_meanwhile: AtomicBool::new(meanwhile),
                 prevotes: prevotes.clone(),
                 elections: elections.clone(),
             },
@@ -240,5 +256,11 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn with_no_leader_known_it_campaigns_within_the_election_timeout() {
         assert_eq!(run_for_2s(NO_LEADER, true).await, (1, 1));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_leader_heard_from_during_the_prevote_is_not_deposed() {
+        assert_eq!(run_with(1101, true, true).await, (1, 0));
+        assert_eq!(run_with(NO_LEADER, true, true).await, (1, 0));
     }
 }

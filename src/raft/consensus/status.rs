@@ -325,25 +325,30 @@ impl Consensus {
         };
         let within = Duration::from_millis(self.inner.raft.config().election_timeout_min);
         let peers = &self.inner.peers;
-        let asks = addresses.iter().map(|(id, addr)| {
-            let req = &req;
-            async move {
-                let answer: Result<PreVoteAnswer, PeerError> =
-                    peers.post_json(addr, routes::PREVOTE, req, within).await;
-                match answer {
-                    Ok(a) => a.granted.then_some(*id),
-                    Err(PeerError::NoRoute { .. }) => Some(*id),
-                    Err(_) => None,
+        let mut asks: futures::stream::FuturesUnordered<_> = addresses
+            .iter()
+            .map(|(id, addr)| {
+                let req = &req;
+                async move {
+                    let answer: Result<PreVoteAnswer, PeerError> =
+                        peers.post_json(addr, routes::PREVOTE, req, within).await;
+                    match answer {
+                        Ok(a) => a.granted.then_some(*id),
+                        Err(PeerError::NoRoute { .. }) => Some(*id),
+                        Err(_) => None,
+                    }
                 }
-            }
-        });
-        let mut granted: BTreeSet<NodeId> = futures::future::join_all(asks)
-            .await
-            .into_iter()
-            .flatten()
+            })
             .collect();
-        granted.insert(me);
-        let won = crate::domain::prevote::won(&configs, &granted);
+        let mut granted = BTreeSet::from([me]);
+        // Done as soon as a majority granted: a voter that is down would otherwise hold the
+        // answer for the whole timeout, long enough for another candidate to win meanwhile
+        // (then this node's campaign would depose it).
+        let mut won = crate::domain::prevote::won(&configs, &granted);
+        while !won && let Some(answer) = futures::StreamExt::next(&mut asks).await {
+            granted.extend(answer);
+            won = crate::domain::prevote::won(&configs, &granted);
+        }
         tracing::debug!(?granted, won, "pre-vote");
         won
     }
