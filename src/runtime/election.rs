@@ -34,8 +34,9 @@ pub trait ElectionPort: Send + Sync + 'static {
     /// Milliseconds since this node, a follower of another known leader, last accepted that
     /// leader's append (`None` when it leads, knows no leader, or was never led).
     fn leader_silence_ms(&self) -> Option<u64>;
-    /// Whether this node is a voter (learners never campaign).
-    fn is_voter(&self) -> bool;
+    /// Whether this node may campaign: a voter (learners never do) whose elections are not
+    /// held (a leadership transfer under way, or a vote withheld: `raft::vote_hold`).
+    fn may_campaign(&self) -> bool;
     /// Ask the other voters whether they would vote for this node now; `true` if a majority
     /// would.
     fn prevote(&self) -> Pin<Box<dyn Future<Output = bool> + Send + '_>>;
@@ -70,7 +71,7 @@ impl<P: ElectionPort> ElectionWatchdog<P> {
                 _ = cancel.cancelled() => return,
                 _ = tokio::time::sleep(self.check_every) => {}
             }
-            if !self.port.is_voter() {
+            if !self.port.may_campaign() {
                 leaderless = Duration::ZERO;
                 continue;
             }
@@ -178,7 +179,7 @@ mod tests {
             let s = self.silence.load(Ordering::Relaxed);
             (s < NO_LEADER).then_some(s)
         }
-        fn is_voter(&self) -> bool {
+        fn may_campaign(&self) -> bool {
             true
         }
         fn prevote(&self) -> Pin<Box<dyn Future<Output = bool> + Send + '_>> {

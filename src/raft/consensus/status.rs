@@ -277,13 +277,16 @@ impl ElectionPort for Consensus {
             .flatten()
     }
 
-    fn is_voter(&self) -> bool {
-        let m = self.inner.raft.metrics();
-        let m = m.borrow();
-        m.membership_config
-            .membership()
-            .voter_ids()
-            .any(|id| id == self.inner.id)
+    fn may_campaign(&self) -> bool {
+        let voter = {
+            let m = self.inner.raft.metrics();
+            let m = m.borrow();
+            m.membership_config
+                .membership()
+                .voter_ids()
+                .any(|id| id == self.inner.id)
+        };
+        voter && !self.elections_held()
     }
 
     fn elect(&self) -> Pin<Box<dyn Future<Output = ()> + Send + '_>> {
