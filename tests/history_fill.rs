@@ -10,6 +10,7 @@ use leasecore::domain::command::Command;
 use leasecore::domain::history::{KeyFilter, OlderEvents, Resume};
 use leasecore::domain::history_fill::{FillPlan, PageAsk};
 use leasecore::domain::types::Revision;
+use leasecore::domain::watch_batch::BatchLimit;
 use leasecore::raft::Entry;
 use leasecore::raft::history_fill::{FillError, FillStore};
 use leasecore::raft::state_machine::{DiscardEvents, StateMachine, StateView};
@@ -104,7 +105,7 @@ fn assert_same_history(a: &StateView, b: &StateView, floor: Revision) {
             floor.next(),
             top,
             &everything,
-            usize::MAX,
+            BatchLimit::UNBOUNDED,
             Resume::AfterMark,
         )
         .unwrap()

@@ -14,6 +14,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use leasecore::domain::auth::KeyRange;
 use leasecore::domain::command::Command;
 use leasecore::domain::types::Revision;
+use leasecore::domain::watch_batch::BatchLimit;
 use leasecore::raft::Entry;
 use leasecore::raft::state_machine::{DiscardEvents, StateMachine};
 use leasecore::storage::open_db;
@@ -201,7 +202,7 @@ async fn a_large_group_is_recorded_in_records_sled_keeps_inline() {
             Revision(1),
             Revision(40),
             &everything,
-            usize::MAX,
+            BatchLimit::UNBOUNDED,
             Resume::AfterMark,
         )
         .unwrap();
@@ -281,18 +282,36 @@ async fn the_sweep_keeps_the_compaction_revision_for_etcd_watches() {
         assert_eq!(view.floor(Resume::AfterMark), mark);
         let top = view.applied().revision;
         let at = view
-            .since(mark, top, &everything, usize::MAX, Resume::AtMark)
+            .since(
+                mark,
+                top,
+                &everything,
+                BatchLimit::UNBOUNDED,
+                Resume::AtMark,
+            )
             .unwrap();
         assert_eq!(at.events.first().map(|e| e.revision), Some(mark));
         assert_eq!(at.events.first().map(|e| e.key.as_str()), Some("k0"));
         assert_eq!(
-            view.since(Revision(mark.0 - 1), top, &everything, 10, Resume::AtMark),
+            view.since(
+                Revision(mark.0 - 1),
+                top,
+                &everything,
+                BatchLimit::events(10),
+                Resume::AtMark
+            ),
             Err(Compacted {
                 compacted: Revision(mark.0 - 1)
             })
         );
         assert_eq!(
-            view.since(mark, top, &everything, 10, Resume::AfterMark),
+            view.since(
+                mark,
+                top,
+                &everything,
+                BatchLimit::events(10),
+                Resume::AfterMark
+            ),
             Err(Compacted { compacted: mark })
         );
         db.flush().unwrap();
@@ -317,7 +336,13 @@ async fn the_sweep_keeps_the_compaction_revision_for_etcd_watches() {
     assert_eq!(view.floor(Resume::AtMark), mark);
     let top = view.applied().revision;
     assert_eq!(
-        view.since(mark, top, &everything, 10, Resume::AtMark),
+        view.since(
+            mark,
+            top,
+            &everything,
+            BatchLimit::events(10),
+            Resume::AtMark
+        ),
         Err(Compacted { compacted: mark })
     );
 }

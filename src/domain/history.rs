@@ -4,8 +4,9 @@
 //! - Fed only by the apply path, in log order: events arrive with non-decreasing revisions
 //!   (the changes of one request share its revision), and the history is identical on every
 //!   replica that retains the same span.
-//! - A revision is answered whole or not at all: a batch cut by its limit ends at a revision
-//!   boundary, and a revision only partly retained counts as compacted.
+//! - A revision is answered whole or not at all: a batch cut by its limits (a count and
+//!   bytes, [`super::watch_batch`]) ends at a revision boundary, and a revision only partly
+//!   retained counts as compacted.
 //! - Bounded by a count and a byte budget. The oldest events are dropped first, and
 //!   `compacted` (the highest revision no longer answerable) only grows.
 //! - `since(from)` answers "every matching event with revision >= from" exactly, or says it
@@ -17,6 +18,7 @@ use std::collections::VecDeque;
 
 use super::command::Event;
 use super::types::Revision;
+use super::watch_batch::{BatchCut, BatchLimit, Cut, batch_cost};
 
 /// Which keys a watch follows.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -128,7 +130,7 @@ pub trait OlderEvents: Send + Sync {
     /// memory still holds its events, so that every node answers alike.
     fn floor(&self, resume: Resume) -> Revision;
 
-    /// Matching events with revision `>= from`, up to `through`, at most `limit` (whole
+    /// Matching events with revision `>= from`, up to `through`, within `limit` (whole
     /// revisions, as [`EventHistory::since`]); `Compacted` if `from` is not above
     /// [`OlderEvents::floor`] under `resume`.
     fn since(
@@ -136,7 +138,7 @@ pub trait OlderEvents: Send + Sync {
         from: Revision,
         through: Revision,
         filter: &KeyFilter,
-        limit: usize,
+        limit: BatchLimit,
         resume: Resume,
     ) -> Result<Batch, Compacted>;
 }
@@ -240,13 +242,14 @@ impl EventHistory {
         self.current = self.current.max(revision);
     }
 
-    /// Matching events with revision `>= from`: at most `limit`, except that the events of one
-    /// revision are never split (the last revision may take the batch past `limit`).
+    /// Matching events with revision `>= from`, within `limit` ([`super::watch_batch`]: whole
+    /// revisions, and bounded by bytes unless one revision alone is larger). Only what the
+    /// batch holds is copied.
     pub fn since(
         &self,
         from: Revision,
         filter: &KeyFilter,
-        limit: usize,
+        limit: BatchLimit,
     ) -> Result<Batch, Compacted> {
         if from <= self.compacted {
             return Err(Compacted {
@@ -255,25 +258,25 @@ impl EventHistory {
         }
         // Events are in revision order: find the first at or after `from`.
         let start = self.events.partition_point(|e| e.revision < from);
-        let mut events: Vec<Event> = Vec::new();
-        for e in self.events.range(start..) {
+        let mut cut = BatchCut::new(limit);
+        let mut taken: Vec<usize> = Vec::new();
+        let mut through = self.current;
+        for (i, e) in self.events.range(start..).enumerate() {
             if !filter.matches(&e.key) {
                 continue;
             }
-            if events.len() >= limit && events.last().is_none_or(|l| l.revision != e.revision) {
-                // Cut short at a revision boundary: everything before this event is included.
-                return Ok(Batch {
-                    through: Revision(e.revision.0 - 1),
-                    events,
-                });
+            match cut.offer(e.revision, batch_cost(e)) {
+                Cut::Take => taken.push(start + i),
+                Cut::End { keep, through: t } => {
+                    taken.truncate(keep);
+                    through = t;
+                    break;
+                }
             }
-            // A revision's events go together, even past the limit: a watcher resumes after
-            // the last revision it saw, so half a revision would be lost.
-            events.push(e.clone());
         }
         Ok(Batch {
-            events,
-            through: self.current,
+            events: taken.into_iter().map(|i| self.events[i].clone()).collect(),
+            through,
         })
     }
 }
@@ -306,13 +309,13 @@ mod tests {
         h.push([ev("e", 3)], Revision(3));
         let all = KeyFilter::Prefix(String::new());
         // Limit 2 from revision 1: revision 2 starts within the limit, so all of it comes.
-        let b = h.since(Revision(1), &all, 2).unwrap();
+        let b = h.since(Revision(1), &all, n(2)).unwrap();
         assert_eq!((revs(&b), b.through), (vec![1, 2, 2, 2], Revision(2)));
         // Limit 1: revision 1 alone, and revision 2 is left whole for the next batch.
-        let b = h.since(Revision(1), &all, 1).unwrap();
+        let b = h.since(Revision(1), &all, n(1)).unwrap();
         assert_eq!((revs(&b), b.through), (vec![1], Revision(1)));
         // Limit 1 from revision 2: the whole of revision 2 even past the limit.
-        let b = h.since(Revision(2), &all, 1).unwrap();
+        let b = h.since(Revision(2), &all, n(1)).unwrap();
         assert_eq!((revs(&b), b.through), (vec![2, 2, 2], Revision(2)));
         // Evicting part of revision 2 compacts all of it.
         let mut small = EventHistory::new(limits(3), Revision(0));
@@ -325,8 +328,19 @@ mod tests {
             Revision(2),
             "b went: revision 2 is no longer whole"
         );
-        assert!(small.since(Revision(2), &all, 10).is_err());
-        assert_eq!(revs(&small.since(Revision(3), &all, 10).unwrap()), vec![3]);
+        assert!(small.since(Revision(2), &all, n(10)).is_err());
+        assert_eq!(
+            revs(&small.since(Revision(3), &all, n(10)).unwrap()),
+            vec![3]
+        );
+    }
+
+    /// At most `events` events, no byte bound.
+    fn n(events: usize) -> BatchLimit {
+        BatchLimit {
+            events,
+            bytes: usize::MAX,
+        }
     }
 
     fn revs(b: &Batch) -> Vec<u64> {
@@ -346,18 +360,21 @@ mod tests {
         h.push([ev("a/1", 1), ev("b", 2), ev("a/2", 3)], Revision(3));
         h.push([ev("a", 4)], Revision(4));
         let p = KeyFilter::Prefix("a/".into());
-        assert_eq!(revs(&h.since(Revision(1), &p, 10).unwrap()), [1, 3]);
-        assert_eq!(revs(&h.since(Revision(2), &p, 10).unwrap()), [3]);
+        assert_eq!(revs(&h.since(Revision(1), &p, n(10)).unwrap()), [1, 3]);
+        assert_eq!(revs(&h.since(Revision(2), &p, n(10)).unwrap()), [3]);
         assert_eq!(
-            revs(&h.since(Revision(4), &p, 10).unwrap()),
+            revs(&h.since(Revision(4), &p, n(10)).unwrap()),
             Vec::<u64>::new()
         );
         let k = KeyFilter::Key("a".into());
-        assert_eq!(revs(&h.since(Revision(1), &k, 10).unwrap()), [4]);
+        assert_eq!(revs(&h.since(Revision(1), &k, n(10)).unwrap()), [4]);
         let all = KeyFilter::Prefix(String::new());
-        assert_eq!(revs(&h.since(Revision(1), &all, 10).unwrap()), [1, 2, 3, 4]);
+        assert_eq!(
+            revs(&h.since(Revision(1), &all, n(10)).unwrap()),
+            [1, 2, 3, 4]
+        );
         // Nothing yet beyond the current revision; `through` says how far it looked.
-        let later = h.since(Revision(5), &all, 10).unwrap();
+        let later = h.since(Revision(5), &all, n(10)).unwrap();
         assert!(later.events.is_empty());
         assert_eq!(later.through, Revision(4));
     }
@@ -367,12 +384,12 @@ mod tests {
         let mut h = EventHistory::new(limits(100), Revision(0));
         h.push((1..=10).map(|r| ev("k", r)), Revision(10));
         let b = h
-            .since(Revision(1), &KeyFilter::Key("k".into()), 3)
+            .since(Revision(1), &KeyFilter::Key("k".into()), n(3))
             .unwrap();
         assert_eq!(revs(&b), [1, 2, 3]);
         assert_eq!(b.through, Revision(3));
         let next = h
-            .since(b.through.next(), &KeyFilter::Key("k".into()), 100)
+            .since(b.through.next(), &KeyFilter::Key("k".into()), n(100))
             .unwrap();
         assert_eq!(revs(&next), (4..=10).collect::<Vec<_>>());
         assert_eq!(next.through, Revision(10));
@@ -386,18 +403,18 @@ mod tests {
         assert_eq!(h.compacted(), Revision(2));
         let all = KeyFilter::Prefix(String::new());
         assert_eq!(
-            h.since(Revision(2), &all, 10),
+            h.since(Revision(2), &all, n(10)),
             Err(Compacted {
                 compacted: Revision(2)
             })
         );
-        assert_eq!(revs(&h.since(Revision(3), &all, 10).unwrap()), [3, 4, 5]);
+        assert_eq!(revs(&h.since(Revision(3), &all, n(10)).unwrap()), [3, 4, 5]);
         // A history started at revision 7 knows nothing at or before 7.
         let fresh = EventHistory::new(limits(3), Revision(7));
-        assert!(fresh.since(Revision(7), &all, 10).is_err());
+        assert!(fresh.since(Revision(7), &all, n(10)).is_err());
         assert!(
             fresh
-                .since(Revision(8), &all, 10)
+                .since(Revision(8), &all, n(10))
                 .unwrap()
                 .events
                 .is_empty()
@@ -425,8 +442,13 @@ mod tests {
         h.push([ev("k", 1)], Revision(1));
         h.reset(Revision(50));
         let all = KeyFilter::Prefix(String::new());
-        assert!(h.since(Revision(2), &all, 10).is_err());
-        assert!(h.since(Revision(51), &all, 10).unwrap().events.is_empty());
+        assert!(h.since(Revision(2), &all, n(10)).is_err());
+        assert!(
+            h.since(Revision(51), &all, n(10))
+                .unwrap()
+                .events
+                .is_empty()
+        );
     }
 
     proptest! {
@@ -445,21 +467,63 @@ mod tests {
             let filter = KeyFilter::Prefix("a".into());
             let mut from = Revision(start);
             let mut got = Vec::new();
-            match h.since(from, &filter, limit) {
+            match h.since(from, &filter, n(limit)) {
                 Err(c) => prop_assert!(from <= c.compacted),
                 Ok(_) => loop {
-                    let b = h.since(from, &filter, limit).unwrap();
+                    let b = h.since(from, &filter, n(limit)).unwrap();
                     got.extend(b.events.iter().map(|e| e.revision.0));
                     if b.through >= h.current() { break; }
                     from = b.through.next();
                 },
             }
-            if !got.is_empty() || h.since(Revision(start), &filter, 1).is_ok() {
+            if !got.is_empty() || h.since(Revision(start), &filter, n(1)).is_ok() {
                 let want: Vec<u64> = events.iter()
                     .filter(|e| e.revision.0 >= start && filter.matches(&e.key))
                     .map(|e| e.revision.0).collect();
                 prop_assert_eq!(got, want);
             }
+        }
+
+        /// Batches bounded by bytes (values of many sizes, revisions of several events) read
+        /// every matching event exactly once, in order, each batch within the bound unless
+        /// its only revision alone is larger, and copy nothing beyond the batch.
+        #[test]
+        fn batches_bounded_by_bytes_are_exact(
+            revisions in prop::collection::vec(
+                prop::collection::vec((prop::sample::select(vec!["a", "a/x", "b"]), 0usize..300), 1..4),
+                1..50),
+            bytes in 1usize..1000,
+        ) {
+            let mut h = EventHistory::new(limits(10_000), Revision(0));
+            let mut all = Vec::new();
+            for (i, changes) in revisions.iter().enumerate() {
+                let rev = i as u64 + 1;
+                let events: Vec<Event> = changes.iter().map(|(k, len)| Event {
+                    value: Some("v".repeat(*len)),
+                    ..ev(k, rev)
+                }).collect();
+                all.extend(events.clone());
+                h.push(events, Revision(rev));
+            }
+            let filter = KeyFilter::Prefix("a".into());
+            let limit = BatchLimit { events: 1000, bytes };
+            let mut from = Revision(1);
+            let mut got = Vec::new();
+            loop {
+                let b = h.since(from, &filter, limit).unwrap();
+                let size: usize = b.events.iter().map(batch_cost).sum();
+                let alone = b.events.iter().all(|e| e.revision == b.events[0].revision);
+                prop_assert!(size <= bytes || alone, "{} bytes over {}", size, bytes);
+                prop_assert!(b.through >= from || b.through >= h.current());
+                got.extend(b.events.iter().map(|e| (e.revision, e.key.clone(), e.value.clone())));
+                if b.through >= h.current() { break; }
+                from = b.through.next();
+            }
+            let want: Vec<_> = all.iter()
+                .filter(|e| filter.matches(&e.key))
+                .map(|e| (e.revision, e.key.clone(), e.value.clone()))
+                .collect();
+            prop_assert_eq!(got, want);
         }
     }
 

@@ -58,3 +58,4 @@ pub mod txn;
 pub mod types;
 pub mod value_bytes;
 pub mod vote_release;
+pub mod watch_batch;

@@ -216,6 +216,68 @@ impl ResultBudget {
     }
 }
 
+/// Bounds a read of a range's keys from storage (a Range at a past revision) by what the
+/// answer may hold, as the keys are read: each key's value is dropped as soon as it is read
+/// when the answer cannot hold it (`count_only`, `keys_only`, a key a revision filter drops,
+/// a key past the limit when nothing sorts), and the keys the answer may hold are charged
+/// to a copy of the request's budget, so that the read stops with [`ResultTooLarge`] once
+/// over it, before the rest of the range is in memory.
+///
+/// It charges at least what [`evaluate_within`] then charges on the same keys (the same key,
+/// value and overhead for every key that evaluation may answer), so a read it lets through is
+/// never refused by the evaluation, and one it refuses would have been; except with a sort
+/// and a limit, where any key may end up in the answer (all of them are charged), and with a
+/// sort by value and `keys_only`, where the values are held to sort (and charged).
+#[derive(Clone, Debug)]
+pub struct ReadBound<'s> {
+    spec: &'s RangeSpec,
+    budget: ResultBudget,
+    /// Keys admitted that the answer may hold (counted for the limit).
+    kept: usize,
+}
+
+impl<'s> ReadBound<'s> {
+    /// A bound for reading `spec`'s keys, given what is left of the request's `budget`.
+    pub fn new(spec: &'s RangeSpec, budget: ResultBudget) -> Self {
+        ReadBound {
+            spec,
+            budget,
+            kept: 0,
+        }
+    }
+
+    /// Admit the next key read, in key order: whether the answer may hold its value (if
+    /// not, the reader drops it), with its share charged; an error once the answer would
+    /// pass the budget.
+    pub fn admit(&mut self, key: &str, v: &Versioned) -> Result<bool, ResultTooLarge> {
+        let spec = self.spec;
+        if spec.count_only || !spec.keeps(v) {
+            return Ok(false);
+        }
+        // Without a sort, the answer is the first `limit` keys the filters keep (a key after
+        // them only says `more`, and is cut): the rest need no value and no charge.
+        let limit = usize::try_from(spec.limit).unwrap_or(usize::MAX);
+        if spec.order().is_none() && limit != 0 && self.kept >= limit {
+            return Ok(false);
+        }
+        self.kept += 1;
+        // A sort by value needs the values even with `keys_only`: what is held is charged.
+        let sorts_by_value = matches!(spec.order(), Some((SortTarget::Value, _)));
+        let holds_value = !spec.keys_only || sorts_by_value;
+        self.budget.charge(key, holds_value.then_some(v))?;
+        Ok(holds_value)
+    }
+
+    /// [`ReadBound::admit`] on a version the reader owns: its value dropped if the answer
+    /// cannot hold it.
+    pub fn admit_owned(&mut self, key: &str, v: &mut Versioned) -> Result<(), ResultTooLarge> {
+        if !self.admit(key, v)? {
+            v.value = String::new();
+        }
+        Ok(())
+    }
+}
+
 /// Evaluate `spec` over the keys of its range, given in key order, with no bound on the
 /// answer (tests, and callers that bound it otherwise).
 pub fn evaluate<'a>(
@@ -439,5 +501,71 @@ mod tests {
         assert_eq!((keys(&r), r.count), (vec!["a"], 3));
         assert_eq!(r.kvs[0].1.value, "");
         assert_eq!(r.kvs[0].1.version, 4);
+    }
+
+    proptest::proptest! {
+        /// A read bounded by [`ReadBound`] answers exactly what evaluating the whole range
+        /// answers, within the same budget; it refuses only what the evaluation refuses
+        /// (or, with a sort and a limit, what it might).
+        #[test]
+        fn a_bounded_read_answers_as_the_whole_range_does(
+            values in proptest::collection::vec((0usize..50, 1u64..6, 1u64..6), 0..12),
+            limit in 0u64..5,
+            keys_only in proptest::bool::ANY,
+            count_only in proptest::bool::ANY,
+            min_mod in 0u64..4,
+            sort in 0usize..3,
+            budget in 0usize..600,
+        ) {
+            let data: Vec<(String, Versioned)> = values
+                .iter()
+                .enumerate()
+                .map(|(i, (len, create, modr))| (format!("k{i:02}"), v(&"x".repeat(*len), *create, *modr, 1)))
+                .collect();
+            let mut spec = spec();
+            spec.limit = limit;
+            spec.keys_only = keys_only;
+            spec.count_only = count_only;
+            spec.min_mod_revision = min_mod;
+            (spec.sort_order, spec.sort_target) = [
+                (SortOrder::None, SortTarget::Key),
+                (SortOrder::Descend, SortTarget::Mod),
+                (SortOrder::Ascend, SortTarget::Value),
+            ][sort];
+            let whole = evaluate_within(
+                &spec,
+                data.iter().map(|(k, v)| (k.as_str(), v)),
+                &mut ResultBudget::new(budget),
+            );
+            let mut bound = ReadBound::new(&spec, ResultBudget::new(budget));
+            let mut read = Vec::new();
+            let mut refused = None;
+            for (k, v) in &data {
+                let mut v = v.clone();
+                if let Err(e) = bound.admit_owned(k, &mut v) {
+                    refused = Some(e);
+                    break;
+                }
+                read.push((k.clone(), v));
+            }
+            match refused {
+                None => {
+                    let answer = evaluate_within(
+                        &spec,
+                        read.iter().map(|(k, v)| (k.as_str(), v)),
+                        &mut ResultBudget::new(budget),
+                    );
+                    proptest::prop_assert_eq!(answer, whole);
+                }
+                Some(_) => {
+                    let sorted_with_limit = spec.order().is_some() && limit != 0;
+                    let keys_by_value = keys_only && sort == 2;
+                    proptest::prop_assert!(
+                        whole.is_err() || sorted_with_limit || keys_by_value,
+                        "refused what fits: {:?}", whole
+                    );
+                }
+            }
+        }
     }
 }

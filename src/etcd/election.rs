@@ -42,6 +42,7 @@ use crate::domain::history::{KeyFilter, Resume};
 use crate::domain::recipes::Recipe;
 use crate::domain::types::Revision;
 use crate::domain::value_bytes;
+use crate::domain::watch_batch::BatchLimit;
 use crate::http::extract::ApiPath;
 use crate::http::recipes::{self, leave};
 use crate::runtime::auth::Caller;
@@ -247,7 +248,7 @@ impl Observer {
             loop {
                 let batch = tokio::select! {
                     _ = self.out.closed() => return,
-                    b = hub.watch(&filter, Some(from), OBSERVE_ROUND, 64, Resume::AtMark) => b,
+                    b = hub.watch(&filter, Some(from), OBSERVE_ROUND, BatchLimit::events(64), Resume::AtMark) => b,
                 };
                 if hub.is_closed() {
                     return;

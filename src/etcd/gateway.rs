@@ -4,7 +4,7 @@
 //! `GET /version`. Server streams (`/v3/watch`, `/v3/lease/keepalive`,
 //! `/v3/election/observe`) answer one `{"result": ...}` object per line. An error is the HTTP
 //! status of its gRPC code (as grpc-gateway maps them) with `{"error", "code", "message"}`
-//! (etcd 3.5's shape).
+//! (etcd 3.5's shape), a body over [`MAX_BODY_BYTES`] included ([`GatewayBody`]).
 //!
 //! # What it must not do
 //! Decide anything: every route calls the gRPC service method itself, with the caller's
@@ -14,6 +14,7 @@ use std::future::Future;
 
 use axum::Router;
 use axum::body::{Body, Bytes};
+use axum::extract::FromRequest;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -92,6 +93,39 @@ fn json<T: Serialize>(v: &T) -> Response {
         Ok(body) => ([(header::CONTENT_TYPE, "application/json")], line(body)).into_response(),
         Err(e) => error(Status::internal(e.to_string())),
     }
+}
+
+/// A request body of at most [`MAX_BODY_BYTES`]. A body over it, or one that cannot be read,
+/// is answered in the gateway's JSON error shape like every other error a caller can cause
+/// (axum's own rejection is plain text): over the limit as etcd's gateway answers a message
+/// over its gRPC limit (`ResourceExhausted`, HTTP 429, "grpc: received message larger than
+/// max (N vs. LIMIT)").
+struct GatewayBody(Bytes);
+
+impl<S: Send + Sync> FromRequest<S> for GatewayBody {
+    type Rejection = Response;
+
+    async fn from_request(req: axum::extract::Request, state: &S) -> Result<Self, Response> {
+        let declared = req
+            .headers()
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+        match Bytes::from_request(req, state).await {
+            Ok(body) => Ok(GatewayBody(body)),
+            Err(rejection) => Err(error(body_error(rejection.status(), declared))),
+        }
+    }
+}
+
+/// The gRPC status of a body that could not be read (`status`: axum's HTTP status for it).
+fn body_error(status: StatusCode, declared: Option<u64>) -> Status {
+    if status == StatusCode::PAYLOAD_TOO_LARGE {
+        let size = declared.map_or_else(|| "more".to_string(), |n| n.to_string());
+        return Status::resource_exhausted(format!(
+            "grpc: received message larger than max ({size} vs. {MAX_BODY_BYTES})"
+        ));
+    }
+    Status::invalid_argument("the request body could not be read")
 }
 
 /// The request message of a body (an empty body is the default message).
@@ -186,7 +220,7 @@ pub fn routes(etcd: Etcd) -> Router {
             let e = etcd.clone();
             $router.route(
                 $path,
-                post(move |headers: HeaderMap, body: Bytes| {
+                post(move |headers: HeaderMap, GatewayBody(body): GatewayBody| {
                     let e = e.clone();
                     async move {
                         unary(headers, body, |r| async move { $svc::$method(&e, r).await }).await
@@ -245,7 +279,7 @@ pub fn routes(etcd: Etcd) -> Router {
     let e = etcd.clone();
     r = r.route(
         "/v3/watch",
-        post(move |headers: HeaderMap, body: Bytes| {
+        post(move |headers: HeaderMap, GatewayBody(body): GatewayBody| {
             let e = e.clone();
             async move {
                 let (caller, req) = match opening::<WatchRequest>(&e, &headers, &body) {
@@ -263,7 +297,7 @@ pub fn routes(etcd: Etcd) -> Router {
     let e = etcd.clone();
     r = r.route(
         "/v3/election/observe",
-        post(move |headers: HeaderMap, body: Bytes| {
+        post(move |headers: HeaderMap, GatewayBody(body): GatewayBody| {
             let e = e.clone();
             async move {
                 let msg = match parse::<LeaderRequest>(&body) {
@@ -280,7 +314,7 @@ pub fn routes(etcd: Etcd) -> Router {
     let e = etcd;
     r = r.route(
         "/v3/lease/keepalive",
-        post(move |headers: HeaderMap, body: Bytes| {
+        post(move |headers: HeaderMap, GatewayBody(body): GatewayBody| {
             let e = e.clone();
             async move {
                 let (caller, req) = match opening::<LeaseKeepAliveRequest>(&e, &headers, &body) {

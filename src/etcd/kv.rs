@@ -24,14 +24,14 @@ use crate::domain::range::{
     RangeResult, RangeSpec, ResultBudget, SortOrder, SortTarget, evaluate_within,
 };
 use crate::domain::txn::{
-    Compare, CompareOp, CompareTarget, OpResult, ReadOp, ReadTxn, Txn, TxnOp, TxnResult,
-    evaluate_read_only, fill_deferred, has_deferred,
+    Compare, CompareOp, CompareTarget, KeysAt, OpResult, ReadFor, ReadOp, ReadTxn, Txn, TxnOp,
+    TxnResult, evaluate_read_only, fill_deferred, has_deferred,
 };
 use crate::domain::types::Revision;
 use crate::domain::value_bytes;
 use crate::http::auth::{check, guard};
 use crate::http::kv::{Consistency, admit, propose, read_point, unexpected};
-use crate::raft::state_machine::HistoryError;
+use crate::raft::state_machine::{HistoryError, StateView};
 
 impl Etcd {
     /// Propose `txn` for the caller of `req`; the store revision after it, and its result.
@@ -72,11 +72,7 @@ impl Etcd {
         let result = evaluate_read_only(
             &read,
             now,
-            &mut |range, at| {
-                view.range_at(range, Some(at))
-                    .map(|(_, kvs)| kvs)
-                    .map_err(history_error)
-            },
+            &mut |what, at| read_for(view, what, at),
             &mut ResultBudget::default(),
         )?;
         Ok(self.txn_response(now, result))
@@ -103,11 +99,7 @@ impl Etcd {
             fill_deferred(
                 t,
                 out,
-                &mut |range, at| {
-                    view.range_at(range, Some(at))
-                        .map(|(_, kvs)| kvs)
-                        .map_err(history_error)
-                },
+                &mut |what, at| read_for(view, what, at),
                 &mut ResultBudget::default(),
             )
             .map_err(|e| Status::from(e).message().to_string())
@@ -403,8 +395,14 @@ impl Kv for Etcd {
             let result = result.map_err(EtcdError::from)?;
             return Ok(Response::new(self.range_response(revision, result)));
         }
+        // Read a few keys at a time within the budget: a range at a past revision larger
+        // than an answer may be is refused before it is read whole.
         let (revision, kvs) = view
-            .range_at(&spec.range, Some(Revision(r.revision as u64)))
+            .range_within(
+                &spec,
+                Some(Revision(r.revision as u64)),
+                ResultBudget::default(),
+            )
             .map_err(history_error)?;
         let result = evaluate_within(
             &spec,
@@ -497,6 +495,16 @@ impl Kv for Etcd {
 }
 
 /// A history read's failure, in etcd's words.
+/// A transaction's read at a revision from this node's state or history: a range's answer
+/// within what is left of the budget ([`StateView::range_within`]).
+fn read_for(view: &StateView, what: ReadFor<'_>, at: Revision) -> Result<KeysAt, EtcdError> {
+    let read = match what {
+        ReadFor::Compare(range) => view.range_at(range, Some(at)),
+        ReadFor::Answer(spec, budget) => view.range_within(spec, Some(at), budget),
+    };
+    read.map(|(_, kvs)| kvs).map_err(history_error)
+}
+
 pub(super) fn history_error(e: HistoryError) -> EtcdError {
     match e {
         HistoryError::Compacted { floor, .. } => {
@@ -504,5 +512,6 @@ pub(super) fn history_error(e: HistoryError) -> EtcdError {
         }
         HistoryError::Future { .. } => EtcdError::future_revision(),
         HistoryError::Storage(e) => EtcdError::Status(Status::internal(e.to_string())),
+        HistoryError::TooLarge(e) => e.into(),
     }
 }

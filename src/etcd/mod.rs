@@ -74,6 +74,11 @@ const MAX_MESSAGE_BYTES: usize = 4 << 20;
 /// of a Txn's 128 operations, so that no admitted answer fails to encode.
 const MAX_KV_ANSWER_BYTES: usize = crate::domain::range::MAX_RESULT_BYTES + (1 << 20);
 
+/// The largest watch response sent: etcd's (`grpc.MaxSendMsgSize(math.MaxInt32)`). Watch
+/// responses are bounded by bytes ([`watch`]'s module docs) except one revision too large
+/// alone, which a watcher that did not ask for fragments must get whole to get past it.
+pub(crate) const MAX_WATCH_SEND_BYTES: usize = i32::MAX as usize;
+
 /// What every service shares: the node's state.
 #[derive(Clone)]
 pub struct Etcd {
@@ -148,7 +153,7 @@ pub fn router(state: AppState) -> Router {
     .add_service(
         WatchServer::new(etcd.clone())
             .max_decoding_message_size(MAX_MESSAGE_BYTES)
-            .max_encoding_message_size(MAX_MESSAGE_BYTES),
+            .max_encoding_message_size(MAX_WATCH_SEND_BYTES),
     )
     .add_service(LeaseServer::new(etcd.clone()))
     .add_service(ClusterServer::new(etcd.clone()))

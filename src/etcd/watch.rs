@@ -2,12 +2,19 @@
 //!
 //! Each stream has a session task that reads the client's requests (create, cancel, progress)
 //! and one task per watcher that follows the watch hub from its start revision and sends
-//! batches. Everything leaves through one bounded channel, so a watcher's `created` answer
-//! always precedes its events, and a slow client slows its own watchers, no one else's.
+//! batches. Everything leaves through one channel bounded by count and by the bytes of events
+//! queued ([`QUEUE_BYTES`]), so a watcher's `created` answer always precedes its events, a
+//! slow client slows its own watchers, no one else's, and one that stops reading costs at
+//! most that much memory.
 //!
 //! # Invariants
-//! - A watcher never skips an event: it resumes each wait from the revision after the last
-//!   batch (`through + 1`), and batches end on whole revisions.
+//! - A watcher never skips an event and never sends one twice: it resumes each wait from the
+//!   revision after the last one it sent (`through + 1`), and batches end on whole revisions.
+//! - Bounded by bytes: the hub's batch holds at most [`BATCH_BYTES`] of keys and values, and a
+//!   response at most [`RESPONSE_BYTES`] of encoded events (`prev_kv` included), each ending
+//!   before the revision that would pass its bound, unless that revision is alone
+//!   ([`crate::domain::watch_batch`]). A watcher resuming from an old revision then gets past
+//!   any amount of history in responses that fit the API's messages, and holds little.
 //! - A start below what the history holds cancels the watcher with etcd's `compacted` reason
 //!   and the first revision still held, so the client can resume there. As in etcd, a
 //!   compaction at `C` keeps `C` ([`Resume::AtMark`]): a watch from `C` delivers its events,
@@ -19,8 +26,10 @@
 //!   stops; its watchers end with it.
 //! - `prev_kv` is the key's previous version from the MVCC history, looked up per event
 //!   (absent when it was not live, or has been compacted since).
-//! - A response larger than [`FRAGMENT_BYTES`] is split into fragments (`fragment: true` on
-//!   all but the last) when the watcher asked for them, as etcd does; otherwise it goes whole.
+//! - A response larger than [`FRAGMENT_BYTES`] (one revision larger than the bound, alone) is
+//!   split into fragments (`fragment: true` on all but the last) when the watcher asked for
+//!   them, as etcd does; otherwise it goes whole, as etcd sends it (up to etcd's own send
+//!   limit, [`super::MAX_WATCH_SEND_BYTES`]).
 
 use std::collections::HashMap;
 use std::pin::Pin;
@@ -34,7 +43,8 @@ use leasecore_etcd_api::etcdserverpb::{
     WatchCreateRequest, WatchRequest, WatchResponse, watch_create_request, watch_request,
 };
 use leasecore_etcd_api::mvccpb;
-use tokio::sync::mpsc;
+use prost::Message;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status, Streaming};
 
@@ -44,15 +54,24 @@ use crate::domain::command::{Event, EventKind};
 use crate::domain::history::{KeyFilter, Resume};
 use crate::domain::types::Revision;
 use crate::domain::value_bytes;
+use crate::domain::watch_batch::{BATCH_BYTES, BatchCut, BatchLimit, Cut};
 use crate::http::auth::{can_read, check};
 use crate::runtime::auth::Caller;
 
 /// Watchers one stream may hold.
 const MAX_WATCHERS_PER_STREAM: usize = 1024;
-/// Events per response at most (a response never splits a revision, so it may hold more).
-const BATCH_LIMIT: usize = 1000;
+/// Events and bytes of keys and values per batch at most (a batch never splits a revision,
+/// so one revision alone may be larger: it then goes alone, in fragments if asked for).
+const BATCH_LIMIT: BatchLimit = BatchLimit::events(1000);
+/// Encoded events per response at most, unless one revision alone is larger (then it goes
+/// alone, in fragments if the watcher asked for them): as a batch's keys and values.
+const RESPONSE_BYTES: usize = BATCH_BYTES;
 /// Responses queued for a client that reads slowly.
 const QUEUE: usize = 64;
+/// Bytes of events queued for a client at most (each watcher waits for room before it reads
+/// on): without it, a stream whose client stopped reading held up to [`QUEUE`] responses of
+/// about [`RESPONSE_BYTES`] each.
+const QUEUE_BYTES: usize = 4 << 20;
 /// Above this encoded size a response is sent in fragments to a watcher that asked for them:
 /// etcd's default `--max-request-bytes` (1.5 MiB).
 const FRAGMENT_BYTES: usize = 3 * 1024 * 1024 / 2;
@@ -61,7 +80,45 @@ const FRAGMENT_BYTES: usize = 3 * 1024 * 1024 / 2;
 const PROGRESS_INTERVAL: Duration = Duration::from_secs(600);
 
 pub(super) type WatchStream = Pin<Box<dyn Stream<Item = Result<WatchResponse, Status>> + Send>>;
-type Outbox = mpsc::Sender<Result<WatchResponse, Status>>;
+/// A response on its way to the client, with the share of [`QUEUE_BYTES`] it holds until
+/// the stream takes it.
+struct Queued {
+    resp: Result<WatchResponse, Status>,
+    _bytes: Option<OwnedSemaphorePermit>,
+}
+
+/// The stream's queue: at most [`QUEUE`] responses, and a watcher's events at most
+/// [`QUEUE_BYTES`] of them (besides one response larger alone).
+#[derive(Clone)]
+struct Outbox {
+    tx: mpsc::Sender<Queued>,
+    bytes: Arc<Semaphore>,
+}
+
+impl Outbox {
+    /// Queue a control response (small: created, canceled, progress).
+    async fn send(&self, resp: Result<WatchResponse, Status>) -> Result<(), ()> {
+        let queued = Queued { resp, _bytes: None };
+        self.tx.send(queued).await.map_err(|_| ())
+    }
+
+    /// Queue a response of events, once the queue's bytes leave room for it (all of them,
+    /// for one larger than the whole budget): a client that does not read holds its
+    /// watchers here, not their batches in memory.
+    async fn send_events(&self, resp: WatchResponse) -> Result<(), ()> {
+        let share = resp.encoded_len().clamp(1, QUEUE_BYTES) as u32;
+        let permit = self.bytes.clone().acquire_many_owned(share).await;
+        let queued = Queued {
+            resp: Ok(resp),
+            _bytes: Some(permit.map_err(|_| ())?),
+        };
+        self.tx.send(queued).await.map_err(|_| ())
+    }
+
+    async fn closed(&self) {
+        self.tx.closed().await
+    }
+}
 
 /// What one watcher follows.
 struct Spec {
@@ -316,7 +373,17 @@ impl Watcher {
             if hub.is_closed() {
                 return;
             }
-            let events: Vec<mvccpb::Event> = batch
+            // The response is bounded as the batch is, now by its encoded events (`prev_kv`
+            // doubles a value, and a small change may follow a large version): it ends
+            // before the revision that would pass the bound, unless that revision is alone,
+            // and the next round reads on from that revision.
+            let mut cut = BatchCut::new(BatchLimit {
+                events: usize::MAX,
+                bytes: RESPONSE_BYTES,
+            });
+            let mut through = batch.through;
+            let mut events: Vec<mvccpb::Event> = Vec::new();
+            let visible = batch
                 .events
                 .iter()
                 .filter(|e| self.spec.range.contains(e.key.as_bytes()))
@@ -324,21 +391,27 @@ impl Watcher {
                     EventKind::Put => !self.spec.no_put,
                     EventKind::Delete => !self.spec.no_delete,
                 })
-                .filter(|e| can_read(&self.etcd.state, &self.caller, &e.key))
-                .map(|e| {
-                    let mut out = event(e);
-                    if self.spec.prev_kv {
-                        out.prev_kv = view
-                            .version_before(&e.key, e.revision)
-                            .map(|v| key_value(&e.key, &v));
+                .filter(|e| can_read(&self.etcd.state, &self.caller, &e.key));
+            for e in visible {
+                let mut out = event(e);
+                if self.spec.prev_kv {
+                    out.prev_kv = view
+                        .version_before(&e.key, e.revision)
+                        .map(|v| key_value(&e.key, &v));
+                }
+                match cut.offer(e.revision, out.encoded_len()) {
+                    Cut::Take => events.push(out),
+                    Cut::End { keep, through: t } => {
+                        events.truncate(keep);
+                        through = t;
+                        break;
                     }
-                    out
-                })
-                .collect();
+                }
+            }
             let progress = events.is_empty() && batch.events.is_empty();
             if !events.is_empty() || (progress && self.spec.progress_notify) {
                 let resp = WatchResponse {
-                    header: self.etcd.header_at(batch.through),
+                    header: self.etcd.header_at(through),
                     watch_id: self.id,
                     events,
                     ..Default::default()
@@ -349,13 +422,13 @@ impl Watcher {
                     vec![resp]
                 };
                 for part in parts {
-                    if self.out.send(Ok(part)).await.is_err() {
+                    if self.out.send_events(part).await.is_err() {
                         return;
                     }
                 }
             }
-            self.delivered.store(batch.through.0, Ordering::Relaxed);
-            from = batch.through.next();
+            self.delivered.store(through.0, Ordering::Relaxed);
+            from = through.next();
         }
     }
 }
@@ -364,7 +437,6 @@ impl Watcher {
 /// `limit` bytes, else its events split in order into responses of at most `limit` bytes each
 /// (at least one event each), all but the last marked `fragment`.
 fn fragments(resp: WatchResponse, limit: usize) -> Vec<WatchResponse> {
-    use prost::Message;
     if resp.encoded_len() <= limit || resp.events.len() < 2 {
         return vec![resp];
     }
@@ -415,7 +487,11 @@ impl Etcd {
         caller: Caller,
         inbound: impl Stream<Item = Result<WatchRequest, Status>> + Unpin + Send + 'static,
     ) -> WatchStream {
-        let (out, rx) = mpsc::channel(QUEUE);
+        let (tx, rx) = mpsc::channel(QUEUE);
+        let out = Outbox {
+            tx,
+            bytes: Arc::new(Semaphore::new(QUEUE_BYTES)),
+        };
         let session = Session {
             etcd: self.clone(),
             caller,
@@ -426,7 +502,8 @@ impl Etcd {
         };
         tokio::spawn(session.run(inbound));
         let stream = futures::stream::unfold(rx, |mut rx| async move {
-            rx.recv().await.map(|resp| (resp, rx))
+            // The queue's bytes are released as the stream takes the response.
+            rx.recv().await.map(|queued| (queued.resp, rx))
         });
         Box::pin(stream)
     }
@@ -436,7 +513,6 @@ impl Etcd {
 mod tests {
     use super::*;
     use proptest::prelude::*;
-    use prost::Message;
 
     fn put(key: &str, value_len: usize) -> mvccpb::Event {
         mvccpb::Event {
@@ -468,5 +544,42 @@ mod tests {
                 prop_assert!(p.encoded_len() <= limit || p.events.len() == 1);
             }
         }
+    }
+
+    /// A client that does not read holds at most [`QUEUE_BYTES`] of events in its queue:
+    /// a watcher waits for room, and the stream taking a response makes room.
+    #[tokio::test]
+    async fn the_queue_is_bounded_by_bytes() {
+        use futures::FutureExt;
+        let (tx, mut rx) = mpsc::channel(QUEUE);
+        let out = Outbox {
+            tx,
+            bytes: Arc::new(Semaphore::new(QUEUE_BYTES)),
+        };
+        let resp = WatchResponse {
+            events: vec![put("k", 1 << 20)],
+            ..Default::default()
+        };
+        for _ in 0..3 {
+            out.send_events(resp.clone()).await.unwrap();
+        }
+        assert!(
+            out.send_events(resp.clone()).now_or_never().is_none(),
+            "a fourth MiB waits"
+        );
+        // Control responses are not held back.
+        out.send(Ok(WatchResponse::default())).await.unwrap();
+        drop(rx.recv().await.unwrap());
+        assert!(out.send_events(resp.clone()).now_or_never().is_some());
+        // One response larger than the whole budget waits for an empty queue, then goes.
+        let huge = WatchResponse {
+            events: vec![put("k", QUEUE_BYTES + 1)],
+            ..Default::default()
+        };
+        assert!(out.send_events(huge.clone()).now_or_never().is_none());
+        while out.bytes.available_permits() < QUEUE_BYTES {
+            drop(rx.recv().await.unwrap());
+        }
+        assert!(out.send_events(huge).now_or_never().is_some());
     }
 }

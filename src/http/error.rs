@@ -144,6 +144,7 @@ impl From<crate::raft::state_machine::HistoryError> for ApiError {
             HistoryError::Storage(e) => {
                 ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string())
             }
+            HistoryError::TooLarge(e) => e.into(),
         }
     }
 }

@@ -32,6 +32,7 @@ use crate::domain::history::{KeyFilter, Resume};
 use crate::domain::limits::Limits;
 use crate::domain::recipes::{self, Position, Recipe};
 use crate::domain::types::Revision;
+use crate::domain::watch_batch::BatchLimit;
 use crate::runtime::auth::Caller;
 use crate::wire::{
     ContendRequest, Leadership, LeaseRef, ProclaimRequest, Proclaimed, Released, Standing,
@@ -269,7 +270,7 @@ async fn wait_for_delete(
                 &filter,
                 Some(from),
                 Duration::from_millis(left),
-                64,
+                BatchLimit::events(64),
                 Resume::AfterMark,
             )
             .await

@@ -23,6 +23,7 @@ use super::extract::ApiQuery;
 use crate::domain::auth::{Access, KeyRange};
 use crate::domain::history::{Compacted, KeyFilter, Resume};
 use crate::domain::types::Revision;
+use crate::domain::watch_batch::BatchLimit;
 use crate::runtime::auth::Caller;
 use crate::wire::WatchResponse;
 
@@ -125,7 +126,13 @@ pub async fn watch(
         // Fail fast with a proper status if the start is already compacted.
         state
             .watch
-            .watch(&filter, Some(from), Duration::ZERO, 1, Resume::AfterMark)
+            .watch(
+                &filter,
+                Some(from),
+                Duration::ZERO,
+                BatchLimit::events(1),
+                Resume::AfterMark,
+            )
             .await
             .map_err(compacted)?;
         return Ok(Sse::new(event_stream(state, caller, filter, from))
@@ -138,7 +145,7 @@ pub async fn watch(
             &filter,
             from,
             Duration::from_millis(timeout_ms),
-            limit,
+            BatchLimit::events(limit),
             Resume::AfterMark,
         )
         .await
@@ -176,7 +183,7 @@ fn event_stream(
                     &filter,
                     Some(from),
                     SSE_PROGRESS,
-                    MAX_BATCH,
+                    BatchLimit::events(MAX_BATCH),
                     Resume::AfterMark,
                 )
                 .await
@@ -324,7 +331,10 @@ pub async fn watch_many(
         (None, Some(f)) => Revision(f),
         (None, None) => state.watch.current().next(),
     };
-    state.watch.since_all(from, 1).map_err(compacted)?;
+    state
+        .watch
+        .since_all(from, BatchLimit::events(1))
+        .map_err(compacted)?;
     let set = std::sync::Arc::new(crate::domain::history::FilterSet::new(filters));
     Ok(Sse::new(matched_stream(state, caller, set, from))
         .keep_alive(KeepAlive::default())
@@ -351,7 +361,7 @@ fn matched_stream(
                 }
                 // Seen before reading: anything applied after the read shows as a change.
                 revisions.borrow_and_update();
-                let batch = match state.watch.since_all(from, MAX_BATCH) {
+                let batch = match state.watch.since_all(from, BatchLimit::events(MAX_BATCH)) {
                     Ok(b) => b,
                     Err(c) => {
                         let gone = SseEvent::default()

@@ -27,7 +27,9 @@ use crate::domain::history::{Batch, Compacted, KeyFilter, Resume};
 use crate::domain::history_fill::{EventsPage, HistoryReach, KeysPage, MAX_PAGE_ITEMS, PAGE_BYTES};
 use crate::domain::kv::{KvState, LeaseRecord, Versioned};
 use crate::domain::mvcc;
+use crate::domain::range::{RangeSpec, ReadBound, ResultBudget, ResultTooLarge};
 use crate::domain::types::Revision;
+use crate::domain::watch_batch::BatchLimit;
 
 /// A cheap, cloneable read view of the applied state, for the HTTP layer.
 #[derive(Clone)]
@@ -124,6 +126,9 @@ pub enum HistoryError {
     },
     #[error(transparent)]
     Storage(#[from] crate::storage::StorageError),
+    /// The answer read would pass the request's budget ([`StateView::range_within`]).
+    #[error(transparent)]
+    TooLarge(#[from] ResultTooLarge),
 }
 
 impl StateView {
@@ -246,6 +251,72 @@ impl StateView {
         Ok((current, kvs))
     }
 
+    /// The keys of `spec`'s range at `revision` (`None`, 0 or the current revision: now) that
+    /// an answer to `spec` needs, within `budget` (what is left of the request's), with the
+    /// store revision. As [`StateView::range_at`], but the keys are read a few at a time
+    /// through a [`ReadBound`]: values the answer cannot hold are not kept, and the read
+    /// stops with [`HistoryError::TooLarge`] once the answer would pass the budget, before
+    /// the rest of the range is in memory.
+    pub fn range_within(
+        &self,
+        spec: &RangeSpec,
+        revision: Option<Revision>,
+        budget: ResultBudget,
+    ) -> Result<(Revision, Vec<(String, Versioned)>), HistoryError> {
+        let revision = revision.filter(|r| r.0 > 0);
+        {
+            let kv = self.kv.read().unwrap_or_else(|p| p.into_inner());
+            let current = kv.revision();
+            match revision {
+                Some(r) if r > current => {
+                    return Err(HistoryError::Future {
+                        revision: r,
+                        current,
+                    });
+                }
+                Some(r) if r < current => {}
+                _ => {
+                    let mut bound = ReadBound::new(spec, budget);
+                    let mut out = Vec::new();
+                    for (k, v) in kv.range(&spec.range) {
+                        let v = if bound.admit(k, v)? {
+                            v.clone()
+                        } else {
+                            Versioned {
+                                value: String::new(),
+                                lease: v.lease.clone(),
+                                ..*v
+                            }
+                        };
+                        out.push((k.to_string(), v));
+                    }
+                    return Ok((current, out));
+                }
+            }
+        }
+        let revision = revision.unwrap_or_default();
+        let (floor, current) = self.bounds();
+        if revision < floor {
+            return Err(HistoryError::Compacted { revision, floor });
+        }
+        let kvs = read_unswept(
+            &self.removals,
+            || self.kv.read().unwrap_or_else(|p| p.into_inner()),
+            || {
+                // A fresh bound for each run: an overlapped run's charges are dropped with it.
+                let mut bound = ReadBound::new(spec, budget);
+                self.history
+                    .range_at_admitted(&spec.range, revision, &mut |k, v| {
+                        Ok::<_, HistoryError>(bound.admit_owned(k, v)?)
+                    })
+            },
+        );
+        // An install meanwhile rewrote the history: `compacted`, not the failed read.
+        self.still_held(revision, true)?;
+        let kvs = kvs?;
+        Ok((current, kvs))
+    }
+
     /// The version of `key` before its change at `revision` (a watch's `prev_kv`), if it was
     /// live and is still held.
     pub fn version_before(&self, key: &str, revision: Revision) -> Option<Versioned> {
@@ -349,13 +420,15 @@ impl StateView {
         }
         let limit = limit.clamp(1, MAX_PAGE_ITEMS);
         let everything = KeyFilter::Prefix(String::new());
-        let batch = mvcc_store::events_page(
+        let batch = mvcc_store::events_since(
             &self.history.tree,
             from,
             through,
             &everything,
-            limit,
-            PAGE_BYTES,
+            BatchLimit {
+                events: limit,
+                bytes: PAGE_BYTES,
+            },
         )?;
         self.still_held(from, false)?;
         Ok(EventsPage {
@@ -380,7 +453,7 @@ impl crate::domain::history::OlderEvents for StateView {
         from: Revision,
         through: Revision,
         filter: &KeyFilter,
-        limit: usize,
+        limit: BatchLimit,
         resume: Resume,
     ) -> Result<Batch, Compacted> {
         let compacted = |floor| Compacted { compacted: floor };

@@ -28,6 +28,7 @@ use crate::domain::history::{
     Batch, Compacted, EventHistory, HistoryLimits, KeyFilter, OlderEvents, Resume,
 };
 use crate::domain::types::Revision;
+use crate::domain::watch_batch::BatchLimit;
 use crate::raft::state_machine::{AppliedBatch, ApplyObserver};
 
 type Wakers = HashMap<u64, oneshot::Sender<()>>;
@@ -187,7 +188,7 @@ impl WatchHub {
         &self,
         from: Revision,
         filter: &KeyFilter,
-        limit: usize,
+        limit: BatchLimit,
         resume: Resume,
     ) -> Result<Batch, Compacted> {
         if let Some(older) = self.older.get() {
@@ -237,9 +238,9 @@ impl WatchHub {
         self.advanced.subscribe()
     }
 
-    /// Every event from `from` on, up to `limit`, without waiting (`/v1`'s rule: a start at
+    /// Every event from `from` on, within `limit`, without waiting (`/v1`'s rule: a start at
     /// or below the compaction mark is compacted).
-    pub fn since_all(&self, from: Revision, limit: usize) -> Result<Batch, Compacted> {
+    pub fn since_all(&self, from: Revision, limit: BatchLimit) -> Result<Batch, Compacted> {
         self.since(
             from,
             &KeyFilter::Prefix(String::new()),
@@ -257,8 +258,9 @@ impl WatchHub {
         (len, bytes, compacted, self.waiters().len())
     }
 
-    /// Matching events with revision `>= from` (default: after the current revision), at most
-    /// `limit`; if there are none, wait up to `timeout` for one. An empty batch at the timeout
+    /// Matching events with revision `>= from` (default: after the current revision), within
+    /// `limit` (a count and bytes, whole revisions: [`crate::domain::watch_batch`]); if there
+    /// are none, wait up to `timeout` for one. An empty batch at the timeout
     /// says how far the watch has looked (`through`): resume from `through + 1`. A start
     /// before what `resume` leaves answerable is `Compacted`.
     pub async fn watch(
@@ -266,7 +268,7 @@ impl WatchHub {
         filter: &KeyFilter,
         from: Option<Revision>,
         timeout: Duration,
-        limit: usize,
+        limit: BatchLimit,
         resume: Resume,
     ) -> Result<Batch, Compacted> {
         let from = from.unwrap_or_else(|| self.current().next());
@@ -374,7 +376,7 @@ mod tests {
                     &KeyFilter::Prefix("a/".into()),
                     None,
                     Duration::from_secs(10),
-                    100,
+                    BatchLimit::events(100),
                     Resume::AfterMark,
                 )
                 .await
@@ -401,7 +403,7 @@ mod tests {
                 &KeyFilter::Key("y".into()),
                 None,
                 Duration::from_millis(5),
-                100,
+                BatchLimit::events(100),
                 Resume::AfterMark,
             )
             .await
@@ -421,7 +423,7 @@ mod tests {
                     &KeyFilter::Key("k".into()),
                     Some(Revision(1)),
                     Duration::from_secs(10),
-                    100,
+                    BatchLimit::events(100),
                     Resume::AfterMark,
                 )
                 .await
@@ -485,6 +487,12 @@ mod revision_tests {
         });
         assert!(rx.has_changed().unwrap());
         assert_eq!(*rx.borrow_and_update(), Revision(1));
-        assert_eq!(h.since_all(Revision(1), 10).unwrap().events.len(), 1);
+        assert_eq!(
+            h.since_all(Revision(1), BatchLimit::events(10))
+                .unwrap()
+                .events
+                .len(),
+            1
+        );
     }
 }

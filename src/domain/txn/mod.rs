@@ -47,7 +47,7 @@ mod apply;
 mod read;
 mod validate;
 
-pub use read::{KeysAt, ReadOp, ReadTxn, evaluate_read_only, fill_deferred, has_deferred};
+pub use read::{KeysAt, ReadFor, ReadOp, ReadTxn, evaluate_read_only, fill_deferred, has_deferred};
 pub use validate::{TxnInvalid, check};
 
 /// How a compare compares.

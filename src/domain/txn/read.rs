@@ -11,7 +11,7 @@
 //!
 //! # What it must not do
 //! Read the state or the history itself, or change either: every read goes through the caller's
-//! `read(range, revision)`.
+//! `read(what, revision)`.
 
 use super::{Compare, OpResult, Txn, TxnOp, TxnResult, holds};
 use crate::domain::auth::KeyRange;
@@ -82,8 +82,30 @@ impl ReadTxn {
 /// The live keys of a range at a revision, as a read-only transaction reads them.
 pub type KeysAt = Vec<(String, Versioned)>;
 
+/// What a transaction's read of a range at a revision is for.
+#[derive(Clone, Copy, Debug)]
+pub enum ReadFor<'a> {
+    /// A compare: every key of the range, whole.
+    Compare(&'a KeyRange),
+    /// A range's answer, within `budget` (what is left of the request's): the reader may
+    /// drop the values the answer cannot hold and stop once over it
+    /// ([`crate::domain::range::ReadBound`]), so that a range at a past revision is not read
+    /// whole before the budget applies.
+    Answer(&'a RangeSpec, ResultBudget),
+}
+
+impl ReadFor<'_> {
+    /// The keys read.
+    pub fn range(&self) -> &KeyRange {
+        match self {
+            ReadFor::Compare(range) => range,
+            ReadFor::Answer(spec, _) => &spec.range,
+        }
+    }
+}
+
 /// Evaluate a read-only transaction at revision `now`: compares and present ranges at `now`,
-/// the others at their own revision, every read through `read(range, revision)` (the live keys
+/// the others at their own revision, every read through `read(what, revision)` (the live keys
 /// of `range` at `revision`, from the MVCC history), so that all of it is one consistent view
 /// whatever is applied meanwhile.
 ///
@@ -92,12 +114,12 @@ pub type KeysAt = Vec<(String, Versioned)>;
 pub fn evaluate_read_only<E: From<ResultTooLarge>>(
     txn: &ReadTxn,
     now: Revision,
-    read: &mut dyn FnMut(&KeyRange, Revision) -> Result<KeysAt, E>,
+    read: &mut dyn FnMut(ReadFor<'_>, Revision) -> Result<KeysAt, E>,
     budget: &mut ResultBudget,
 ) -> Result<TxnResult, E> {
     let mut succeeded = true;
     for c in &txn.compares {
-        let present = read(&c.range, now)?;
+        let present = read(ReadFor::Compare(&c.range), now)?;
         if !holds(c, present.iter().map(|(_, v)| v)) {
             succeeded = false;
             break;
@@ -112,7 +134,7 @@ pub fn evaluate_read_only<E: From<ResultTooLarge>>(
     for op in branch {
         results.push(match op {
             ReadOp::Range { spec, at } => {
-                let kvs = read(&spec.range, at.unwrap_or(now))?;
+                let kvs = read(ReadFor::Answer(spec, *budget), at.unwrap_or(now))?;
                 OpResult::Range {
                     result: evaluate_within(
                         spec,
@@ -140,20 +162,20 @@ pub fn has_deferred(result: &TxnResult) -> bool {
 }
 
 /// Read the ranges a logged transaction deferred ([`OpResult::Range::deferred`]) through
-/// `read(range, revision)` (the live keys of `range` at `revision`, from the history), so that
+/// `read(what, revision)` (the live keys of `range` at `revision`, from the history), so that
 /// `result` answers as if the state machine had read them, each charged to `budget` before it
 /// is copied.
 pub fn fill_deferred<E: From<ResultTooLarge>>(
     txn: &Txn,
     result: &mut TxnResult,
-    read: &mut dyn FnMut(&KeyRange, Revision) -> Result<KeysAt, E>,
+    read: &mut dyn FnMut(ReadFor<'_>, Revision) -> Result<KeysAt, E>,
     budget: &mut ResultBudget,
 ) -> Result<(), E> {
     for (op, r) in txn.branch(result.succeeded).iter().zip(&mut result.results) {
         match (op, r) {
             (TxnOp::Range { spec, .. }, OpResult::Range { result, deferred }) => {
                 if let Some(at) = deferred.take() {
-                    let kvs = read(&spec.range, at)?;
+                    let kvs = read(ReadFor::Answer(spec, *budget), at)?;
                     *result =
                         evaluate_within(spec, kvs.iter().map(|(k, v)| (k.as_str(), v)), budget)?;
                 }

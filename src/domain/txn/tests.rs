@@ -197,7 +197,8 @@ fn ranges_at_a_past_revision_in_a_writing_txn_are_checked_on_apply_and_read_afte
     fill_deferred(
         &t,
         &mut out,
-        &mut |range, at| {
+        &mut |what, at| {
+            let range = what.range();
             asked.push(at);
             let value = if at == Revision(1) { "v1" } else { "v3" };
             let key = String::from_utf8(range.start.clone()).unwrap();
@@ -422,7 +423,7 @@ fn a_read_only_txn_reads_each_range_at_its_revision() {
     let out = evaluate_read_only(
         &txn,
         Revision(2),
-        &mut |r, at| history(r, at),
+        &mut |r, at| history(r.range(), at),
         &mut ResultBudget::default(),
     )
     .unwrap();
@@ -440,7 +441,7 @@ fn a_read_only_txn_reads_each_range_at_its_revision() {
     let out = evaluate_read_only(
         &txn,
         Revision(3),
-        &mut |r, at| history(r, at),
+        &mut |r, at| history(r.range(), at),
         &mut ResultBudget::default(),
     )
     .unwrap();

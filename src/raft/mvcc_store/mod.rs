@@ -53,7 +53,7 @@ mod records;
 mod tests;
 
 pub use compact::Swept;
-pub use read::{KeyPage, LiveKeys, events_page, events_since, replay_onto};
+pub use read::{KeyPage, LiveKeys, events_since, replay_onto};
 pub use records::{base_index, build_index, index_records, record, record_parts, restart};
 
 /// Where the history of this node begins (a snapshot, or a store from before history).

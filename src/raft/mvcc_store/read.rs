@@ -6,7 +6,8 @@
 //! - Locations are taken from the index a piece at a time, its lock never held for long (an
 //!   apply waits for it while it holds the state's lock), then read: a location that a fold
 //!   moved meanwhile is an error, and the caller reads again.
-//! - A page of events ends at a revision's end: a revision's events are never split.
+//! - A page of events ends at a revision's end: a revision's events are never split, and it
+//!   is bounded by bytes as a watch batch is ([`crate::domain::watch_batch`]).
 //! - An event record is read once per read of versions, however many of them it holds.
 //!
 //! # What it must not do
@@ -26,7 +27,13 @@ use crate::domain::mvcc::{
     has_offsets, index_key, parse_event_key, version_of,
 };
 use crate::domain::types::Revision;
+use crate::domain::watch_batch::{BatchCut, BatchLimit, Cut, batch_cost};
 use crate::storage::StorageError;
+
+/// Keys read in the first page of [`History::range_at_admitted`].
+const FIRST_ADMIT_PAGE: usize = 4;
+/// About the bytes of keys and values one page of [`History::range_at_admitted`] reads.
+const ADMIT_PAGE_BYTES: usize = 1 << 20;
 
 /// The live keys at `through`: `base`, the live keys at `base_revision` (a snapshot's),
 /// with the changes of the event records after it. The caller has checked that those
@@ -47,7 +54,7 @@ pub fn replay_onto(
         Revision(base_revision.0 + 1),
         through,
         &everything,
-        usize::MAX,
+        BatchLimit::UNBOUNDED,
     )?;
     let replayed = batch.events.len();
     for e in batch.events {
@@ -116,6 +123,46 @@ impl History {
         let start = Bound::Included(range.start.clone().into_boxed_slice());
         let locs = self.locate(start, end, revision, usize::MAX);
         self.read_locs(locs)
+    }
+
+    /// [`History::range_at`], read a few keys at a time, each handed to `admit` as it is
+    /// read: `admit` may drop its value (the answer will not hold it), or end the read with
+    /// its error (the answer would be too large) before the rest of the range is read. Pages
+    /// start small and grow while values are small, so that what is held beyond what
+    /// `admit` lets through is about [`ADMIT_PAGE_BYTES`] (or a few of the largest values).
+    pub fn range_at_admitted<E: From<StorageError>>(
+        &self,
+        range: &KeyRange,
+        revision: Revision,
+        admit: &mut dyn FnMut(&str, &mut Versioned) -> Result<(), E>,
+    ) -> Result<Vec<(String, Versioned)>, E> {
+        let end = range
+            .end
+            .as_deref()
+            .map_or(Bound::Unbounded, Bound::Excluded);
+        let mut start = Bound::Included(range.start.clone().into_boxed_slice());
+        let mut page = FIRST_ADMIT_PAGE;
+        let mut out = Vec::new();
+        loop {
+            let locs = self.locate(start, end, revision, page);
+            let Some((last, _)) = locs.last() else {
+                return Ok(out);
+            };
+            let full = locs.len() == page;
+            start = Bound::Excluded(last.clone());
+            let mut bytes = 0usize;
+            let read = self.read_locs(locs)?;
+            let keys = read.len().max(1);
+            for (k, mut v) in read {
+                bytes = bytes.saturating_add(k.len() + v.value.len());
+                admit(&k, &mut v)?;
+                out.push((k, v));
+            }
+            if !full {
+                return Ok(out);
+            }
+            page = (ADMIT_PAGE_BYTES / (bytes / keys).max(1)).clamp(1, LIVE_PAGE);
+        }
     }
 
     /// At most `limit` live keys at `revision`, after `after` (from the first when `None`).
@@ -295,35 +342,25 @@ impl Iterator for LiveKeys<'_> {
     }
 }
 
-/// Matching events with revision `>= from`, up to `through` (inclusive), at most `limit`
-/// (a revision's events are never split). `from` must be above the floor.
+/// Matching events with revision `>= from`, up to `through` (inclusive), within `limit`
+/// (whole revisions, bounded by bytes unless one revision alone is larger:
+/// [`crate::domain::watch_batch`]). `from` must be above the floor.
 pub fn events_since(
     tree: &sled::Tree,
     from: Revision,
     through: Revision,
     filter: &KeyFilter,
-    limit: usize,
+    limit: BatchLimit,
 ) -> Result<Batch, StorageError> {
-    events_page(tree, from, through, filter, limit, usize::MAX)
-}
-
-/// [`events_since`], also ended (at a revision's end) once the keys and values taken pass
-/// `max_bytes`.
-pub fn events_page(
-    tree: &sled::Tree,
-    from: Revision,
-    through: Revision,
-    filter: &KeyFilter,
-    limit: usize,
-    max_bytes: usize,
-) -> Result<Batch, StorageError> {
+    let mut cut = BatchCut::new(limit);
     let mut events: Vec<Event> = Vec::new();
-    let mut bytes = 0usize;
     for item in tree.range(events_from(from)..) {
         let (k, v) = item?;
         if parse_event_key(&k).is_none() {
             break; // past the event records
         }
+        // One record decoded at a time: what is held is the batch (within its bound, or one
+        // revision) and the record being read.
         for e in decode_events(&v).map_err(malformed("history event"))? {
             if e.revision < from {
                 continue;
@@ -331,16 +368,15 @@ pub fn events_page(
             if e.revision > through {
                 return Ok(Batch { events, through });
             }
-            let full = events.len() >= limit || bytes >= max_bytes;
-            if full && events.last().is_none_or(|l| l.revision != e.revision) {
-                return Ok(Batch {
-                    events,
-                    through: Revision(e.revision.0 - 1),
-                });
+            if !filter.matches(&e.key) {
+                continue;
             }
-            if filter.matches(&e.key) {
-                bytes = bytes.saturating_add(e.key.len() + e.value.as_ref().map_or(0, String::len));
-                events.push(e);
+            match cut.offer(e.revision, batch_cost(&e)) {
+                Cut::Take => events.push(e),
+                Cut::End { keep, through } => {
+                    events.truncate(keep);
+                    return Ok(Batch { events, through });
+                }
             }
         }
     }

@@ -10,6 +10,7 @@ use crate::domain::kv::{KeyMap, Versioned};
 use crate::domain::mvcc::{
     EVENT_PREFIX, INDEX_PREFIX, encode_version_of, index_key, parse_event_key, parse_index_key,
 };
+use crate::domain::watch_batch::BatchLimit;
 use proptest::prelude::*;
 
 #[test]
@@ -183,7 +184,7 @@ proptest! {
                     prop_assert_eq!(h.version_before(&key, Revision(r)).unwrap(), want);
                 }
             }
-            let replay = events_since(&t, c.next(), top, &KeyFilter::Prefix(String::new()), usize::MAX).unwrap();
+            let replay = events_since(&t, c.next(), top, &KeyFilter::Prefix(String::new()), BatchLimit::UNBOUNDED).unwrap();
             prop_assert_eq!(&replay.events[..], &events[c.0 as usize..]);
         }
         // The state is untouched, and what reads need is all that is left below the last
@@ -328,5 +329,45 @@ proptest! {
             let one_revision = part.first().unwrap().revision == part.last().unwrap().revision;
             prop_assert!(bytes <= budget || one_revision, "{bytes} > {budget}");
         }
+    }
+}
+
+/// A read admitted key by key stops at the first refusal (the keys after it are not handed
+/// on, nor read beyond the page being read), and a read that admits everything is exactly
+/// [`History::range_at`].
+#[test]
+fn an_admitted_read_stops_at_the_first_refusal() {
+    let t = tree();
+    let h = history_in(&t);
+    let events: Vec<Event> = (1..=200).map(|r| event(r, 10_000)).collect();
+    record_in_batches(&h, &events, 7, usize::MAX);
+    let at = Revision(200);
+    let everything = h
+        .range_at_admitted(&all(), at, &mut |_, _| Ok::<_, Stop>(()))
+        .unwrap();
+    assert_eq!(everything, h.range_at(&all(), at).unwrap());
+    assert_eq!(everything.len(), 200);
+    let mut admitted = 0;
+    let refused = h.range_at_admitted(&all(), at, &mut |_, v| {
+        admitted += 1;
+        if admitted > 30 {
+            return Err(Stop::TooLarge);
+        }
+        v.value.clear();
+        Ok(())
+    });
+    assert_eq!(refused, Err(Stop::TooLarge));
+    assert_eq!(admitted, 31, "the read ended at the refusal");
+}
+
+#[derive(Debug, PartialEq)]
+enum Stop {
+    TooLarge,
+    Storage(String),
+}
+
+impl From<StorageError> for Stop {
+    fn from(e: StorageError) -> Self {
+        Stop::Storage(e.to_string())
     }
 }
