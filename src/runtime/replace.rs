@@ -457,10 +457,14 @@ pub async fn replace_if_held_as_voter(
 ) {
     let asking = async {
         let mut told = false;
+        let mut asked = false;
         loop {
             tokio::time::sleep(HELD_CHECK_EVERY).await;
             if !hold.is_held() {
-                return false;
+                // Released after an ask whose answer was lost (it may still have replaced
+                // this node): ask to be promoted as after an answered one. A replacement at
+                // start has its own asker (`node`).
+                return asked && promotion_pending(&node.data_dir);
             }
             if !hold.still_counted_as_voter() {
                 continue;
@@ -481,6 +485,7 @@ pub async fn replace_if_held_as_voter(
                 tokio::time::sleep(HELD_ASK_AGAIN_AFTER).await;
                 continue;
             }
+            asked = true;
             let req = AdminRequest::ReplaceHeldVoter {
                 id: consensus.cluster_view().node_id,
                 address: node.address.clone(),
