@@ -120,20 +120,28 @@ pub fn report(result: Result<(), ClientError>) -> ExitCode {
     }
 }
 
-pub async fn shutdown_signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
+/// Completes at SIGTERM or SIGINT (Ctrl-C).
+pub fn shutdown_signal() -> impl std::future::Future<Output = ()> {
+    // The handlers are installed here, not at the first poll: a command that registers
+    // something before it first waits for the signal (`agent` registers its member) must not
+    // be killed outright by a SIGTERM in between, which would skip its deregistration.
     #[cfg(unix)]
     {
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-            .expect("installing a SIGTERM handler");
-        tokio::select! {
-            _ = ctrl_c => {}
-            _ = term.recv() => {}
+        use tokio::signal::unix::{SignalKind, signal};
+        let mut term = signal(SignalKind::terminate()).expect("installing a SIGTERM handler");
+        let mut int = signal(SignalKind::interrupt()).expect("installing a SIGINT handler");
+        async move {
+            tokio::select! {
+                _ = int.recv() => {}
+                _ = term.recv() => {}
+            }
         }
     }
     #[cfg(not(unix))]
     {
-        let _ = ctrl_c.await;
+        async {
+            let _ = tokio::signal::ctrl_c().await;
+        }
     }
 }
 
