@@ -236,19 +236,7 @@ impl StateView {
             }
         }
         let revision = revision.unwrap_or_default();
-        let (floor, current) = self.bounds();
-        if revision < floor {
-            return Err(HistoryError::Compacted { revision, floor });
-        }
-        let kvs = read_unswept(
-            &self.removals,
-            || self.kv.read().unwrap_or_else(|p| p.into_inner()),
-            || self.history.range_at(range, revision),
-        );
-        // An install meanwhile rewrote the history: `compacted`, not the failed read.
-        self.still_held(revision, true)?;
-        let kvs = kvs?;
-        Ok((current, kvs))
+        self.read_past(revision, || self.history.range_at(range, revision))
     }
 
     /// The keys of `spec`'s range at `revision` (`None`, 0 or the current revision: now) that
@@ -295,26 +283,35 @@ impl StateView {
             }
         }
         let revision = revision.unwrap_or_default();
+        self.read_past(revision, || {
+            // A fresh bound for each run: an overlapped run's charges are dropped with it.
+            let mut bound = ReadBound::new(spec, budget);
+            self.history
+                .range_at_admitted(&spec.range, revision, &mut |k, v| {
+                    Ok::<_, HistoryError>(bound.admit_owned(k, v)?)
+                })
+        })
+    }
+
+    /// `read` of the history at a past `revision`, with the store revision: `compacted` below
+    /// the floor, retried while a compaction moves what it reads, and `compacted` (not the
+    /// failed read) if an install rewrote the history meanwhile.
+    fn read_past<T, E: Into<HistoryError>>(
+        &self,
+        revision: Revision,
+        read: impl FnMut() -> Result<T, E>,
+    ) -> Result<(Revision, T), HistoryError> {
         let (floor, current) = self.bounds();
         if revision < floor {
             return Err(HistoryError::Compacted { revision, floor });
         }
-        let kvs = read_unswept(
+        let out = read_unswept(
             &self.removals,
             || self.kv.read().unwrap_or_else(|p| p.into_inner()),
-            || {
-                // A fresh bound for each run: an overlapped run's charges are dropped with it.
-                let mut bound = ReadBound::new(spec, budget);
-                self.history
-                    .range_at_admitted(&spec.range, revision, &mut |k, v| {
-                        Ok::<_, HistoryError>(bound.admit_owned(k, v)?)
-                    })
-            },
+            read,
         );
-        // An install meanwhile rewrote the history: `compacted`, not the failed read.
         self.still_held(revision, true)?;
-        let kvs = kvs?;
-        Ok((current, kvs))
+        Ok((current, out.map_err(Into::into)?))
     }
 
     /// The version of `key` before its change at `revision` (a watch's `prev_kv`), if it was
