@@ -14,18 +14,21 @@
 //! - A history that starts at a snapshot or at node start-up knows nothing before the store
 //!   revision it started at: that revision is its first compaction mark.
 
+use std::borrow::Cow;
 use std::collections::VecDeque;
 
 use super::command::Event;
+use super::key_bytes;
 use super::types::Revision;
 use super::watch_batch::{BatchCut, BatchLimit, Cut, batch_cost};
 
 /// Which keys a watch follows.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum KeyFilter {
-    /// Exactly this key.
+    /// Exactly this stored key.
     Key(String),
-    /// Every key starting with this prefix (`""`: every key).
+    /// Every key whose raw bytes start with this prefix (`""`: every key): binary keys
+    /// written through the etcd API ([`key_bytes`]) by their raw bytes, as etcd matches them.
     Prefix(String),
 }
 
@@ -33,9 +36,25 @@ impl KeyFilter {
     pub fn matches(&self, key: &str) -> bool {
         match self {
             KeyFilter::Key(k) => k == key,
-            KeyFilter::Prefix(p) => key.starts_with(p.as_str()),
+            KeyFilter::Prefix(p) => key_bytes::raw_starts_with(key, p.as_bytes()),
         }
     }
+}
+
+/// The prefixes of the stored key `key`, at the lengths `lens` (ascending), that a
+/// [`KeyFilter::Prefix`] may hold: the UTF-8 prefixes of its raw bytes.
+pub(crate) fn text_prefixes<'k>(
+    key: &'k str,
+    lens: impl Iterator<Item = usize> + 'k,
+) -> impl Iterator<Item = Cow<'k, str>> + 'k {
+    let raw = key_bytes::is_encoded(key).then(|| key_bytes::bytes(key).into_owned());
+    lens.filter_map(move |len| match &raw {
+        None => key.get(..len).map(Cow::Borrowed),
+        Some(raw) => raw
+            .get(..len)
+            .and_then(|p| std::str::from_utf8(p).ok())
+            .map(|p| Cow::Owned(p.to_string())),
+    })
 }
 
 /// Many filters of one watch stream, each with its watch id: which watches an event's key
@@ -80,10 +99,8 @@ impl FilterSet {
         if let Some(ids) = self.by_key.get(key) {
             hits.extend_from_slice(ids);
         }
-        for len in self.prefix_lens.range(..=key.len()) {
-            if key.is_char_boundary(*len)
-                && let Some(ids) = self.by_prefix.get(&key[..*len])
-            {
+        for prefix in text_prefixes(key, self.prefix_lens.iter().copied()) {
+            if let Some(ids) = self.by_prefix.get(prefix.as_ref()) {
                 hits.extend(ids);
             }
         }

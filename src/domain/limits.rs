@@ -9,7 +9,7 @@ use thiserror::Error;
 use super::auth::{self, AuthChange};
 use super::command::Command;
 use super::members::{MemberRecord, check_member_id};
-use super::value_bytes;
+use super::{key_bytes, value_bytes};
 
 /// The longest member address, in bytes.
 pub const MAX_MEMBER_ADDRESS_BYTES: usize = 1024;
@@ -101,15 +101,17 @@ impl Limits {
         Ok(())
     }
 
-    /// A key is a non-empty UTF-8 string of at most [`MAX_KEY_BYTES`] bytes.
+    /// A key is non-empty and at most [`MAX_KEY_BYTES`] bytes, counted as its raw bytes
+    /// ([`key_bytes::raw_len`]: a binary key written through the etcd API, stored as NUL and
+    /// hex, may be as long as a text key).
     pub fn check_key(&self, key: &str) -> Result<(), InvalidInput> {
         if key.is_empty() {
             return Err(InvalidInput::Invalid("key must not be empty".into()));
         }
-        if key.len() > MAX_KEY_BYTES {
+        let len = key_bytes::raw_len(key);
+        if len > MAX_KEY_BYTES {
             return Err(InvalidInput::KeyTooLong(format!(
-                "key is {} bytes; the limit is {MAX_KEY_BYTES}",
-                key.len()
+                "key is {len} bytes; the limit is {MAX_KEY_BYTES}"
             )));
         }
         Ok(())
@@ -144,14 +146,31 @@ impl Limits {
         Ok(())
     }
 
-    /// Every value `cmd` writes (a put's, those of a transaction's puts) passes
-    /// [`Limits::check_text_value`]: the check of a `/v1` client's command.
-    pub fn check_text_values(cmd: &Command) -> Result<(), InvalidInput> {
+    /// A key a `/v1` client writes may not begin with U+0000: that marks a binary key written
+    /// through the etcd API ([`key_bytes`]), which `/v1` reads in that stored form.
+    pub fn check_text_key(key: &str) -> Result<(), InvalidInput> {
+        if key_bytes::is_encoded(key) {
+            return Err(InvalidInput::Invalid(
+                "a key may not begin with U+0000: that marks a binary key written through the \
+                 etcd API (NUL, then the hex of its bytes)"
+                    .into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Every key and value `cmd` puts (a put's, those of a transaction's puts) passes
+    /// [`Limits::check_text_key`] and [`Limits::check_text_value`]: the check of a `/v1`
+    /// client's command. (A delete may name a binary key by its stored form.)
+    pub fn check_text_writes(cmd: &Command) -> Result<(), InvalidInput> {
         fn txn(t: &super::txn::Txn) -> Result<(), InvalidInput> {
             use super::txn::TxnOp;
             for op in t.success.iter().chain(&t.failure) {
                 match op {
-                    TxnOp::Put { value, .. } => Limits::check_text_value(value)?,
+                    TxnOp::Put { key, value, .. } => {
+                        Limits::check_text_key(key)?;
+                        Limits::check_text_value(value)?
+                    }
                     TxnOp::Txn { txn: inner } => txn(inner)?,
                     TxnOp::DeleteRange { .. } | TxnOp::Range { .. } => {}
                 }
@@ -159,9 +178,12 @@ impl Limits {
             Ok(())
         }
         match cmd {
-            Command::Put { value, .. } => Self::check_text_value(value),
+            Command::Put { key, value, .. } => {
+                Self::check_text_key(key)?;
+                Self::check_text_value(value)
+            }
             Command::Txn { txn: t } => txn(t),
-            Command::Guarded { command, .. } => Self::check_text_values(command),
+            Command::Guarded { command, .. } => Self::check_text_writes(command),
             _ => Ok(()),
         }
     }
@@ -477,9 +499,9 @@ mod tests {
                 ..Default::default()
             },
         };
-        assert!(Limits::check_text_values(&txn).is_err());
-        assert!(Limits::check_text_values(&put("k", "\0")).is_err());
-        assert!(Limits::check_text_values(&put("k", "v")).is_ok());
+        assert!(Limits::check_text_writes(&txn).is_err());
+        assert!(Limits::check_text_writes(&put("k", "\0")).is_err());
+        assert!(Limits::check_text_writes(&put("k", "v")).is_ok());
         // The same command passes the shared check: the etcd API writes such values.
         assert!(Limits::default().check_command(&txn, TTL).is_ok());
     }

@@ -38,6 +38,7 @@ pub mod flease;
 pub mod health;
 pub mod history;
 pub mod history_fill;
+pub mod key_bytes;
 pub mod key_index;
 pub mod kv;
 pub mod lease;

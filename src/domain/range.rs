@@ -34,6 +34,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::auth::KeyRange;
+use super::key_bytes;
 use super::kv::Versioned;
 use super::types::Revision;
 
@@ -372,7 +373,7 @@ fn select<'a>(
         // Stable: equal targets stay in key order, as etcd's sort leaves them.
         kept.sort_by(|a, b| {
             let o = match target {
-                SortTarget::Key => a.0.cmp(b.0),
+                SortTarget::Key => key_bytes::cmp(a.0, b.0),
                 SortTarget::Version => a.1.version.cmp(&b.1.version),
                 SortTarget::Create => a.1.create_revision.cmp(&b.1.create_revision),
                 SortTarget::Mod => a.1.mod_revision.cmp(&b.1.mod_revision),

@@ -17,7 +17,7 @@ use leasecore_etcd_api::etcdserverpb::{
 };
 use tonic::{Request, Response, Status};
 
-use super::{Etcd, EtcdError, key_value, lease_name, text};
+use super::{Etcd, EtcdError, key_value, lease_name};
 use crate::domain::auth::{Access, KeyRange};
 use crate::domain::command::{Command, Response as Applied};
 use crate::domain::range::{
@@ -28,7 +28,7 @@ use crate::domain::txn::{
     TxnResult, evaluate_read_only, fill_deferred, has_deferred,
 };
 use crate::domain::types::Revision;
-use crate::domain::value_bytes;
+use crate::domain::{key_bytes, value_bytes};
 use crate::http::auth::{check, guard};
 use crate::http::kv::{Consistency, admit, propose, read_point, unexpected};
 use crate::raft::state_machine::{HistoryError, StateView};
@@ -172,12 +172,12 @@ impl Etcd {
     }
 }
 
-/// A key that must be non-empty text.
+/// A key that must be non-empty, in its stored form ([`key_bytes::store`]).
 fn key(bytes: Vec<u8>) -> Result<String, EtcdError> {
     if bytes.is_empty() {
         return Err(EtcdError::invalid("key is not provided"));
     }
-    text("key", bytes)
+    Ok(key_bytes::store(bytes))
 }
 
 fn revision_filter(v: i64) -> u64 {

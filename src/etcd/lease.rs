@@ -21,6 +21,7 @@ use tonic::{Request, Response, Status, Streaming};
 use super::{Etcd, EtcdError, lease_id, lease_name};
 use crate::domain::auth::Access;
 use crate::domain::command::{Command, KvError, Response as Applied};
+use crate::domain::key_bytes;
 use crate::http::auth::{check_lease, guard, lease_allowed};
 use crate::http::kv::{admit, propose, unexpected};
 use crate::runtime::auth::Caller;
@@ -214,7 +215,11 @@ impl Lease for Etcd {
             ttl: (remaining_ms / 1000) as i64,
             granted_ttl: seconds_up(lease.ttl_ms),
             keys: if r.keys {
-                lease.keys.into_iter().map(String::into_bytes).collect()
+                lease
+                    .keys
+                    .into_iter()
+                    .map(|k| key_bytes::bytes(&k).into_owned())
+                    .collect()
             } else {
                 Vec::new()
             },

@@ -6,9 +6,12 @@
 //! - Values are bytes, as in etcd: each is stored with [`value_bytes::store`] (UTF-8 that does
 //!   not begin with NUL as it is, anything else as NUL and its base64) and answered with
 //!   [`value_bytes::bytes`], wherever a value goes in or out (puts, txn puts and compares,
-//!   ranges, `prev_kv`, watch events, election values). Keys, and lock and election names,
-//!   are UTF-8 text in leasecore: one that is not is refused (`InvalidArgument`). Range
-//!   bounds may be any bytes.
+//!   ranges, `prev_kv`, watch events, election values).
+//! - Keys are bytes too: each is stored with [`key_bytes::store`] (UTF-8 that does not begin
+//!   with NUL as it is, anything else as NUL and its hex) and answered with
+//!   [`key_bytes::bytes`]; ranges, watches and permissions match them by their raw bytes, and
+//!   ranges answer in raw key order. Lock and election names, and permission keys, are UTF-8
+//!   text in leasecore: one that is not is refused (`InvalidArgument`).
 //! - A `Put`, a `DeleteRange` and a `Txn` are each one [`crate::domain::command::Command::Txn`]: one revision, one
 //!   event per changed key, `prev_kv` read at apply time.
 //! - etcd's int64 lease ids are leasecore leases named `etcd-<id as 16 hex digits>` (see
@@ -52,7 +55,7 @@ use leasecore_etcd_api::mvccpb;
 
 use crate::domain::kv::Versioned;
 use crate::domain::types::Revision;
-use crate::domain::value_bytes;
+use crate::domain::{key_bytes, value_bytes};
 use crate::http::AppState;
 use crate::runtime::auth::Caller;
 
@@ -188,7 +191,7 @@ pub fn lease_id(name: &str) -> i64 {
 /// etcd's view of one key.
 fn key_value(key: &str, v: &Versioned) -> mvccpb::KeyValue {
     mvccpb::KeyValue {
-        key: key.as_bytes().to_vec(),
+        key: key_bytes::bytes(key).into_owned(),
         create_revision: v.create_revision.0 as i64,
         mod_revision: v.mod_revision.0 as i64,
         version: v.version as i64,

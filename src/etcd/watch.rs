@@ -53,8 +53,8 @@ use crate::domain::auth::{Access, KeyRange, perm::prefix_end};
 use crate::domain::command::{Event, EventKind};
 use crate::domain::history::{KeyFilter, Resume};
 use crate::domain::types::Revision;
-use crate::domain::value_bytes;
 use crate::domain::watch_batch::{BATCH_BYTES, BatchCut, BatchLimit, Cut};
+use crate::domain::{key_bytes, value_bytes};
 use crate::http::auth::{can_read, check};
 use crate::runtime::auth::Caller;
 
@@ -133,10 +133,8 @@ struct Spec {
 
 /// The hub filter that covers `range` (the events are checked against the range too).
 fn hub_filter(range: &KeyRange) -> KeyFilter {
-    if let Some(key) = range.single_key()
-        && let Ok(key) = std::str::from_utf8(key)
-    {
-        return KeyFilter::Key(key.to_string());
+    if let Some(key) = range.single_key() {
+        return KeyFilter::Key(key_bytes::store(key.to_vec()));
     }
     if let Ok(prefix) = std::str::from_utf8(&range.start)
         && range.end == prefix_end(&range.start)
@@ -151,7 +149,7 @@ fn event(e: &Event) -> mvccpb::Event {
         EventKind::Put => (
             mvccpb::event::EventType::Put,
             mvccpb::KeyValue {
-                key: e.key.as_bytes().to_vec(),
+                key: key_bytes::bytes(&e.key).into_owned(),
                 create_revision: e.create_revision.unwrap_or(e.revision).0 as i64,
                 mod_revision: e.revision.0 as i64,
                 version: e.version.unwrap_or(1) as i64,
@@ -162,7 +160,7 @@ fn event(e: &Event) -> mvccpb::Event {
         EventKind::Delete => (
             mvccpb::event::EventType::Delete,
             mvccpb::KeyValue {
-                key: e.key.as_bytes().to_vec(),
+                key: key_bytes::bytes(&e.key).into_owned(),
                 mod_revision: e.revision.0 as i64,
                 ..Default::default()
             },
@@ -386,7 +384,7 @@ impl Watcher {
             let visible = batch
                 .events
                 .iter()
-                .filter(|e| self.spec.range.contains(e.key.as_bytes()))
+                .filter(|e| self.spec.range.contains_stored(&e.key))
                 .filter(|e| match e.kind {
                     EventKind::Put => !self.spec.no_put,
                     EventKind::Delete => !self.spec.no_delete,

@@ -63,7 +63,7 @@ pub(crate) fn check_key(
     access: Access,
     key: &str,
 ) -> Result<(), ApiError> {
-    check(state, caller, access, &KeyRange::key(key))
+    check(state, caller, access, &KeyRange::of_stored(key))
 }
 
 /// 403 unless `caller` may `access` every key attached to lease `name`.
@@ -99,7 +99,7 @@ pub(crate) fn keep_visible(
         if caller.is_root(a) {
             return;
         }
-        events.retain(|e| caller.allowed(a, Access::Read, &KeyRange::key(&e.key)));
+        events.retain(|e| caller.allowed(a, Access::Read, &KeyRange::of_stored(&e.key)));
     });
 }
 
@@ -107,7 +107,7 @@ pub(crate) fn keep_visible(
 pub(crate) fn can_read(state: &AppState, caller: &Caller, key: &str) -> bool {
     state
         .auth
-        .with_auth(|a| caller.allowed(a, Access::Read, &KeyRange::key(key)))
+        .with_auth(|a| caller.allowed(a, Access::Read, &KeyRange::of_stored(key)))
 }
 
 /// 403 unless `caller` holds the root role.

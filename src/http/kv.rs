@@ -105,12 +105,12 @@ pub(crate) fn admit(state: &AppState, cmd: &Command) -> Result<(), ApiError> {
 }
 
 /// Check a `/v1` client's command before it is proposed: [`admit`], and no value it writes
-/// begins with U+0000 ([`Limits::check_text_values`]: that marks a binary value written
+/// begins with U+0000 ([`Limits::check_text_writes`]: that marks a binary value written
 /// through the etcd API, which `/v1` shows in that stored form).
 ///
-/// [`Limits::check_text_values`]: crate::domain::limits::Limits::check_text_values
+/// [`Limits::check_text_writes`]: crate::domain::limits::Limits::check_text_writes
 pub(crate) fn admit_text(state: &AppState, cmd: &Command) -> Result<(), ApiError> {
-    crate::domain::limits::Limits::check_text_values(cmd)?;
+    crate::domain::limits::Limits::check_text_writes(cmd)?;
     admit(state, cmd)
 }
 
@@ -159,7 +159,7 @@ pub async fn get(
             let (revision, mut kvs) = state
                 .consensus
                 .view()
-                .range_at(&KeyRange::key(&key), Some(Revision(at)))?;
+                .range_at(&KeyRange::of_stored(&key), Some(Revision(at)))?;
             (revision, kvs.pop().map(|(_, v)| v))
         }
     };

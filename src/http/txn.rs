@@ -10,7 +10,7 @@
 //!
 //! # What it must not do
 //! Decide: the translation is total and mechanical; validation is `Limits::check_command`
-//! and `Limits::check_text_values` (through `admit_text`), authorization `guard`, semantics
+//! and `Limits::check_text_writes` (through `admit_text`), authorization `guard`, semantics
 //! the domain's.
 
 use axum::Json;

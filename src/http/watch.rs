@@ -74,7 +74,7 @@ fn compacted(c: Compacted) -> ApiError {
 /// The keys a filter can match, for the permission check.
 fn filter_range(filter: &KeyFilter) -> KeyRange {
     match filter {
-        KeyFilter::Key(k) => KeyRange::key(k),
+        KeyFilter::Key(k) => KeyRange::of_stored(k),
         KeyFilter::Prefix(p) => KeyRange::prefix(p),
     }
 }

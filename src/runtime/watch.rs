@@ -16,6 +16,7 @@
 //!   from before it reads the MVCC store ([`WatchHub::set_older`]), so a restart does not by
 //!   itself make a resuming watch `410`.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -25,7 +26,7 @@ use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
 use crate::domain::history::{
-    Batch, Compacted, EventHistory, HistoryLimits, KeyFilter, OlderEvents, Resume,
+    Batch, Compacted, EventHistory, HistoryLimits, KeyFilter, OlderEvents, Resume, text_prefixes,
 };
 use crate::domain::types::Revision;
 use crate::domain::watch_batch::BatchLimit;
@@ -99,16 +100,14 @@ impl Waiters {
                 let _ = w.send(());
             });
         }
-        let lens: Vec<usize> = self
-            .prefix_lens
-            .range(..=key.len())
-            .map(|(l, _)| *l)
-            .filter(|l| key.is_char_boundary(*l))
+        let prefixes: Vec<String> = text_prefixes(key, self.prefix_lens.keys().copied())
+            .filter(|p| self.by_prefix.contains_key(p.as_ref()))
+            .map(Cow::into_owned)
             .collect();
-        for len in lens {
+        for prefix in prefixes {
             // A registered prefix always has wakers: empty sets are removed.
-            if let Some(set) = self.by_prefix.remove(&key[..len]) {
-                self.forget_len(len);
+            if let Some(set) = self.by_prefix.remove(&prefix) {
+                self.forget_len(prefix.len());
                 set.into_values().for_each(|w| {
                     let _ = w.send(());
                 });

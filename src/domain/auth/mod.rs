@@ -335,9 +335,9 @@ impl AuthState {
         perm::covers(grants, access, range)
     }
 
-    /// Whether `user` may `access` one key.
+    /// Whether `user` may `access` one stored key (a binary one by its raw bytes).
     pub fn allowed_key(&self, user: &str, access: Access, key: &str) -> bool {
-        self.allowed(user, access, &KeyRange::key(key))
+        self.allowed(user, access, &KeyRange::of_stored(key))
     }
 
     /// A user's public record (no hash).

@@ -5,7 +5,8 @@
 //! - Every answer is the present state, at the store revision. Older revisions are the MVCC
 //!   history's ([`crate::domain::mvcc`]); [`KvState::check_revision`] only says whether one may
 //!   be asked for.
-//! - Listings and ranges come in key order, as the key map holds them.
+//! - Listings and ranges come in the order of the keys' raw bytes (etcd's), binary keys
+//!   ([`key_bytes`]) among the text ones.
 //!
 //! # What it must not do
 //! Change the state: every method here takes `&self`.
@@ -13,6 +14,7 @@
 use super::{KvState, LeaseMap, LeaseRecord, Versioned};
 use crate::domain::auth::{AuthState, KeyRange};
 use crate::domain::command::KvError;
+use crate::domain::key_bytes;
 use crate::domain::lease::LeaseFacts;
 use crate::domain::types::Revision;
 
@@ -70,34 +72,44 @@ impl KvState {
         self.keys.get(key)
     }
 
-    /// Keys starting with `prefix`, in key order, at most `limit` of them.
+    /// Keys whose raw bytes start with `prefix` (binary keys written through the etcd API
+    /// among them, in their stored form), in raw key order, at most `limit` of them.
     pub fn list(&self, prefix: &str, limit: usize) -> Vec<(&str, &Versioned)> {
-        self.keys
-            .range::<_, str>((
-                std::ops::Bound::Included(prefix),
-                std::ops::Bound::Unbounded,
-            ))
-            .take_while(|(k, _)| k.starts_with(prefix))
-            .take(limit)
-            .map(|(k, v)| (k.as_str(), v))
-            .collect()
+        let range = KeyRange::prefix(prefix);
+        self.range(&range).take(limit).collect()
     }
 
-    /// The live keys in `range`, in key order.
+    /// The live keys in `range` (raw bytes, etcd's), in the order of their raw bytes: the
+    /// text keys and the encoded ones ([`key_bytes`]) each walked in their span, and merged.
     pub fn range<'a>(
         &'a self,
-        range: &'a KeyRange,
-    ) -> impl Iterator<Item = (&'a str, &'a Versioned)> + 'a {
-        // Keys are UTF-8 and the range's bounds any bytes: start at the longest UTF-8 prefix of
+        range: &KeyRange,
+    ) -> impl Iterator<Item = (&'a str, &'a Versioned)> + use<'a> {
+        let mut spans = key_bytes::spans(range).into_iter();
+        let first = spans.next().map(|s| self.span(s));
+        let second = spans.next().map(|s| self.span(s));
+        key_bytes::merge(
+            first.into_iter().flatten(),
+            second.into_iter().flatten(),
+            |(k, _)| k,
+        )
+    }
+
+    /// The stored keys in `span` (stored bytes), in stored order.
+    fn span(&self, span: KeyRange) -> impl Iterator<Item = (&str, &Versioned)> + use<'_> {
+        // Keys are UTF-8 and the span's bounds any bytes: start at the longest UTF-8 prefix of
         // the start (it sorts at or before it) and skip what lies below the start.
-        let start = match std::str::from_utf8(&range.start) {
-            Ok(s) => s,
-            Err(e) => std::str::from_utf8(&range.start[..e.valid_up_to()]).unwrap_or_default(),
+        let start = match std::str::from_utf8(&span.start) {
+            Ok(s) => s.to_string(),
+            Err(e) => String::from_utf8_lossy(&span.start[..e.valid_up_to()]).into_owned(),
         };
         self.keys
-            .range::<_, str>((std::ops::Bound::Included(start), std::ops::Bound::Unbounded))
-            .skip_while(|(k, _)| k.as_bytes() < range.start.as_slice())
-            .take_while(|(k, _)| range.end.as_deref().is_none_or(|e| k.as_bytes() < e))
+            .range::<_, str>((
+                std::ops::Bound::Included(start.as_str()),
+                std::ops::Bound::Unbounded,
+            ))
+            .skip_while(move |(k, _)| k.as_bytes() < span.start.as_slice())
+            .take_while(move |(k, _)| span.end.as_deref().is_none_or(|e| k.as_bytes() < e))
             .map(|(k, v)| (k.as_str(), v))
     }
 

@@ -97,8 +97,7 @@ fn writes(ops: &[TxnOp]) -> Result<(BTreeSet<&str>, Vec<&KeyRange>), TxnInvalid>
             _ => None,
         })
         .collect();
-    let in_deleted =
-        |deleted: &[&KeyRange], k: &str| deleted.iter().any(|r| r.contains(k.as_bytes()));
+    let in_deleted = |deleted: &[&KeyRange], k: &str| deleted.iter().any(|r| r.contains_stored(k));
     let mut puts: BTreeSet<&str> = BTreeSet::new();
     for op in ops {
         let TxnOp::Txn { txn } = op else { continue };

@@ -20,6 +20,7 @@ use super::{History, LIVE_PAGE, WALK_STEP, corrupt, malformed};
 use crate::domain::auth::KeyRange;
 use crate::domain::command::Event;
 use crate::domain::history::{Batch, KeyFilter};
+use crate::domain::key_bytes;
 use crate::domain::key_index::Loc;
 use crate::domain::kv::{KeyMap, Versioned};
 use crate::domain::mvcc::{
@@ -68,6 +69,18 @@ pub fn replay_onto(
     Ok((base, replayed))
 }
 
+/// Runs of keys read from the spans of one range, each in raw order, as one run in raw
+/// order.
+fn merge_runs(mut runs: Vec<Vec<(String, Versioned)>>) -> Vec<(String, Versioned)> {
+    let second = if runs.len() > 1 { runs.pop() } else { None };
+    let first = runs.pop().unwrap_or_default();
+    match second {
+        None => first,
+        Some(second) if second.is_empty() => first,
+        Some(second) => key_bytes::merge(first, second, |(k, _)| k.as_str()).collect(),
+    }
+}
+
 impl History {
     /// The live keys as the versions say: the whole range at the highest revision, in one
     /// pass over the records that hold them.
@@ -109,20 +122,24 @@ impl History {
         }
     }
 
-    /// The live keys of `range` as they were at `revision` (at or above the floor), in key
-    /// order.
+    /// The live keys of `range` as they were at `revision` (at or above the floor), in the
+    /// order of their raw bytes (each span of [`key_bytes::spans`] read, and merged).
     pub fn range_at(
         &self,
         range: &KeyRange,
         revision: Revision,
     ) -> Result<Vec<(String, Versioned)>, StorageError> {
-        let end = range
-            .end
-            .as_deref()
-            .map_or(Bound::Unbounded, Bound::Excluded);
-        let start = Bound::Included(range.start.clone().into_boxed_slice());
-        let locs = self.locate(start, end, revision, usize::MAX);
-        self.read_locs(locs)
+        let mut runs = Vec::with_capacity(2);
+        for span in key_bytes::spans(range) {
+            let end = span
+                .end
+                .as_deref()
+                .map_or(Bound::Unbounded, Bound::Excluded);
+            let start = Bound::Included(span.start.clone().into_boxed_slice());
+            let locs = self.locate(start, end, revision, usize::MAX);
+            runs.push(self.read_locs(locs)?);
+        }
+        Ok(merge_runs(runs))
     }
 
     /// [`History::range_at`], read a few keys at a time, each handed to `admit` as it is
@@ -130,17 +147,32 @@ impl History {
     /// its error (the answer would be too large) before the rest of the range is read. Pages
     /// start small and grow while values are small, so that what is held beyond what
     /// `admit` lets through is about [`ADMIT_PAGE_BYTES`] (or a few of the largest values).
+    /// (The spans of binary and text keys are read one after the other: `admit` sees the
+    /// keys of each in order, the answer has them all in raw order.)
     pub fn range_at_admitted<E: From<StorageError>>(
         &self,
         range: &KeyRange,
         revision: Revision,
         admit: &mut dyn FnMut(&str, &mut Versioned) -> Result<(), E>,
     ) -> Result<Vec<(String, Versioned)>, E> {
-        let end = range
+        let mut runs = Vec::with_capacity(2);
+        for span in key_bytes::spans(range) {
+            runs.push(self.span_admitted(&span, revision, admit)?);
+        }
+        Ok(merge_runs(runs))
+    }
+
+    fn span_admitted<E: From<StorageError>>(
+        &self,
+        span: &KeyRange,
+        revision: Revision,
+        admit: &mut dyn FnMut(&str, &mut Versioned) -> Result<(), E>,
+    ) -> Result<Vec<(String, Versioned)>, E> {
+        let end = span
             .end
             .as_deref()
             .map_or(Bound::Unbounded, Bound::Excluded);
-        let mut start = Bound::Included(range.start.clone().into_boxed_slice());
+        let mut start = Bound::Included(span.start.clone().into_boxed_slice());
         let mut page = FIRST_ADMIT_PAGE;
         let mut out = Vec::new();
         loop {
