@@ -15,6 +15,10 @@
 //!   membership above `c0` does (the cluster made it a non-voter after this start: a
 //!   replacement, or a new node's learner add after its first contact).
 //!
+//! Both count only what is durable in the log ([`VoteRelease::durable_up_to`]): a membership
+//! appended but not yet synced releases nothing until the sync covers it, and a crash between
+//! its append and its sync cannot leave a released node without it (the release is final).
+//!
 //! Why not simply "any membership without it as a voter": a young cluster's log, never purged,
 //! is replayed from index 1, and the node's own first learner entry would release it while it
 //! is still listed as the voter it was.
@@ -38,7 +42,7 @@ pub const MEMBERSHIPS_KEPT: usize = 256;
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct VoteRelease {
     first_commit: Option<u64>,
-    /// The highest index stored (appended, or covered by an installed snapshot).
+    /// The highest index durable in the log (synced, or covered by an installed snapshot).
     log_end: Option<u64>,
     /// Membership entries by index: whether each lists this node as a voter.
     memberships: BTreeMap<u64, bool>,
@@ -75,12 +79,22 @@ impl VoteRelease {
         while self.memberships.len() > MEMBERSHIPS_KEPT {
             self.memberships.pop_first();
         }
-        self.stored_up_to(index);
     }
 
-    /// The log holds entries up to `index`.
-    pub fn stored_up_to(&mut self, index: u64) {
+    /// The log is durable up to `index` (a sync, an installed snapshot, the log a start
+    /// found). Never lowers the mark: only [`VoteRelease::truncated`] does.
+    pub fn durable_up_to(&mut self, index: u64) {
         self.log_end = self.log_end.max(Some(index));
+    }
+
+    /// The log's entries from `from` on were removed (a conflicting suffix): memberships
+    /// among them are forgotten, and the durable mark falls below them.
+    pub fn truncated(&mut self, from: u64) {
+        drop(self.memberships.split_off(&from));
+        self.log_end = match from.checked_sub(1) {
+            Some(kept) => self.log_end.map(|end| end.min(kept)),
+            None => None,
+        };
     }
 
     /// The first commit point, if known.
@@ -109,7 +123,12 @@ impl VoteRelease {
         }
         let at_c0 = self.memberships.range(..=c0).next_back();
         let non_voter_at_c0 = matches!(at_c0, Some((_, false)));
-        let non_voter_since = self.memberships.range(c0 + 1..).any(|(_, voter)| !*voter);
+        // (Empty, not a panic, when the log ends at c0.)
+        let non_voter_since = end > c0
+            && self
+                .memberships
+                .range(c0 + 1..=end)
+                .any(|(_, voter)| !*voter);
         non_voter_at_c0 || non_voter_since
     }
 }
@@ -129,18 +148,20 @@ mod tests {
         r.membership(5, false);
         assert!(!r.releases(), "below the first commit point");
         r.membership(7, true);
-        r.stored_up_to(53);
+        r.durable_up_to(53);
         assert!(
             !r.still_counted_as_voter(),
             "not caught up to the first commit point"
         );
-        r.stored_up_to(54);
+        r.durable_up_to(54);
         assert!(!r.releases(), "a voter at the first commit point");
-        r.stored_up_to(60);
+        r.durable_up_to(60);
         assert!(!r.releases());
         assert!(r.still_counted_as_voter(), "it may ask to be replaced");
-        // The leader replaces it: removed, then added back as a learner.
+        // The leader replaces it: removed, then added back as a learner (once synced).
         r.membership(61, false);
+        assert!(!r.releases(), "not durable yet");
+        r.durable_up_to(61);
         assert!(r.releases());
         assert!(!r.still_counted_as_voter());
     }
@@ -150,20 +171,22 @@ mod tests {
         // Added (entry 12) before the leader's first append committed it.
         let mut r = VoteRelease::new(None);
         r.append_from_leader(2, Some((2, 10)));
-        r.stored_up_to(11);
+        r.durable_up_to(11);
         assert!(!r.releases());
         r.membership(12, false);
+        assert!(!r.releases(), "appended, not yet synced");
+        r.durable_up_to(12);
         assert!(r.releases());
         // Added (entry 12) and committed before its first append.
         let mut r = VoteRelease::new(None);
         r.append_from_leader(2, Some((2, 20)));
         r.membership(12, false);
-        r.stored_up_to(19);
+        r.durable_up_to(19);
         assert!(
             !r.releases(),
             "the log has not reached the first commit point"
         );
-        r.stored_up_to(20);
+        r.durable_up_to(20);
         assert!(r.releases());
     }
 
@@ -174,11 +197,11 @@ mod tests {
         assert_eq!(r.append_from_leader(3, Some((2, 40))), None);
         assert_eq!(r.append_from_leader(3, None), None);
         r.membership(5, false);
-        r.stored_up_to(40);
+        r.durable_up_to(40);
         assert!(!r.releases());
         assert_eq!(r.append_from_leader(3, Some((3, 60))), Some(60));
         assert_eq!(r.append_from_leader(4, Some((4, 70))), None, "kept");
-        r.stored_up_to(60);
+        r.durable_up_to(60);
         assert!(
             r.releases(),
             "a learner at 60 (entry 5 is the latest below it)"
@@ -193,16 +216,39 @@ mod tests {
             r.membership(5_000 + i, true);
         }
         r.membership(10_000 + 1, true);
+        r.durable_up_to(10_001);
         assert!(!r.releases());
     }
 
+    #[test]
+    fn a_membership_cut_before_its_sync_releases_nothing() {
+        let mut r = VoteRelease::new(Some(20));
+        r.durable_up_to(20);
+        r.membership(21, true);
+        r.membership(25, false);
+        // The suffix from 22 conflicted with a new leader's log and was cut before any sync;
+        // the entry at 25 is now something else.
+        r.truncated(22);
+        r.durable_up_to(30);
+        assert!(!r.releases());
+        // A cut below the durable mark lowers it.
+        let mut r = VoteRelease::new(Some(20));
+        r.membership(5, false);
+        r.durable_up_to(40);
+        r.truncated(15);
+        assert!(!r.releases(), "the log no longer reaches 20");
+        r.durable_up_to(20);
+        assert!(r.releases());
+    }
+
     proptest! {
-        /// Released exactly when the log reached the first commit point and the latest
-        /// membership at or below it, or any above it, lists the node as a non-voter.
+        /// Released exactly when the durable log reached the first commit point and the
+        /// latest membership at or below it, or any durable one above it, lists the node as a
+        /// non-voter; memberships cut from the log count no more.
         #[test]
         fn releases_matches_its_rule(
             c0 in 1u64..60,
-            events in proptest::collection::vec((0u8..3, 1u64..80, any::<bool>()), 0..40),
+            events in proptest::collection::vec((0u8..4, 1u64..80, any::<bool>()), 0..40),
         ) {
             let mut r = VoteRelease::new(None);
             let mut model: Vec<(u64, bool)> = Vec::new();
@@ -211,18 +257,22 @@ mod tests {
             for (kind, index, voter) in events {
                 match kind {
                     0 => { r.append_from_leader(7, Some((7, c0))); known = true; }
-                    1 => { r.stored_up_to(index); end = end.max(index); }
+                    1 => { r.durable_up_to(index); end = end.max(index); }
+                    2 => {
+                        r.truncated(index);
+                        model.retain(|(i, _)| *i < index);
+                        end = end.min(index - 1);
+                    }
                     _ => {
                         r.membership(index, voter);
                         model.retain(|(i, _)| *i != index);
                         model.push((index, voter));
-                        end = end.max(index);
                     }
                 }
                 let latest_at = model.iter().filter(|(i, _)| *i <= c0).max_by_key(|(i, _)| *i);
                 let expect = known && end >= c0
                     && (matches!(latest_at, Some((_, false)))
-                        || model.iter().any(|(i, v)| *i > c0 && !*v));
+                        || model.iter().any(|(i, v)| *i > c0 && *i <= end && !*v));
                 prop_assert_eq!(r.releases(), expect);
             }
         }

@@ -178,7 +178,7 @@ pub async fn snapshot(
             hold.stored(at.index, installed_membership.membership());
         }
         if let Some(last) = installed_last {
-            hold.stored_up_to(last.index);
+            hold.durable_up_to(last.index);
         }
     }
     Ok(Json(answer))

@@ -326,6 +326,11 @@ impl Node {
             cancel.clone(),
         ));
         if vote_hold.is_held() {
+            tasks.spawn(
+                vote_hold
+                    .clone()
+                    .follow_durable(durable_view.clone(), cancel.clone()),
+            );
             let t = cfg.timeouts();
             tasks.spawn(replace_if_held_as_voter(
                 consensus.clone(),

@@ -130,6 +130,11 @@ impl DurableView {
         *self.rx.borrow()
     }
 
+    /// Wait until the mark changes (`Err`: the writer side is gone).
+    pub async fn changed(&mut self) -> Result<(), SyncFailed> {
+        self.rx.changed().await.map_err(|_| SyncFailed)
+    }
+
     /// Wait until the log is durable up to `index`.
     pub async fn wait_for(&mut self, index: u64) -> Result<(), SyncFailed> {
         let reached = self

@@ -306,6 +306,9 @@ impl LogStore {
             .truncate(index)
             .map_err(|e| StorageIOError::write_logs(any_err(&e)))?;
         self.durability.truncated(index, self.last_entry_id()?);
+        if let Some(hold) = &self.vote_hold {
+            hold.truncated(index);
+        }
         Ok(())
     }
 
@@ -487,9 +490,6 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             (&self.receipts, records.first(), records.last())
         {
             receipts.received(*first, *last, &stamps);
-        }
-        if let (Some(hold), Some((last, _))) = (&self.vote_hold, records.last()) {
-            hold.stored_up_to(*last);
         }
         // openraft truncates a conflicting suffix before it appends over it, and never appends
         // below the purge point; its storage suite does both: an append that starts inside the

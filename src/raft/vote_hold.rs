@@ -20,7 +20,9 @@
 //!   then, so the data dir no longer looks empty) holds again. The note also keeps the first
 //!   commit point once known (a restart learning a later one would only wait longer).
 //! - Once released, the hold stays released.
-//! - Released only by what this node stored (appended, or installed with a snapshot).
+//! - Released only by what this node holds durably: memberships it appended, counted once the
+//!   sync thread has synced them ([`VoteHold::follow_durable`]), or installed with a snapshot;
+//!   a cut of the log (a conflicting suffix) forgets the memberships it removed.
 //! - While held the node does not campaign either (`Consensus::elections_held` keeps the
 //!   election watchdog, the only one that campaigns, quiet): a vote for itself is a vote.
 //!
@@ -110,7 +112,7 @@ impl VoteHold {
                 r.membership(index, self.lists_me(m));
             }
             if let Some(last) = last_index {
-                r.stored_up_to(last);
+                r.durable_up_to(last);
             }
             None
         });
@@ -131,12 +133,42 @@ impl VoteHold {
         });
     }
 
-    /// The log holds entries up to `index` (appended, or covered by an installed snapshot).
-    pub fn stored_up_to(&self, index: u64) {
+    /// The log is durable up to `index` (synced, or covered by an installed snapshot).
+    pub fn durable_up_to(&self, index: u64) {
         self.update(|r| {
-            r.stored_up_to(index);
+            r.durable_up_to(index);
             None
         });
+    }
+
+    /// The log's entries from `from` on were removed.
+    pub fn truncated(&self, from: u64) {
+        self.update(|r| {
+            r.truncated(from);
+            None
+        });
+    }
+
+    /// Follows the log's durable mark until the hold is released (or the node stops): the
+    /// release counts only synced entries, and the sync thread moves the mark.
+    pub async fn follow_durable(
+        self: std::sync::Arc<Self>,
+        mut durable: super::durability::DurableView,
+        stop: tokio_util::sync::CancellationToken,
+    ) {
+        while self.is_held() {
+            let mark = durable.current();
+            if mark.failed {
+                return;
+            }
+            if let Some(last) = mark.last {
+                self.durable_up_to(last.index);
+            }
+            tokio::select! {
+                changed = durable.changed() => if changed.is_err() { return },
+                _ = stop.cancelled() => return,
+            }
+        }
     }
 
     /// Whether votes are withheld.
@@ -240,10 +272,12 @@ mod tests {
         // its promotion, both below the leader's commit point.
         hold.stored(3, &membership(&[1, 2, 3], &[4]));
         hold.stored(5, &membership(&[1, 2, 3, 4], &[]));
-        hold.stored_up_to(30);
+        hold.durable_up_to(30);
         assert!(hold.is_held());
         // Removed, then added back as a learner: released.
         hold.stored(31, &membership(&[1, 2, 3], &[4]));
+        assert!(hold.is_held(), "appended, not yet synced");
+        hold.durable_up_to(31);
         assert!(!hold.is_held());
         // For good.
         hold.stored(32, &membership(&[1, 2, 3, 4], &[]));
