@@ -8,7 +8,12 @@
 //! - **The first commit point** `c0`: the commit index of the first append whose leader had
 //!   committed an entry of its own term. From then on that leader's commit index covers
 //!   every entry committed before it, in any term (Raft's leader completeness), so also every
-//!   entry committed with this node's acknowledgements before it lost them.
+//!   entry committed with this node's acknowledgements before it lost them, unless that
+//!   leader was deposed without knowing it and a later one committed more. So while held, an
+//!   append from a leader of a later term with a commit of its own raises `c0` to that commit:
+//!   a deposed leader that reached this node first can release it only until a current one
+//!   does (the narrow case left: released by the deposed one before any current leader's
+//!   append arrives).
 //! - **Released** once the log reaches `c0` and either the latest membership at or below `c0`
 //!   lists this node as a non-voter (then nothing committed up to `c0` counted its vote
 //!   since it last became a member, and what it acknowledged before that it holds again), or a
@@ -24,7 +29,8 @@
 //! is still listed as the voter it was.
 //!
 //! # Invariants
-//! - `c0` is the first one seen and never changes (a later one would only delay the release).
+//! - `c0` only rises, and only on an append from a leader of a later term than the one that
+//!   set it (the same leader's growing commit would delay the release forever).
 //! - Released implies: the log reached `c0`, and one of the two rules above held at some
 //!   point. Once released, always released (the caller keeps that; this type only answers).
 //! - Memberships are remembered by index, at most [`MEMBERSHIPS_KEPT`]; the oldest go first,
@@ -42,6 +48,9 @@ pub const MEMBERSHIPS_KEPT: usize = 256;
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct VoteRelease {
     first_commit: Option<u64>,
+    /// The term of the leader that set `first_commit` (unknown after a restart: the note keeps
+    /// only the index).
+    first_commit_term: Option<u64>,
     /// The highest index durable in the log (synced, or covered by an installed snapshot).
     log_end: Option<u64>,
     /// Membership entries by index: whether each lists this node as a voter.
@@ -58,19 +67,23 @@ impl VoteRelease {
     }
 
     /// An append from a leader of `leader_term` whose commit index is `commit` (an entry of
-    /// term `commit_term`). Returns the first commit point if this call set it.
+    /// term `commit_term`). Returns the first commit point if this call set or raised it.
     pub fn append_from_leader(
         &mut self,
         leader_term: u64,
         commit: Option<(u64, u64)>,
     ) -> Option<u64> {
-        match (self.first_commit, commit) {
-            (None, Some((commit_term, index))) if commit_term == leader_term => {
-                self.first_commit = Some(index);
-                Some(index)
-            }
-            _ => None,
+        let (commit_term, index) = commit?;
+        let later_leader = self.first_commit_term.is_none_or(|t| leader_term > t);
+        if commit_term != leader_term || !later_leader {
+            return None;
         }
+        self.first_commit_term = Some(leader_term);
+        let raised = self.first_commit.max(Some(index));
+        (raised != self.first_commit).then(|| {
+            self.first_commit = raised;
+            index
+        })
     }
 
     /// A membership entry at `index` stored, listing this node as a voter or not.
@@ -200,12 +213,36 @@ mod tests {
         r.durable_up_to(40);
         assert!(!r.releases());
         assert_eq!(r.append_from_leader(3, Some((3, 60))), Some(60));
-        assert_eq!(r.append_from_leader(4, Some((4, 70))), None, "kept");
+        assert_eq!(r.append_from_leader(3, Some((3, 65))), None, "kept");
         r.durable_up_to(60);
         assert!(
             r.releases(),
             "a learner at 60 (entry 5 is the latest below it)"
         );
+    }
+
+    #[test]
+    fn a_later_leader_raises_the_first_commit_point_of_a_deposed_one() {
+        let mut r = VoteRelease::new(None);
+        // A leader of term 3, deposed without knowing it, reached this node first.
+        assert_eq!(r.append_from_leader(3, Some((3, 40))), Some(40));
+        r.membership(5, false);
+        // The leader of term 4 had committed up to 70.
+        assert_eq!(r.append_from_leader(4, Some((4, 70))), Some(70));
+        assert_eq!(
+            r.append_from_leader(3, Some((3, 80))),
+            None,
+            "not a later term"
+        );
+        r.durable_up_to(60);
+        assert!(!r.releases(), "the log has not reached 70");
+        r.durable_up_to(70);
+        assert!(r.releases());
+        // After a restart the noted point is raised by the first leader, never lowered.
+        let mut r = VoteRelease::new(Some(50));
+        assert_eq!(r.append_from_leader(2, Some((2, 30))), None);
+        assert_eq!(r.first_commit(), Some(50));
+        assert_eq!(r.append_from_leader(5, Some((5, 90))), Some(90));
     }
 
     #[test]

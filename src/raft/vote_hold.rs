@@ -203,7 +203,7 @@ impl VoteHold {
         if let Some(c0) = change(&mut r) {
             tracing::info!(
                 first_commit = c0,
-                "vote hold: the leader's commit point at first contact"
+                "vote hold: the first commit point (a leader's commit of its own term)"
             );
             if let Err(e) = self.write_note(Some(c0)) {
                 // Learnt again after a restart (a later one): the hold only lasts longer.
@@ -301,8 +301,13 @@ mod tests {
             3,
             Some(&LogId::new(openraft::CommittedLeaderId::new(3, 2), 90)),
         );
+        // A leader of a later term (the term of the one before is not noted) raised it to 90.
+        let noted = std::fs::read_to_string(dir.path().join(HOLD_FILE)).unwrap();
+        assert_eq!(noted.trim(), "first-commit 90");
         hold.opened_with(Some(40), Some((10, &membership(&[1, 2, 3], &[4]))));
-        assert!(!hold.is_held(), "released at 40, not 90");
+        assert!(hold.is_held(), "held until 90");
+        hold.durable_up_to(90);
+        assert!(!hold.is_held());
         assert!(!dir.path().join(HOLD_FILE).exists());
         assert!(!VoteHold::open(4, dir.path(), false).unwrap().is_held());
     }
