@@ -28,6 +28,11 @@ pub struct ResourceArgs {
     /// idle clients).
     #[arg(long, env = "LEASECORE_HEADER_TIMEOUT_MS", default_value_t = ListenerLimits::CLIENT.header_timeout.as_millis() as u64)]
     pub header_timeout_ms: u64,
+    /// A client (on the client port and the etcd port) that takes none of its answers' bytes
+    /// for this many milliseconds is disconnected: a write its socket does not take, or a
+    /// watch stream whose queue stays full, for that long (a client that stopped reading).
+    #[arg(long, env = "LEASECORE_WRITE_TIMEOUT_MS", default_value_t = ListenerLimits::CLIENT.write_timeout.as_millis() as u64)]
+    pub write_timeout_ms: u64,
     /// Storage quota in bytes (live keys and values plus the Raft log): past it writes get
     /// 507 quota_exceeded; reads, deletes and revokes still work.
     #[arg(long, env = "LEASECORE_QUOTA_BYTES", default_value_t = DEFAULT_QUOTA_BYTES)]
@@ -45,8 +50,10 @@ impl ResourceArgs {
         cfg.client_limits = ListenerLimits {
             max_connections: self.max_connections,
             header_timeout: Duration::from_millis(self.header_timeout_ms.max(1)),
+            write_timeout: Duration::from_millis(self.write_timeout_ms.max(1)),
             ..ListenerLimits::CLIENT
         };
+        cfg.etcd_limits.write_timeout = cfg.client_limits.write_timeout;
         cfg.peer_limits.max_connections = self.peer_max_connections;
         cfg.quota = Quota {
             max_bytes: self.quota_bytes,

@@ -12,12 +12,12 @@
 
 use std::future::Future;
 
-use axum::Router;
 use axum::body::{Body, Bytes};
 use axum::extract::FromRequest;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+use axum::{Extension, Router};
 use futures::{Stream, StreamExt};
 use leasecore_etcd_api::etcdserverpb::auth_server::Auth;
 use leasecore_etcd_api::etcdserverpb::cluster_server::Cluster;
@@ -33,6 +33,7 @@ use serde::de::DeserializeOwned;
 use tonic::{Code, Status};
 
 use super::{ETCD_VERSION, Etcd};
+use crate::http::listener::ConnHandle;
 
 /// The largest request body the gateway reads.
 const MAX_BODY_BYTES: usize = 4 << 20;
@@ -279,20 +280,24 @@ pub fn routes(etcd: Etcd) -> Router {
     let e = etcd.clone();
     r = r.route(
         "/v3/watch",
-        post(move |headers: HeaderMap, GatewayBody(body): GatewayBody| {
-            let e = e.clone();
-            async move {
-                let (caller, req) = match opening::<WatchRequest>(&e, &headers, &body) {
-                    Ok(v) => v,
-                    Err(s) => return error(s),
-                };
-                // The body's one request, then the stream stays open (as etcd's gateway
-                // does) until the client goes.
-                let inbound =
-                    futures::stream::once(async move { Ok(req) }).chain(futures::stream::pending());
-                ndjson(e.watch_session(caller, Box::pin(inbound)))
-            }
-        }),
+        post(
+            move |conn: Option<Extension<ConnHandle>>,
+                  headers: HeaderMap,
+                  GatewayBody(body): GatewayBody| {
+                let e = e.clone();
+                async move {
+                    let (caller, req) = match opening::<WatchRequest>(&e, &headers, &body) {
+                        Ok(v) => v,
+                        Err(s) => return error(s),
+                    };
+                    // The body's one request, then the stream stays open (as etcd's gateway
+                    // does) until the client goes.
+                    let inbound = futures::stream::once(async move { Ok(req) })
+                        .chain(futures::stream::pending());
+                    ndjson(e.watch_session(caller, conn.map(|c| c.0), Box::pin(inbound)))
+                }
+            },
+        ),
     );
     let e = etcd.clone();
     r = r.route(

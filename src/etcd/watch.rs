@@ -23,7 +23,9 @@
 //!   that one key, `""` to `"\0"` every key, `""` to `end` every key below `end`.
 //! - Events are checked against the caller's read permission at delivery.
 //! - The session ends when the client's stream ends, the client stops reading, or the node
-//!   stops; its watchers end with it.
+//!   stops; its watchers end with it. A client that stops reading is cut off: when a
+//!   watcher has waited for room in a full queue for the connection's write timeout
+//!   (`http::listener::ConnHandle`), the connection is closed (see [`Outbox`]).
 //! - `prev_kv` is the key's previous version from the MVCC history, looked up per event
 //!   (absent when it was not live, or has been compacted since).
 //! - A response larger than [`FRAGMENT_BYTES`] (one revision larger than the bound, alone) is
@@ -32,6 +34,7 @@
 //!   limit, [`super::MAX_WATCH_SEND_BYTES`]).
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -56,6 +59,7 @@ use crate::domain::types::Revision;
 use crate::domain::watch_batch::{BATCH_BYTES, BatchCut, BatchLimit, Cut};
 use crate::domain::{key_bytes, value_bytes};
 use crate::http::auth::{can_read, check};
+use crate::http::listener::ConnHandle;
 use crate::runtime::auth::Caller;
 
 /// Watchers one stream may hold.
@@ -93,13 +97,18 @@ struct Queued {
 struct Outbox {
     tx: mpsc::Sender<Queued>,
     bytes: Arc<Semaphore>,
+    /// The client's connection: a queue that has no room for a response for its write
+    /// timeout closes it (`None` outside a listener: the wait is then unbounded).
+    conn: Option<ConnHandle>,
 }
 
 impl Outbox {
     /// Queue a control response (small: created, canceled, progress).
     async fn send(&self, resp: Result<WatchResponse, Status>) -> Result<(), ()> {
         let queued = Queued { resp, _bytes: None };
-        self.tx.send(queued).await.map_err(|_| ())
+        self.within_write_timeout(self.tx.send(queued))
+            .await?
+            .map_err(|_| ())
     }
 
     /// Queue a response of events, once the queue's bytes leave room for it (all of them,
@@ -107,12 +116,34 @@ impl Outbox {
     /// watchers here, not their batches in memory.
     async fn send_events(&self, resp: WatchResponse) -> Result<(), ()> {
         let share = resp.encoded_len().clamp(1, QUEUE_BYTES) as u32;
-        let permit = self.bytes.clone().acquire_many_owned(share).await;
-        let queued = Queued {
-            resp: Ok(resp),
-            _bytes: Some(permit.map_err(|_| ())?),
+        let queue = async {
+            let permit = self.bytes.clone().acquire_many_owned(share).await;
+            let queued = Queued {
+                resp: Ok(resp),
+                _bytes: Some(permit.map_err(|_| ())?),
+            };
+            self.tx.send(queued).await.map_err(|_| ())
         };
-        self.tx.send(queued).await.map_err(|_| ())
+        self.within_write_timeout(queue).await?
+    }
+
+    /// `wait` for room in the queue, at most the connection's write timeout: a client whose
+    /// queue stays full that long has stopped taking its stream (an HTTP/2 client can do so
+    /// without filling any socket, by granting no window), and its connection is closed, so
+    /// that it holds neither this queue nor what `h2` buffered for it. The queue holds at most
+    /// [`QUEUE_BYTES`] a stream, but a connection carries up to 1,024 streams: 300 stalled
+    /// streams on one connection held 520 MB before this.
+    async fn within_write_timeout<T>(&self, wait: impl Future<Output = T>) -> Result<T, ()> {
+        let Some(conn) = &self.conn else {
+            return Ok(wait.await);
+        };
+        match tokio::time::timeout(conn.write_timeout(), wait).await {
+            Ok(done) => Ok(done),
+            Err(_) => {
+                conn.close_stalled();
+                Err(())
+            }
+        }
     }
 
     async fn closed(&self) {
@@ -473,22 +504,31 @@ impl Watch for Etcd {
         req: Request<Streaming<WatchRequest>>,
     ) -> Result<Response<Self::WatchStream>, Status> {
         let caller = self.caller(&req)?;
-        Ok(Response::new(self.watch_session(caller, req.into_inner())))
+        let conn = req.extensions().get::<ConnHandle>().cloned();
+        Ok(Response::new(self.watch_session(
+            caller,
+            conn,
+            req.into_inner(),
+        )))
     }
 }
 
 impl Etcd {
     /// A watch stream fed by `inbound` (a gRPC stream, or the gateway's one request): the
-    /// session lives until `inbound` ends, the client stops reading, or the node stops.
+    /// session lives until `inbound` ends, the client stops reading, or the node stops. With
+    /// `conn` (the request's connection), a client that takes nothing from a full queue for
+    /// the connection's write timeout loses its connection.
     pub(super) fn watch_session(
         &self,
         caller: Caller,
+        conn: Option<ConnHandle>,
         inbound: impl Stream<Item = Result<WatchRequest, Status>> + Unpin + Send + 'static,
     ) -> WatchStream {
         let (tx, rx) = mpsc::channel(QUEUE);
         let out = Outbox {
             tx,
             bytes: Arc::new(Semaphore::new(QUEUE_BYTES)),
+            conn,
         };
         let session = Session {
             etcd: self.clone(),
@@ -553,6 +593,7 @@ mod tests {
         let out = Outbox {
             tx,
             bytes: Arc::new(Semaphore::new(QUEUE_BYTES)),
+            conn: None,
         };
         let resp = WatchResponse {
             events: vec![put("k", 1 << 20)],
@@ -579,5 +620,41 @@ mod tests {
             drop(rx.recv().await.unwrap());
         }
         assert!(out.send_events(huge).now_or_never().is_some());
+    }
+
+    /// A queue that has no room for a response for the connection's write timeout closes the
+    /// connection (its client stopped taking the stream), and the watcher stops.
+    #[tokio::test(start_paused = true)]
+    async fn a_queue_full_for_the_write_timeout_closes_the_connection() {
+        use crate::http::listener::ConnStats;
+        let close = CancellationToken::new();
+        let stats = Arc::new(ConnStats::default());
+        let within = Duration::from_secs(5);
+        let (tx, mut rx) = mpsc::channel(QUEUE);
+        let out = Outbox {
+            tx,
+            bytes: Arc::new(Semaphore::new(QUEUE_BYTES)),
+            conn: Some(ConnHandle::new(close.clone(), within, stats.clone())),
+        };
+        let resp = WatchResponse {
+            events: vec![put("k", 1 << 20)],
+            ..Default::default()
+        };
+        for _ in 0..3 {
+            out.send_events(resp.clone()).await.unwrap();
+        }
+        // The client takes one response just before the timeout: the wait ends in time.
+        let taken = async {
+            tokio::time::sleep(within - Duration::from_secs(1)).await;
+            drop(rx.recv().await);
+            rx
+        };
+        let (sent, _rx) = tokio::join!(out.send_events(resp.clone()), taken);
+        sent.unwrap();
+        assert!(!close.is_cancelled());
+        // Then it takes nothing.
+        assert!(out.send_events(resp).await.is_err());
+        assert!(close.is_cancelled());
+        assert_eq!(stats.write_timeouts.load(Ordering::Relaxed), 1);
     }
 }

@@ -8,6 +8,14 @@
 //!   byte) and keep-alive connections idle between requests;
 //! - a body deadline (`DeadlineBody`): a request's body must arrive whole within the same
 //!   time after its head, or reading it fails with [`BodyDeadlineExceeded`] (408);
+//! - a protocol deadline on a listener that speaks both HTTP/1 and HTTP/2 (`Watchdog`): a
+//!   connection must say which it speaks (a byte off HTTP/2's preface, or the whole preface)
+//!   within the header timeout; hyper-util's detection has no deadline of its own;
+//! - a write timeout ([`ListenerLimits::write_timeout`]): a write the client's socket does
+//!   not take for that long fails and closes the connection (`Watchdog`), and a streaming
+//!   handler whose client takes none of its queued answers for that long closes it through
+//!   the request's [`ConnHandle`] (an HTTP/2 client can stall a stream without filling any
+//!   socket). So a client that stops reading holds neither its connection nor its answers;
 //! - a connection cap ([`ListenerLimits::max_connections`]): a full listener evicts the
 //!   connection idle the longest (never one with a request in flight) to admit the new one,
 //!   and refuses the new one only when every held connection is busy. So a flood of idle
@@ -25,7 +33,8 @@
 //!   update, never across an await.
 //! - A request in flight is never cut by eviction (an evicted connection is dropped at once:
 //!   it has none); at shutdown, in-flight requests get [`DRAIN`] to finish before their
-//!   connection is dropped.
+//!   connection is dropped. Only a client that took nothing for the write timeout loses a
+//!   request in flight.
 //!
 //! # What it must not do
 //! Decide which connection goes: [`ConnTable`] (pure) does.
@@ -33,6 +42,7 @@
 use std::collections::HashMap;
 use std::convert::Infallible;
 use std::future::Future;
+use std::io;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -70,6 +80,10 @@ pub struct ListenerLimits {
     /// Also speak HTTP/2 (cleartext with prior knowledge, as gRPC clients do). HTTP/2 requests
     /// have no body deadline: a gRPC stream's body lasts as long as the stream.
     pub http2: bool,
+    /// The longest a connection may keep answers waiting on its client: a write its socket
+    /// does not take for this long, or (for a watch stream, see [`ConnHandle`]) answers queued
+    /// for a client that takes none of them for this long, closes the connection.
+    pub write_timeout: Duration,
 }
 
 impl ListenerLimits {
@@ -79,18 +93,21 @@ impl ListenerLimits {
         max_connections: 4096,
         header_timeout: Duration::from_secs(10),
         http2: false,
+        write_timeout: Duration::from_secs(30),
     };
     /// The etcd API's port: HTTP/2 for gRPC (and HTTP/1 for its JSON gateway).
     pub const ETCD: ListenerLimits = ListenerLimits {
         max_connections: 4096,
         header_timeout: Duration::from_secs(10),
         http2: true,
+        write_timeout: Duration::from_secs(30),
     };
     /// The peer port: peers keep pooled connections for 30 s; the server must outlast that.
     pub const PEER: ListenerLimits = ListenerLimits {
         max_connections: 1024,
         header_timeout: Duration::from_secs(90),
         http2: false,
+        write_timeout: Duration::from_secs(90),
     };
 }
 
@@ -109,11 +126,14 @@ pub struct ConnStats {
     pub max: AtomicU64,
     /// TLS handshakes that failed or timed out (the connection was closed).
     pub tls_handshake_failures: AtomicU64,
+    /// Connections closed because their client took none of its answers for the write
+    /// timeout (a client that stopped reading).
+    pub write_timeouts: AtomicU64,
 }
 
 impl ConnStats {
     /// Gauges and counters as (name suffix, help, value).
-    pub fn snapshot(&self) -> [(&'static str, &'static str, u64); 7] {
+    pub fn snapshot(&self) -> [(&'static str, &'static str, u64); 8] {
         let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
         [
             ("connections_open", "Connections held now.", g(&self.open)),
@@ -142,6 +162,11 @@ impl ConnStats {
                 "connections_tls_handshake_failures_total",
                 "TLS handshakes that failed or timed out (plaintext to a TLS port, a refused certificate).",
                 g(&self.tls_handshake_failures),
+            ),
+            (
+                "connections_write_timeouts_total",
+                "Connections closed because their client took none of its answers for the write timeout.",
+                g(&self.write_timeouts),
             ),
         ]
     }
@@ -239,6 +264,7 @@ pub async fn serve_limited(
             close,
             shutdown: cancel.clone(),
             header_timeout: limits.header_timeout,
+            write_timeout: limits.write_timeout,
             http2: limits.http2,
             stats: stats.clone(),
         };
@@ -261,6 +287,7 @@ struct Conn {
     close: CancellationToken,
     shutdown: CancellationToken,
     header_timeout: Duration,
+    write_timeout: Duration,
     http2: bool,
     stats: Arc<ConnStats>,
 }
@@ -305,11 +332,25 @@ impl Conn {
     where
         S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
+        // Every read and write goes through the watchdog: a client that stops taking bytes,
+        // or (on an HTTP/2 port) never says which protocol it speaks, is cut off.
+        let stream = Watchdog::new(
+            stream,
+            self.write_timeout,
+            self.http2.then_some(self.header_timeout),
+            self.stats.clone(),
+        );
         let inner = TowerToHyperService::new(self.app.clone());
         let reg = self.registry.clone();
         let id = self.id;
         let body_timeout = self.header_timeout;
-        let svc = hyper::service::service_fn(move |req: hyper::Request<Incoming>| {
+        let handle = ConnHandle {
+            close: self.close.clone(),
+            write_timeout: self.write_timeout,
+            stats: self.stats.clone(),
+        };
+        let svc = hyper::service::service_fn(move |mut req: hyper::Request<Incoming>| {
+            req.extensions_mut().insert(handle.clone());
             let guard = InFlight::start(reg.clone(), id);
             // The head is complete; the body gets as long again (a slowloris body would
             // otherwise hold the connection and its handler for ever: hyper times out heads
@@ -462,6 +503,227 @@ impl http_body::Body for Guarded {
     }
 }
 
+/// The connection a request came on, as a handler that streams its answer may act on it (a
+/// request extension the listener adds to every request).
+///
+/// A stream whose client has taken none of its queued answers for
+/// [`ConnHandle::write_timeout`] ends the connection with [`ConnHandle::close_stalled`].
+/// Why the stream's producer decides, not the socket: an HTTP/2 client can stop taking one
+/// stream without filling any socket (it grants that stream no more window, and answers
+/// pings), so only the producer sees its queue stay full. Why the whole connection: hyper
+/// offers a server no way to reset one stream, and a stream that ended instead would keep its
+/// already-sent data buffered in `h2` until the connection ends anyway.
+#[derive(Clone)]
+pub struct ConnHandle {
+    close: CancellationToken,
+    write_timeout: Duration,
+    stats: Arc<ConnStats>,
+}
+
+impl ConnHandle {
+    /// A handle that closes a connection by cancelling `close` (the listener's own; tests
+    /// make their own).
+    pub fn new(close: CancellationToken, write_timeout: Duration, stats: Arc<ConnStats>) -> Self {
+        ConnHandle {
+            close,
+            write_timeout,
+            stats,
+        }
+    }
+
+    /// How long a client may take none of its answers.
+    pub fn write_timeout(&self) -> Duration {
+        self.write_timeout
+    }
+
+    /// Close the connection at once (its client stopped taking its answers), and count it.
+    pub fn close_stalled(&self) {
+        if !self.close.is_cancelled() {
+            self.stats.write_timeouts.fetch_add(1, Ordering::Relaxed);
+            self.close.cancel();
+        }
+    }
+}
+
+/// What an HTTP/2 client sends first (RFC 9113 §3.4).
+const H2_PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// A connection's bytes, timed: fails a write its client has not taken for the write timeout,
+/// and (on a listener that speaks both HTTP/1 and HTTP/2) a read while the connection has not
+/// yet said which protocol it speaks, past the header timeout.
+///
+/// Why: hyper times out neither. A client that stops reading leaves a write pending for
+/// ever (TCP keeps a zero window open indefinitely), holding its connection and whatever the
+/// answer holds; and hyper-util's protocol detection reads the first bytes without any
+/// deadline, before either protocol's own timeout (HTTP/1's header timeout, HTTP/2's
+/// keep-alive) has started. Once the protocol is known (a byte off HTTP/2's preface, or the
+/// whole preface), reads are left to those.
+struct Watchdog<S> {
+    inner: S,
+    write_timeout: Duration,
+    /// Armed while a write waits on the client.
+    stalled: Option<Pin<Box<tokio::time::Sleep>>>,
+    /// While the protocol is unknown: the bytes of the HTTP/2 preface matched so far, and the
+    /// deadline for the rest.
+    preface: Option<(usize, Pin<Box<tokio::time::Sleep>>)>,
+    /// Set once a timeout has failed the connection: every later call fails too (and is not
+    /// counted again).
+    failed: Option<Timeout>,
+    stats: Arc<ConnStats>,
+}
+
+/// Why a [`Watchdog`] failed its connection.
+#[derive(Clone, Copy, Debug, thiserror::Error)]
+enum Timeout {
+    #[error("the client took no bytes for the write timeout")]
+    Write,
+    #[error("the client did not name its protocol within the header timeout")]
+    Protocol,
+}
+
+impl Timeout {
+    fn error(self) -> io::Error {
+        io::Error::new(io::ErrorKind::TimedOut, self)
+    }
+}
+
+impl<S> Watchdog<S> {
+    fn new(
+        inner: S,
+        write_timeout: Duration,
+        protocol_within: Option<Duration>,
+        stats: Arc<ConnStats>,
+    ) -> Self {
+        Watchdog {
+            inner,
+            write_timeout,
+            stalled: None,
+            preface: protocol_within.map(|d| (0, Box::pin(tokio::time::sleep(d)))),
+            failed: None,
+            stats,
+        }
+    }
+
+    fn failure(&self) -> Option<io::Error> {
+        self.failed.map(Timeout::error)
+    }
+
+    /// The outcome of a write-side call: a pending one arms (or checks) the stall timer, any
+    /// other disarms it (the client took bytes, or the connection failed anyway).
+    fn written<T>(
+        &mut self,
+        cx: &mut Context<'_>,
+        polled: Poll<io::Result<T>>,
+    ) -> Poll<io::Result<T>> {
+        if !polled.is_pending() {
+            self.stalled = None;
+            return polled;
+        }
+        let within = self.write_timeout;
+        let timer = self
+            .stalled
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep(within)));
+        match timer.as_mut().poll(cx) {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(()) => {
+                self.stalled = None;
+                self.failed = Some(Timeout::Write);
+                self.stats.write_timeouts.fetch_add(1, Ordering::Relaxed);
+                Poll::Ready(Err(Timeout::Write.error()))
+            }
+        }
+    }
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Watchdog<S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = &mut *self;
+        if let Some(e) = this.failure() {
+            return Poll::Ready(Err(e));
+        }
+        let before = buf.filled().len();
+        let polled = Pin::new(&mut this.inner).poll_read(cx, buf);
+        let Some((matched, deadline)) = &mut this.preface else {
+            return polled;
+        };
+        match polled {
+            Poll::Ready(Ok(())) => {
+                let new = &buf.filled()[before..];
+                let rest = &H2_PREFACE[*matched..];
+                let n = new.len().min(rest.len());
+                if new[..n] != rest[..n] || n == rest.len() {
+                    // HTTP/1 (a byte off the preface) or HTTP/2 (all of it): known.
+                    this.preface = None;
+                } else {
+                    *matched += n;
+                }
+                Poll::Ready(Ok(()))
+            }
+            Poll::Pending => match deadline.as_mut().poll(cx) {
+                Poll::Pending => Poll::Pending,
+                Poll::Ready(()) => {
+                    this.preface = None;
+                    this.failed = Some(Timeout::Protocol);
+                    this.stats.header_timeouts.fetch_add(1, Ordering::Relaxed);
+                    Poll::Ready(Err(Timeout::Protocol.error()))
+                }
+            },
+            failed => failed,
+        }
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Watchdog<S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        if let Some(e) = self.failure() {
+            return Poll::Ready(Err(e));
+        }
+        let polled = Pin::new(&mut self.inner).poll_write(cx, buf);
+        self.written(cx, polled)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        if let Some(e) = self.failure() {
+            return Poll::Ready(Err(e));
+        }
+        let polled = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
+        self.written(cx, polled)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        if let Some(e) = self.failure() {
+            return Poll::Ready(Err(e));
+        }
+        let polled = Pin::new(&mut self.inner).poll_flush(cx);
+        self.written(cx, polled)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        if self.failed.is_some() {
+            // The connection is being dropped for a timeout: nothing more to say to it.
+            return Poll::Ready(Ok(()));
+        }
+        let polled = Pin::new(&mut self.inner).poll_shutdown(cx);
+        self.written(cx, polled)
+    }
+}
+
 /// A request body that must arrive whole before its deadline.
 struct DeadlineBody {
     inner: Incoming,
@@ -505,5 +767,77 @@ impl http_body::Body for DeadlineBody {
 
     fn size_hint(&self) -> SizeHint {
         self.inner.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt, duplex};
+
+    const WITHIN: Duration = Duration::from_secs(10);
+
+    fn watched(
+        io: tokio::io::DuplexStream,
+        protocol: bool,
+    ) -> (Watchdog<tokio::io::DuplexStream>, Arc<ConnStats>) {
+        let stats = Arc::new(ConnStats::default());
+        let dog = Watchdog::new(io, WITHIN, protocol.then_some(WITHIN), stats.clone());
+        (dog, stats)
+    }
+
+    /// A connection that names no protocol fails at the deadline, once and counted once; one
+    /// that sent the whole preface, in pieces, or any byte off it, is left to the protocol.
+    #[tokio::test(start_paused = true)]
+    async fn the_protocol_must_be_named_within_the_header_timeout() {
+        let (mut client, server) = duplex(1024);
+        let (mut dog, stats) = watched(server, true);
+        client.write_all(&H2_PREFACE[..5]).await.unwrap();
+        let mut buf = [0u8; 64];
+        assert_eq!(dog.read(&mut buf).await.unwrap(), 5);
+        let e = dog.read(&mut buf).await.unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::TimedOut);
+        assert!(dog.read(&mut buf).await.is_err());
+        assert_eq!(stats.header_timeouts.load(Ordering::Relaxed), 1);
+
+        for opening in [&H2_PREFACE[..], b"GET / HTTP/1.1\r\n", b"PRI * HTTP/1.1"] {
+            let (mut client, server) = duplex(1024);
+            let (mut dog, stats) = watched(server, true);
+            for piece in opening.chunks(7) {
+                client.write_all(piece).await.unwrap();
+                dog.read_exact(&mut buf[..piece.len()]).await.unwrap();
+            }
+            // Then silence, for longer than the deadline: no failure (the protocol's own
+            // timeouts apply). The read is still pending when the test ends it.
+            let waited = tokio::time::timeout(3 * WITHIN, dog.read(&mut buf)).await;
+            assert!(waited.is_err(), "{opening:?}");
+            assert_eq!(stats.header_timeouts.load(Ordering::Relaxed), 0);
+        }
+    }
+
+    /// A write the other side does not take fails at the write timeout; one it takes, however
+    /// late within the timeout, resets the clock.
+    #[tokio::test(start_paused = true)]
+    async fn a_write_not_taken_for_the_write_timeout_fails() {
+        let (mut client, server) = duplex(16);
+        let (mut dog, stats) = watched(server, false);
+        dog.write_all(&[1; 16]).await.unwrap();
+        // The pipe is full: the next write waits; the client takes it just in time.
+        let taker = async {
+            tokio::time::sleep(WITHIN - Duration::from_secs(1)).await;
+            let mut buf = [0u8; 16];
+            client.read_exact(&mut buf).await.unwrap();
+            client
+        };
+        let (written, mut client) = tokio::join!(dog.write_all(&[2; 16]), taker);
+        written.unwrap();
+        // Now nobody reads.
+        let e = dog.write_all(&[3; 16]).await.unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::TimedOut);
+        assert!(dog.flush().await.is_err());
+        assert_eq!(stats.write_timeouts.load(Ordering::Relaxed), 1);
+        let mut buf = [0u8; 16];
+        client.read_exact(&mut buf).await.unwrap();
+        assert_eq!(buf, [2; 16]);
     }
 }
