@@ -17,6 +17,8 @@
 //!   with 429 before the upgrade (its sender then uses plain HTTP).
 //! - Every stream task is tracked by the node's task tracker and ends when the node's token
 //!   fires (between frames: a frame being handled finishes first).
+//! - Frames over `raft::peer_stream::SMALL_FRAME` are read and handled within one budget for
+//!   all streams, [`LARGE_FRAMES_BUDGET`] (`raft::peer_stream::FrameBudget`).
 //!
 //! # What it must not do
 //! Decide: the rules are the HTTP routes' and `domain::peer_trust`'s.
@@ -49,11 +51,16 @@ use crate::raft::peer_stream::{self, ANSWERED, KIND_APPEND, KIND_REQUEST, REFUSE
 /// cluster of several dozen nodes, and bounds a misbehaving member.
 pub const MAX_PEER_STREAMS: usize = 256;
 
+/// The bytes of large peer frames that all streams together may hold at once: one frame of
+/// the largest size a peer message may have.
+pub const LARGE_FRAMES_BUDGET: usize = super::MAX_PEER_BODY_BYTES;
+
 /// What the node's peer streams share: the node's task tracker and stop token, and the count.
 pub struct PeerStreams {
     tasks: TaskTracker,
     cancel: CancellationToken,
     slots: Arc<Semaphore>,
+    large_frames: peer_stream::FrameBudget,
     /// How long a stream may wait for its next frame (the peer listener's header timeout).
     idle: Duration,
     open: AtomicU64,
@@ -65,6 +72,7 @@ impl PeerStreams {
             tasks,
             cancel,
             slots: Arc::new(Semaphore::new(MAX_PEER_STREAMS)),
+            large_frames: peer_stream::FrameBudget::new(LARGE_FRAMES_BUDGET),
             idle,
             open: AtomicU64::new(0),
         }
@@ -131,6 +139,7 @@ where
     IO: AsyncRead + AsyncWrite + Unpin,
 {
     let (cancel, idle) = (&state.peer_streams.cancel, state.peer_streams.idle);
+    let budget = &state.peer_streams.large_frames;
     let mut io = BufReader::new(io);
     // The peer routes, for tunneled requests: built for this stream when first needed, and
     // dropped with it (the state cannot hold its own router).
@@ -140,10 +149,11 @@ where
             _ = cancel.cancelled() => return,
             r = tokio::time::timeout(
                 idle,
-                peer_stream::read_frame(&mut io, super::MAX_PEER_BODY_BYTES),
+                peer_stream::read_frame_within(&mut io, super::MAX_PEER_BODY_BYTES, Some(budget)),
             ) => r,
         };
-        let (kind, payload) = match next {
+        // `_share`: a large frame's part of the budget, held until its answer is written.
+        let ((kind, payload), _share) = match next {
             Ok(Ok(Some(frame))) => frame,
             Ok(Ok(None)) => return,
             Ok(Err(e)) => {

@@ -26,6 +26,10 @@
 //! # Invariants
 //! - Every length is checked against a cap before anything is allocated for it (a hostile
 //!   peer cannot make this node reserve a gigabyte with five bytes).
+//! - A frame larger than [`SMALL_FRAME`] is read only within the node's [`FrameBudget`], held
+//!   until it has been handled: streams that each send (or stall in the middle of) a huge
+//!   frame together hold at most the budget, not the cap times the stream count. Small frames
+//!   (every heartbeat, and appends, which senders cut to about a mebibyte) never wait for it.
 //! - A peer that does not serve streams (a build before them answers the upgrade with 404) is
 //!   asked again only after [`FALLBACK_FOR`]; meanwhile its messages go over plain HTTP as
 //!   before. Any other refusal of the upgrade sends that one message over plain HTTP.
@@ -186,6 +190,51 @@ pub fn parse_answer(payload: &[u8]) -> Result<(u16, &[u8]), &'static str> {
 /// A frame as read: its kind (or status) byte and its payload.
 pub type Frame = (u8, Vec<u8>);
 
+/// Payloads up to this size are read without drawing on a [`FrameBudget`]: at most
+/// `MAX_PEER_STREAMS` of them are held at once.
+pub const SMALL_FRAME: usize = 1 << 20;
+
+/// The bytes of large frames (over [`SMALL_FRAME`]) that a node's peer streams may read and
+/// handle at once, together. A frame waits for its share before its payload is read.
+#[derive(Clone, Debug)]
+pub struct FrameBudget {
+    /// In KiB (a semaphore counts in `u32`).
+    kib: std::sync::Arc<tokio::sync::Semaphore>,
+    total_kib: u32,
+}
+
+impl FrameBudget {
+    pub fn new(bytes: usize) -> Self {
+        let total_kib = u32::try_from(bytes.div_ceil(1024)).unwrap_or(u32::MAX);
+        FrameBudget {
+            kib: std::sync::Arc::new(tokio::sync::Semaphore::new(total_kib as usize)),
+            total_kib,
+        }
+    }
+
+    /// The share of a payload of `len` bytes, waited for (none for a small one). A payload
+    /// larger than the whole budget is refused.
+    async fn share(
+        &self,
+        len: usize,
+    ) -> std::io::Result<Option<tokio::sync::OwnedSemaphorePermit>> {
+        if len <= SMALL_FRAME {
+            return Ok(None);
+        }
+        let kib = u32::try_from(len.div_ceil(1024))
+            .ok()
+            .filter(|k| *k <= self.total_kib)
+            .ok_or_else(|| {
+                std::io::Error::new(
+                    std::io::ErrorKind::InvalidData,
+                    "a frame larger than the node's budget for large peer frames",
+                )
+            })?;
+        let permit = self.kib.clone().acquire_many_owned(kib).await;
+        permit.map(Some).map_err(std::io::Error::other)
+    }
+}
+
 /// Read one frame whose payload is at most `cap` bytes. `Ok(None)`: the other side closed the
 /// stream cleanly between frames. The payload is read as it arrives, never reserved whole in
 /// advance beyond what has come.
@@ -193,6 +242,18 @@ pub async fn read_frame<R: AsyncRead + Unpin>(
     r: &mut R,
     cap: usize,
 ) -> std::io::Result<Option<Frame>> {
+    Ok(read_frame_within(r, cap, None)
+        .await?
+        .map(|(frame, _)| frame))
+}
+
+/// [`read_frame`], a large payload read only within `budget` (when given): the frame comes
+/// with its share, to be dropped once the frame has been handled.
+pub async fn read_frame_within<R: AsyncRead + Unpin>(
+    r: &mut R,
+    cap: usize,
+    budget: Option<&FrameBudget>,
+) -> std::io::Result<Option<(Frame, Option<tokio::sync::OwnedSemaphorePermit>)>> {
     let mut head = [0u8; 4];
     // Nothing at all before the head: a clean end. Part of a head: a torn frame.
     let first = r.read(&mut head).await?;
@@ -202,13 +263,17 @@ pub async fn read_frame<R: AsyncRead + Unpin>(
     r.read_exact(&mut head[first..]).await?;
     let len = payload_len(head, cap)
         .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))?;
+    let share = match budget {
+        Some(b) => b.share(len).await?,
+        None => None,
+    };
     let kind = r.read_u8().await?;
     let mut payload = Vec::with_capacity(len.min(1 << 20));
     let read = r.take(len as u64).read_to_end(&mut payload).await?;
     if read < len {
         return Err(std::io::ErrorKind::UnexpectedEof.into());
     }
-    Ok(Some((kind, payload)))
+    Ok(Some(((kind, payload), share)))
 }
 
 /// Write a whole frame (one write call for the common case) and flush it.
@@ -322,6 +387,54 @@ impl StreamPool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Large frames share one budget: a second one waits until the first is handled (its
+    /// share dropped), one larger than the budget is refused, and small ones never wait.
+    #[tokio::test]
+    async fn large_frames_are_read_within_the_budget() {
+        let budget = FrameBudget::new(3 << 20);
+        let big = frame(KIND_APPEND, &vec![7u8; 2 << 20]).unwrap();
+        let (mut a, mut a_in) = tokio::io::duplex(8 << 20);
+        let (mut b, mut b_in) = tokio::io::duplex(8 << 20);
+        a.write_all(&big).await.unwrap();
+        b.write_all(&big).await.unwrap();
+        let (first, share) = read_frame_within(&mut a_in, 1 << 30, Some(&budget))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(first.1.len(), 2 << 20);
+        assert!(share.is_some());
+        let mut second = Box::pin(read_frame_within(&mut b_in, 1 << 30, Some(&budget)));
+        let waited = tokio::time::timeout(Duration::from_millis(50), &mut second).await;
+        assert!(
+            waited.is_err(),
+            "the second large frame waits for the budget"
+        );
+
+        // A small frame on a third stream is read meanwhile.
+        let (mut c, mut c_in) = tokio::io::duplex(1 << 20);
+        c.write_all(&frame(KIND_APPEND, b"heartbeat").unwrap())
+            .await
+            .unwrap();
+        let (small, none) = read_frame_within(&mut c_in, 1 << 30, Some(&budget))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(small.1, b"heartbeat");
+        assert!(none.is_none());
+
+        drop(share);
+        let (got, _share) = second.await.unwrap().unwrap();
+        assert_eq!(got.1.len(), 2 << 20);
+
+        // Larger than the whole budget: refused before its payload is read.
+        let (mut d, mut d_in) = tokio::io::duplex(1 << 10);
+        d.write_all(&((4u32 << 20) + 1).to_be_bytes())
+            .await
+            .unwrap();
+        let refused = read_frame_within(&mut d_in, 1 << 30, Some(&budget)).await;
+        assert_eq!(refused.unwrap_err().kind(), std::io::ErrorKind::InvalidData);
+    }
     use proptest::prelude::*;
 
     #[test]
