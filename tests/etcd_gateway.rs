@@ -393,3 +393,65 @@ async fn the_gateway_answers_etcds_paths_and_refuses_others_plainly() {
     assert!(listed.get("alarms").is_none(), "{listed}");
     c.shutdown().await;
 }
+
+/// A streamed route answers (HTTP headers included) with its first message, as etcd's
+/// gateway does: a client whose request returned knows its watch exists, so a write it makes
+/// next is seen. Shown with Observe, whose first message waits for a leader: etcd 3.4 sends
+/// no headers before one campaigns (curl checked), and leasecore answered 200 at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn gateway_streams_answer_with_their_first_message() {
+    let c = TestCluster::start_tweaked(1, |cfg| {
+        cfg.etcd_listen = Some("127.0.0.1:0".into());
+    })
+    .await;
+    c.leader().await;
+    let base = format!("http://{}", c.nodes[&1].etcd_addr().unwrap());
+    let g = Gateway {
+        http: reqwest::Client::new(),
+        base: base.clone(),
+    };
+    let observe = g
+        .http
+        .post(format!("{base}/v3/election/observe"))
+        .json(&json!({"name": b64("first-message")}))
+        .send();
+    let mut observe = Box::pin(observe);
+    // No leader yet: no answer. (A bounded wait for something that must not come.)
+    assert!(
+        tokio::time::timeout(Duration::from_millis(500), &mut observe)
+            .await
+            .is_err(),
+        "observe answered before there was a leader to send"
+    );
+    let lease = g.ok("/v3/lease/grant", json!({"TTL": "30"})).await;
+    g.ok(
+        "/v3/election/campaign",
+        json!({"name": b64("first-message"), "lease": lease["ID"], "value": b64("me")}),
+    )
+    .await;
+    let mut resp = tokio::time::timeout(Duration::from_secs(10), observe)
+        .await
+        .expect("observe answered once a leader campaigned")
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 200);
+    let mut buf = String::new();
+    let first = next_result(&mut resp, &mut buf).await;
+    assert_eq!(unb64(&first["kv"]["value"]), "me", "{first}");
+
+    // A watch's answer comes with its `created` message.
+    let mut watch = g
+        .http
+        .post(format!("{base}/v3/watch"))
+        .json(&json!({"create_request": {"key": b64("w")}}))
+        .send()
+        .await
+        .unwrap();
+    let mut buf = String::new();
+    let created = next_result(&mut watch, &mut buf).await;
+    assert_eq!(created["created"], true, "{created}");
+    g.ok("/v3/kv/put", json!({"key": b64("w"), "value": b64("1")}))
+        .await;
+    let event = next_result(&mut watch, &mut buf).await;
+    assert_eq!(unb64(&event["events"][0]["kv"]["value"]), "1", "{event}");
+    c.shutdown().await;
+}

@@ -181,28 +181,45 @@ fn opening<Req: DeserializeOwned + Default>(
     Ok((caller, req))
 }
 
-/// A server stream as newline-delimited `{"result": ...}` (or a last `{"error": ...}`).
-fn ndjson<T: Serialize + Send + 'static>(
-    stream: impl Stream<Item = Result<T, Status>> + Send + 'static,
-) -> Response {
+/// One streamed message as its `{"result": ...}` (or `{"error": ...}`) line.
+fn stream_line<T: Serialize>(item: Result<T, Status>) -> Bytes {
     #[derive(Serialize)]
     struct Wrapped<'a, T> {
         result: &'a T,
     }
-    let lines = stream.map(|item| {
-        let mut line = match item {
-            Ok(m) => serde_json::to_vec(&Wrapped { result: &m }).unwrap_or_default(),
-            Err(s) => {
-                let mut v = b"{\"error\":".to_vec();
-                v.extend(error_body(&s));
-                v.push(b'}');
-                v
-            }
-        };
-        line.push(b'\n');
-        Ok::<_, std::convert::Infallible>(Bytes::from(line))
-    });
+    let mut line = match item {
+        Ok(m) => serde_json::to_vec(&Wrapped { result: &m }).unwrap_or_default(),
+        Err(s) => {
+            let mut v = b"{\"error\":".to_vec();
+            v.extend(error_body(&s));
+            v.push(b'}');
+            v
+        }
+    };
+    line.push(b'\n');
+    Bytes::from(line)
+}
+
+/// A server stream as newline-delimited `{"result": ...}` (or a last `{"error": ...}`),
+/// answered once its first message is ready. etcd's gateway sends the HTTP headers with the
+/// first message, and clients rely on it: etcd3gw's `watch` returns when the headers come and
+/// its caller then writes, expecting the watch to see it. Answering at once (as this did)
+/// let such a write race the watch's creation. A stream whose first item is an error answers
+/// the error's HTTP status, with the same line.
+async fn ndjson<T: Serialize + Send + 'static>(
+    stream: impl Stream<Item = Result<T, Status>> + Send + 'static,
+) -> Response {
+    let mut stream = Box::pin(stream);
+    let first = stream.next().await;
+    let status = match &first {
+        Some(Err(s)) => http_status(s.code()),
+        _ => StatusCode::OK,
+    };
+    let lines = futures::stream::iter(first)
+        .chain(stream)
+        .map(|item| Ok::<_, std::convert::Infallible>(stream_line(item)));
     (
+        status,
         [(header::CONTENT_TYPE, "application/json")],
         Body::from_stream(lines),
     )
@@ -321,7 +338,7 @@ pub fn routes(etcd: Etcd) -> Router {
                 // does) until the client goes.
                 let inbound =
                     futures::stream::once(async move { Ok(req) }).chain(futures::stream::pending());
-                ndjson(e.watch_session(caller, Box::pin(inbound)))
+                ndjson(e.watch_session(caller, Box::pin(inbound))).await
             }
         }),
     );
@@ -336,7 +353,7 @@ pub fn routes(etcd: Etcd) -> Router {
                     Err(s) => return error(s),
                 };
                 match Election::observe(&e, request(&headers, msg)).await {
-                    Ok(stream) => ndjson(stream.into_inner()),
+                    Ok(stream) => ndjson(stream.into_inner()).await,
                     Err(s) => error(s),
                 }
             }
@@ -353,7 +370,7 @@ pub fn routes(etcd: Etcd) -> Router {
                     Err(s) => return error(s),
                 };
                 match Maintenance::snapshot(&e, request(&headers, msg)).await {
-                    Ok(stream) => ndjson(stream.into_inner()),
+                    Ok(stream) => ndjson(stream.into_inner()).await,
                     Err(s) => error(s),
                 }
             }
@@ -370,7 +387,7 @@ pub fn routes(etcd: Etcd) -> Router {
                     Err(s) => return error(s),
                 };
                 let inbound = futures::stream::once(async move { Ok(req) });
-                ndjson(e.keep_alive_stream(caller, Box::pin(inbound)))
+                ndjson(e.keep_alive_stream(caller, Box::pin(inbound))).await
             }
         }),
     );
