@@ -364,8 +364,19 @@ async fn the_gateway_answers_etcds_paths_and_refuses_others_plainly() {
             json!({"targetID": "77"}),
         )
         .await;
-    assert_eq!(status, 400, "{err}");
+    // FailedPrecondition is 412, as etcd 3.4's gateway answers it (grpc-gateway v1).
+    assert_eq!(status, 412, "{err}");
     assert_eq!(err["message"], "etcdserver: bad leader transferee", "{err}");
+    g.ok("/v3/lease/grant", json!({"TTL": 60, "ID": 777})).await;
+    let (status, err) = g
+        .post("/v3/lease/grant", json!({"TTL": 60, "ID": 777}))
+        .await;
+    assert_eq!((status, err["code"].as_i64()), (412, Some(9)), "{err}");
+    assert_eq!(err["message"], "etcdserver: lease already exists", "{err}");
+    let (status, err) = g
+        .post("/v3/lease/grant", json!({"TTL": "9000000001"}))
+        .await;
+    assert_eq!((status, err["code"].as_i64()), (400, Some(11)), "{err}");
     let snapshot = g
         .http
         .post(format!("{base}/v3/maintenance/snapshot"))

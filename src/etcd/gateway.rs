@@ -41,14 +41,17 @@ use super::{ETCD_VERSION, Etcd};
 /// The largest request body the gateway reads.
 const MAX_BODY_BYTES: usize = 4 << 20;
 
-/// grpc-gateway's mapping of gRPC codes to HTTP statuses.
+/// The HTTP status of a gRPC code, as etcd's gateway answers it: grpc-gateway v1's mapping
+/// (etcd 3.4 and 3.5 use v1), checked against etcd 3.4.23. It differs from grpc-gateway v2's,
+/// which this followed before, in `FailedPrecondition` (412, not 400: etcd3gw raises its
+/// `PreconditionFailedError` on 412, e.g. for `lease already exists`) and `Cancelled` (408,
+/// not 499).
 fn http_status(code: Code) -> StatusCode {
     match code {
         Code::Ok => StatusCode::OK,
-        Code::Cancelled => StatusCode::from_u16(499).unwrap_or(StatusCode::BAD_REQUEST),
-        Code::InvalidArgument | Code::FailedPrecondition | Code::OutOfRange => {
-            StatusCode::BAD_REQUEST
-        }
+        Code::Cancelled => StatusCode::REQUEST_TIMEOUT,
+        Code::FailedPrecondition => StatusCode::PRECONDITION_FAILED,
+        Code::InvalidArgument | Code::OutOfRange => StatusCode::BAD_REQUEST,
         Code::DeadlineExceeded => StatusCode::GATEWAY_TIMEOUT,
         Code::NotFound => StatusCode::NOT_FOUND,
         Code::AlreadyExists | Code::Aborted => StatusCode::CONFLICT,
