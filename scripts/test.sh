@@ -42,6 +42,26 @@ fi
 if command -v etcd >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
   export LEASECORE_REQUIRE_ETCD=1
 fi
+# python-etcd3 (gRPC) and etcd3gw (the JSON gateway) drive the etcd v3 API from Python
+# (tests/etcd_python.rs); with the variable set those tests fail rather than skip when the
+# packages are missing. Debian's own python3 is externally managed (PEP 668): there pip needs
+# --break-system-packages, which only adds two client libraries to a test machine.
+if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+  if ! command -v python3 >/dev/null 2>&1 || ! python3 -m pip --version >/dev/null 2>&1; then
+    echo "installing python3-pip"; (apt-get update -qq && apt-get install -y -qq python3 python3-pip) >/dev/null
+  fi
+  # (python-etcd3's generated modules load with protobuf 4 and later only in its pure-Python
+  # implementation; the test sets the same variable.)
+  if ! PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION=python python3 -c 'import etcd3, etcd3gw' >/dev/null 2>&1; then
+    echo "installing the Python etcd clients (pip: etcd3, etcd3gw)"
+    pkgs=(etcd3==0.12.0 etcd3gw==2.7.0)
+    pip_flags=(-q --disable-pip-version-check --root-user-action=ignore)
+    python3 -m pip install "${pip_flags[@]}" "${pkgs[@]}" 2>/dev/null \
+      || python3 -m pip install "${pip_flags[@]}" --break-system-packages "${pkgs[@]}" \
+      || echo "pip could not install ${pkgs[*]}: tests/etcd_python.rs will fail" >&2
+  fi
+  export LEASECORE_REQUIRE_PY_ETCD=1
+fi
 # The etcd-client crate (tests/etcd_client.rs) compiles etcd's protos with protoc at build time:
 # without it the lints and tests below cannot build, so say why now rather than skip.
 if ! command -v protoc >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then

@@ -281,3 +281,188 @@ async fn binary_values_round_trip_through_the_gateway() {
     );
     c.shutdown().await;
 }
+
+/// The paths around the gateway, as etcd 3.4 answers them (checked against etcd 3.4.23 with
+/// curl): every route under `/v3beta` too; `/v3alpha` and unknown paths a plain 404 (an HTTP
+/// client must not get a 200 with an empty body), while a gRPC call to an unknown method
+/// still gets gRPC's `Unimplemented`; the maintenance routes etcd's gateway has.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_gateway_answers_etcds_paths_and_refuses_others_plainly() {
+    let c = TestCluster::start_tweaked(1, |cfg| {
+        cfg.etcd_listen = Some("127.0.0.1:0".into());
+    })
+    .await;
+    c.leader().await;
+    let base = format!("http://{}", c.nodes[&1].etcd_addr().unwrap());
+    let g = Gateway {
+        http: reqwest::Client::new(),
+        base: base.clone(),
+    };
+
+    // etcd 3.4's `/v3beta` (etcd3gw pinned to it, clients written against 3.3).
+    g.ok(
+        "/v3beta/kv/put",
+        json!({"key": b64("beta"), "value": b64("b")}),
+    )
+    .await;
+    let range = g.ok("/v3/kv/range", json!({"key": b64("beta")})).await;
+    assert_eq!(unb64(&range["kvs"][0]["value"]), "b", "{range}");
+    let range = g.ok("/v3beta/kv/range", json!({"key": b64("beta")})).await;
+    assert_eq!(unb64(&range["kvs"][0]["value"]), "b", "{range}");
+    let status = g.ok("/v3beta/maintenance/status", json!({})).await;
+    assert!(
+        status["version"].as_str().unwrap().starts_with("3."),
+        "{status}"
+    );
+
+    for path in ["/v3alpha/kv/range", "/v3/no/such/path", "/nothing"] {
+        let r = g
+            .http
+            .post(format!("{base}{path}"))
+            .body("{}")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), 404, "{path}");
+        assert_eq!(r.text().await.unwrap(), "404 page not found\n", "{path}");
+    }
+    // A route that exists, asked with the wrong method: 405, as etcd's gateway.
+    let r = g
+        .http
+        .get(format!("{base}/v3/kv/range"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 405);
+    // A gRPC call to a method nobody serves is still gRPC's Unimplemented (status 12).
+    let addr = c.nodes[&1].etcd_addr().unwrap();
+    let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (mut h2, conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(stream),
+    )
+    .await
+    .unwrap();
+    tokio::spawn(conn);
+    let call = hyper::Request::post(format!("http://{addr}/etcdserverpb.KV/NoSuchMethod"))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(axum::body::Body::empty())
+        .unwrap();
+    let r = tokio::time::timeout(Duration::from_secs(10), h2.send_request(call))
+        .await
+        .expect("the gRPC call was answered")
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    assert_eq!(r.headers()["grpc-status"], "12");
+
+    // The maintenance routes of etcd's gateway.
+    g.ok("/v3/maintenance/defragment", json!({})).await;
+    let (status, err) = g
+        .post(
+            "/v3/maintenance/transfer-leadership",
+            json!({"targetID": "77"}),
+        )
+        .await;
+    // FailedPrecondition is 412, as etcd 3.4's gateway answers it (grpc-gateway v1).
+    assert_eq!(status, 412, "{err}");
+    assert_eq!(err["message"], "etcdserver: bad leader transferee", "{err}");
+    g.ok("/v3/lease/grant", json!({"TTL": 60, "ID": 777})).await;
+    let (status, err) = g
+        .post("/v3/lease/grant", json!({"TTL": 60, "ID": 777}))
+        .await;
+    assert_eq!((status, err["code"].as_i64()), (412, Some(9)), "{err}");
+    assert_eq!(err["message"], "etcdserver: lease already exists", "{err}");
+    let (status, err) = g
+        .post("/v3/lease/grant", json!({"TTL": "9000000001"}))
+        .await;
+    assert_eq!((status, err["code"].as_i64()), (400, Some(11)), "{err}");
+    let snapshot = g
+        .http
+        .post(format!("{base}/v3/maintenance/snapshot"))
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(snapshot.status().as_u16(), 200);
+    let text = snapshot.text().await.unwrap();
+    let first: Value = serde_json::from_str(text.lines().next().unwrap()).unwrap();
+    assert!(first["result"]["blob"].is_string(), "{first}");
+
+    // No alarm can be raised (leasecore has none): a clear refusal, not a silent success.
+    let (status, err) = g
+        .post(
+            "/v3/maintenance/alarm",
+            json!({"action": "ACTIVATE", "alarm": "NOSPACE"}),
+        )
+        .await;
+    assert_eq!(status, 501, "{err}");
+    assert_eq!(err["code"], 12, "{err}");
+    let listed = g
+        .ok("/v3/maintenance/alarm", json!({"action": "GET"}))
+        .await;
+    assert!(listed.get("alarms").is_none(), "{listed}");
+    c.shutdown().await;
+}
+
+/// A streamed route answers (HTTP headers included) with its first message, as etcd's
+/// gateway does: a client whose request returned knows its watch exists, so a write it makes
+/// next is seen. Shown with Observe, whose first message waits for a leader: etcd 3.4 sends
+/// no headers before one campaigns (curl checked), and leasecore answered 200 at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn gateway_streams_answer_with_their_first_message() {
+    let c = TestCluster::start_tweaked(1, |cfg| {
+        cfg.etcd_listen = Some("127.0.0.1:0".into());
+    })
+    .await;
+    c.leader().await;
+    let base = format!("http://{}", c.nodes[&1].etcd_addr().unwrap());
+    let g = Gateway {
+        http: reqwest::Client::new(),
+        base: base.clone(),
+    };
+    let observe = g
+        .http
+        .post(format!("{base}/v3/election/observe"))
+        .json(&json!({"name": b64("first-message")}))
+        .send();
+    let mut observe = Box::pin(observe);
+    // No leader yet: no answer. (A bounded wait for something that must not come.)
+    assert!(
+        tokio::time::timeout(Duration::from_millis(500), &mut observe)
+            .await
+            .is_err(),
+        "observe answered before there was a leader to send"
+    );
+    let lease = g.ok("/v3/lease/grant", json!({"TTL": "30"})).await;
+    g.ok(
+        "/v3/election/campaign",
+        json!({"name": b64("first-message"), "lease": lease["ID"], "value": b64("me")}),
+    )
+    .await;
+    let mut resp = tokio::time::timeout(Duration::from_secs(10), observe)
+        .await
+        .expect("observe answered once a leader campaigned")
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 200);
+    let mut buf = String::new();
+    let first = next_result(&mut resp, &mut buf).await;
+    assert_eq!(unb64(&first["kv"]["value"]), "me", "{first}");
+
+    // A watch's answer comes with its `created` message.
+    let mut watch = g
+        .http
+        .post(format!("{base}/v3/watch"))
+        .json(&json!({"create_request": {"key": b64("w")}}))
+        .send()
+        .await
+        .unwrap();
+    let mut buf = String::new();
+    let created = next_result(&mut watch, &mut buf).await;
+    assert_eq!(created["created"], true, "{created}");
+    g.ok("/v3/kv/put", json!({"key": b64("w"), "value": b64("1")}))
+        .await;
+    let event = next_result(&mut watch, &mut buf).await;
+    assert_eq!(unb64(&event["events"][0]["kv"]["value"]), "1", "{event}");
+    c.shutdown().await;
+}

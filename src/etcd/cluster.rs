@@ -56,7 +56,7 @@ use leasecore_etcd_api::etcdserverpb::{
     MemberListRequest, MemberListResponse, MemberPromoteRequest, MemberPromoteResponse,
     MemberRemoveRequest, MemberRemoveResponse, MemberUpdateRequest, MemberUpdateResponse,
     MoveLeaderRequest, MoveLeaderResponse, SnapshotRequest, SnapshotResponse, StatusRequest,
-    StatusResponse,
+    StatusResponse, alarm_request,
 };
 use tonic::{Request, Response, Status};
 
@@ -496,9 +496,18 @@ impl Cluster for Etcd {
 
 #[tonic::async_trait]
 impl Maintenance for Etcd {
-    async fn alarm(&self, _req: Request<AlarmRequest>) -> Result<Response<AlarmResponse>, Status> {
+    async fn alarm(&self, req: Request<AlarmRequest>) -> Result<Response<AlarmResponse>, Status> {
         // Public, as etcd's: there is nothing to list or disarm.
         // leasecore raises no alarms: a full quota refuses writes with their own error.
+        // Raising one by hand (ACTIVATE: python-etcd3's `create_alarm`) would need a
+        // replicated switch that refuses writes, which leasecore does not have; answering as
+        // if raised (as it did) let a caller believe writes were now refused. So it is refused.
+        if req.get_ref().action == alarm_request::AlarmAction::Activate as i32 {
+            return Err(Status::unimplemented(
+                "leasecore raises no alarms, so none can be activated (a full storage quota \
+                 refuses writes by itself, and lifts when space is freed)",
+            ));
+        }
         Ok(Response::new(AlarmResponse {
             header: self.header(),
             alarms: Vec::new(),

@@ -1,8 +1,12 @@
 //! etcd's gRPC-JSON gateway on the etcd port: `POST /v3/...` with a JSON body, answered in
 //! proto3's JSON mapping with etcd's settings (proto field names, bytes in base64, 64-bit
-//! integers as strings, zero values left out, enums by name; unknown fields ignored), and
-//! `GET /version`. Server streams (`/v3/watch`, `/v3/lease/keepalive`,
-//! `/v3/election/observe`) answer one `{"result": ...}` object per line. An error is the HTTP
+//! integers as strings, zero values left out, enums by name; enums and 64-bit integers are
+//! read as names or numbers, strings or numbers; unknown fields ignored), and
+//! `GET /version`. Every route is served under `/v3beta/...` too, as etcd 3.4 serves it (for
+//! clients written against etcd 3.3, such as etcd3gw pinned to that path); `/v3alpha` is not,
+//! as in etcd 3.4. Server streams (`/v3/watch`, `/v3/lease/keepalive`,
+//! `/v3/election/observe`, `/v3/maintenance/snapshot`) answer one `{"result": ...}` object
+//! per line. An error is the HTTP
 //! status of its gRPC code (as grpc-gateway maps them) with `{"error", "code", "message"}`
 //! (etcd 3.5's shape), a body over [`MAX_BODY_BYTES`] included ([`GatewayBody`]).
 //!
@@ -24,7 +28,7 @@ use leasecore_etcd_api::etcdserverpb::cluster_server::Cluster;
 use leasecore_etcd_api::etcdserverpb::kv_server::Kv;
 use leasecore_etcd_api::etcdserverpb::lease_server::Lease;
 use leasecore_etcd_api::etcdserverpb::maintenance_server::Maintenance;
-use leasecore_etcd_api::etcdserverpb::{LeaseKeepAliveRequest, WatchRequest};
+use leasecore_etcd_api::etcdserverpb::{LeaseKeepAliveRequest, SnapshotRequest, WatchRequest};
 use leasecore_etcd_api::v3electionpb::LeaderRequest;
 use leasecore_etcd_api::v3electionpb::election_server::Election;
 use leasecore_etcd_api::v3lockpb::lock_server::Lock;
@@ -38,14 +42,17 @@ use crate::http::listener::ConnHandle;
 /// The largest request body the gateway reads.
 const MAX_BODY_BYTES: usize = 4 << 20;
 
-/// grpc-gateway's mapping of gRPC codes to HTTP statuses.
+/// The HTTP status of a gRPC code, as etcd's gateway answers it: grpc-gateway v1's mapping
+/// (etcd 3.4 and 3.5 use v1), checked against etcd 3.4.23. It differs from grpc-gateway v2's,
+/// which this followed before, in `FailedPrecondition` (412, not 400: etcd3gw raises its
+/// `PreconditionFailedError` on 412, e.g. for `lease already exists`) and `Cancelled` (408,
+/// not 499).
 fn http_status(code: Code) -> StatusCode {
     match code {
         Code::Ok => StatusCode::OK,
-        Code::Cancelled => StatusCode::from_u16(499).unwrap_or(StatusCode::BAD_REQUEST),
-        Code::InvalidArgument | Code::FailedPrecondition | Code::OutOfRange => {
-            StatusCode::BAD_REQUEST
-        }
+        Code::Cancelled => StatusCode::REQUEST_TIMEOUT,
+        Code::FailedPrecondition => StatusCode::PRECONDITION_FAILED,
+        Code::InvalidArgument | Code::OutOfRange => StatusCode::BAD_REQUEST,
         Code::DeadlineExceeded => StatusCode::GATEWAY_TIMEOUT,
         Code::NotFound => StatusCode::NOT_FOUND,
         Code::AlreadyExists | Code::Aborted => StatusCode::CONFLICT,
@@ -178,30 +185,68 @@ fn opening<Req: DeserializeOwned + Default>(
     Ok((caller, req))
 }
 
-/// A server stream as newline-delimited `{"result": ...}` (or a last `{"error": ...}`).
-fn ndjson<T: Serialize + Send + 'static>(
-    stream: impl Stream<Item = Result<T, Status>> + Send + 'static,
-) -> Response {
+/// One streamed message as its `{"result": ...}` (or `{"error": ...}`) line.
+fn stream_line<T: Serialize>(item: Result<T, Status>) -> Bytes {
     #[derive(Serialize)]
     struct Wrapped<'a, T> {
         result: &'a T,
     }
-    let lines = stream.map(|item| {
-        let mut line = match item {
-            Ok(m) => serde_json::to_vec(&Wrapped { result: &m }).unwrap_or_default(),
-            Err(s) => {
-                let mut v = b"{\"error\":".to_vec();
-                v.extend(error_body(&s));
-                v.push(b'}');
-                v
-            }
-        };
-        line.push(b'\n');
-        Ok::<_, std::convert::Infallible>(Bytes::from(line))
-    });
+    let mut line = match item {
+        Ok(m) => serde_json::to_vec(&Wrapped { result: &m }).unwrap_or_default(),
+        Err(s) => {
+            let mut v = b"{\"error\":".to_vec();
+            v.extend(error_body(&s));
+            v.push(b'}');
+            v
+        }
+    };
+    line.push(b'\n');
+    Bytes::from(line)
+}
+
+/// A server stream as newline-delimited `{"result": ...}` (or a last `{"error": ...}`),
+/// answered once its first message is ready. etcd's gateway sends the HTTP headers with the
+/// first message, and clients rely on it: etcd3gw's `watch` returns when the headers come and
+/// its caller then writes, expecting the watch to see it. Answering at once (as this did)
+/// let such a write race the watch's creation. A stream whose first item is an error answers
+/// the error's HTTP status, with the same line.
+async fn ndjson<T: Serialize + Send + 'static>(
+    stream: impl Stream<Item = Result<T, Status>> + Send + 'static,
+) -> Response {
+    let mut stream = Box::pin(stream);
+    let first = stream.next().await;
+    let status = match &first {
+        Some(Err(s)) => http_status(s.code()),
+        _ => StatusCode::OK,
+    };
+    let lines = futures::stream::iter(first)
+        .chain(stream)
+        .map(|item| Ok::<_, std::convert::Infallible>(stream_line(item)));
     (
+        status,
         [(header::CONTENT_TYPE, "application/json")],
         Body::from_stream(lines),
+    )
+        .into_response()
+}
+
+/// The answer to a request that no route serves. A gRPC call (`content-type:
+/// application/grpc...`) gets gRPC's `Unimplemented`, as tonic answers an unknown method; any
+/// other request gets what etcd's gateway answers an unknown path, a plain 404 `404 page not
+/// found`. (tonic's own fallback answered every request with HTTP 200 and an empty body, which
+/// an HTTP client such as etcd3gw took for a success and failed to parse as JSON.)
+pub(super) async fn unrouted(headers: HeaderMap) -> Response {
+    let grpc = headers
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"));
+    if grpc {
+        let (parts, ()) = Status::unimplemented("").into_http::<()>().into_parts();
+        return Response::from_parts(parts, Body::empty());
+    }
+    (
+        StatusCode::NOT_FOUND,
+        [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
+        "404 page not found\n",
     )
         .into_response()
 }
@@ -230,56 +275,62 @@ pub fn routes(etcd: Etcd) -> Router {
             )
         }};
     }
-    let mut r = Router::new().route("/version", get(version));
-    r = unary_route!(r, "/v3/kv/range", Kv::range);
-    r = unary_route!(r, "/v3/kv/put", Kv::put);
-    r = unary_route!(r, "/v3/kv/deleterange", Kv::delete_range);
-    r = unary_route!(r, "/v3/kv/txn", Kv::txn);
-    r = unary_route!(r, "/v3/kv/compaction", Kv::compact);
-    r = unary_route!(r, "/v3/lease/grant", Lease::lease_grant);
-    for path in ["/v3/lease/revoke", "/v3/kv/lease/revoke"] {
+    let mut r = Router::new();
+    r = unary_route!(r, "/kv/range", Kv::range);
+    r = unary_route!(r, "/kv/put", Kv::put);
+    r = unary_route!(r, "/kv/deleterange", Kv::delete_range);
+    r = unary_route!(r, "/kv/txn", Kv::txn);
+    r = unary_route!(r, "/kv/compaction", Kv::compact);
+    r = unary_route!(r, "/lease/grant", Lease::lease_grant);
+    for path in ["/lease/revoke", "/kv/lease/revoke"] {
         r = unary_route!(r, path, Lease::lease_revoke);
     }
-    for path in ["/v3/lease/timetolive", "/v3/kv/lease/timetolive"] {
+    for path in ["/lease/timetolive", "/kv/lease/timetolive"] {
         r = unary_route!(r, path, Lease::lease_time_to_live);
     }
-    for path in ["/v3/lease/leases", "/v3/kv/lease/leases"] {
+    for path in ["/lease/leases", "/kv/lease/leases"] {
         r = unary_route!(r, path, Lease::lease_leases);
     }
-    r = unary_route!(r, "/v3/cluster/member/add", Cluster::member_add);
-    r = unary_route!(r, "/v3/cluster/member/remove", Cluster::member_remove);
-    r = unary_route!(r, "/v3/cluster/member/update", Cluster::member_update);
-    r = unary_route!(r, "/v3/cluster/member/list", Cluster::member_list);
-    r = unary_route!(r, "/v3/cluster/member/promote", Cluster::member_promote);
-    r = unary_route!(r, "/v3/lock/lock", Lock::lock);
-    r = unary_route!(r, "/v3/lock/unlock", Lock::unlock);
-    r = unary_route!(r, "/v3/election/campaign", Election::campaign);
-    r = unary_route!(r, "/v3/election/proclaim", Election::proclaim);
-    r = unary_route!(r, "/v3/election/leader", Election::leader);
-    r = unary_route!(r, "/v3/election/resign", Election::resign);
-    r = unary_route!(r, "/v3/maintenance/status", Maintenance::status);
-    r = unary_route!(r, "/v3/maintenance/alarm", Maintenance::alarm);
-    r = unary_route!(r, "/v3/maintenance/hash", Maintenance::hash_kv);
-    r = unary_route!(r, "/v3/auth/authenticate", Auth::authenticate);
-    r = unary_route!(r, "/v3/auth/enable", Auth::auth_enable);
-    r = unary_route!(r, "/v3/auth/disable", Auth::auth_disable);
-    r = unary_route!(r, "/v3/auth/status", Auth::auth_status);
-    r = unary_route!(r, "/v3/auth/user/add", Auth::user_add);
-    r = unary_route!(r, "/v3/auth/user/get", Auth::user_get);
-    r = unary_route!(r, "/v3/auth/user/list", Auth::user_list);
-    r = unary_route!(r, "/v3/auth/user/delete", Auth::user_delete);
-    r = unary_route!(r, "/v3/auth/user/changepw", Auth::user_change_password);
-    r = unary_route!(r, "/v3/auth/user/grant", Auth::user_grant_role);
-    r = unary_route!(r, "/v3/auth/user/revoke", Auth::user_revoke_role);
-    r = unary_route!(r, "/v3/auth/role/add", Auth::role_add);
-    r = unary_route!(r, "/v3/auth/role/get", Auth::role_get);
-    r = unary_route!(r, "/v3/auth/role/list", Auth::role_list);
-    r = unary_route!(r, "/v3/auth/role/delete", Auth::role_delete);
-    r = unary_route!(r, "/v3/auth/role/grant", Auth::role_grant_permission);
-    r = unary_route!(r, "/v3/auth/role/revoke", Auth::role_revoke_permission);
+    r = unary_route!(r, "/cluster/member/add", Cluster::member_add);
+    r = unary_route!(r, "/cluster/member/remove", Cluster::member_remove);
+    r = unary_route!(r, "/cluster/member/update", Cluster::member_update);
+    r = unary_route!(r, "/cluster/member/list", Cluster::member_list);
+    r = unary_route!(r, "/cluster/member/promote", Cluster::member_promote);
+    r = unary_route!(r, "/lock/lock", Lock::lock);
+    r = unary_route!(r, "/lock/unlock", Lock::unlock);
+    r = unary_route!(r, "/election/campaign", Election::campaign);
+    r = unary_route!(r, "/election/proclaim", Election::proclaim);
+    r = unary_route!(r, "/election/leader", Election::leader);
+    r = unary_route!(r, "/election/resign", Election::resign);
+    r = unary_route!(r, "/maintenance/status", Maintenance::status);
+    r = unary_route!(r, "/maintenance/alarm", Maintenance::alarm);
+    r = unary_route!(r, "/maintenance/hash", Maintenance::hash_kv);
+    r = unary_route!(r, "/maintenance/defragment", Maintenance::defragment);
+    r = unary_route!(
+        r,
+        "/maintenance/transfer-leadership",
+        Maintenance::move_leader
+    );
+    r = unary_route!(r, "/auth/authenticate", Auth::authenticate);
+    r = unary_route!(r, "/auth/enable", Auth::auth_enable);
+    r = unary_route!(r, "/auth/disable", Auth::auth_disable);
+    r = unary_route!(r, "/auth/status", Auth::auth_status);
+    r = unary_route!(r, "/auth/user/add", Auth::user_add);
+    r = unary_route!(r, "/auth/user/get", Auth::user_get);
+    r = unary_route!(r, "/auth/user/list", Auth::user_list);
+    r = unary_route!(r, "/auth/user/delete", Auth::user_delete);
+    r = unary_route!(r, "/auth/user/changepw", Auth::user_change_password);
+    r = unary_route!(r, "/auth/user/grant", Auth::user_grant_role);
+    r = unary_route!(r, "/auth/user/revoke", Auth::user_revoke_role);
+    r = unary_route!(r, "/auth/role/add", Auth::role_add);
+    r = unary_route!(r, "/auth/role/get", Auth::role_get);
+    r = unary_route!(r, "/auth/role/list", Auth::role_list);
+    r = unary_route!(r, "/auth/role/delete", Auth::role_delete);
+    r = unary_route!(r, "/auth/role/grant", Auth::role_grant_permission);
+    r = unary_route!(r, "/auth/role/revoke", Auth::role_revoke_permission);
     let e = etcd.clone();
     r = r.route(
-        "/v3/watch",
+        "/watch",
         post(
             move |conn: Option<Extension<ConnHandle>>,
                   headers: HeaderMap,
@@ -294,14 +345,14 @@ pub fn routes(etcd: Etcd) -> Router {
                     // does) until the client goes.
                     let inbound = futures::stream::once(async move { Ok(req) })
                         .chain(futures::stream::pending());
-                    ndjson(e.watch_session(caller, conn.map(|c| c.0), Box::pin(inbound)))
+                    ndjson(e.watch_session(caller, conn.map(|c| c.0), Box::pin(inbound))).await
                 }
             },
         ),
     );
     let e = etcd.clone();
     r = r.route(
-        "/v3/election/observe",
+        "/election/observe",
         post(move |headers: HeaderMap, GatewayBody(body): GatewayBody| {
             let e = e.clone();
             async move {
@@ -310,7 +361,24 @@ pub fn routes(etcd: Etcd) -> Router {
                     Err(s) => return error(s),
                 };
                 match Election::observe(&e, request(&headers, msg)).await {
-                    Ok(stream) => ndjson(stream.into_inner()),
+                    Ok(stream) => ndjson(stream.into_inner()).await,
+                    Err(s) => error(s),
+                }
+            }
+        }),
+    );
+    let e = etcd.clone();
+    r = r.route(
+        "/maintenance/snapshot",
+        post(move |headers: HeaderMap, GatewayBody(body): GatewayBody| {
+            let e = e.clone();
+            async move {
+                let msg = match parse::<SnapshotRequest>(&body) {
+                    Ok(m) => m,
+                    Err(s) => return error(s),
+                };
+                match Maintenance::snapshot(&e, request(&headers, msg)).await {
+                    Ok(stream) => ndjson(stream.into_inner()).await,
                     Err(s) => error(s),
                 }
             }
@@ -318,7 +386,7 @@ pub fn routes(etcd: Etcd) -> Router {
     );
     let e = etcd;
     r = r.route(
-        "/v3/lease/keepalive",
+        "/lease/keepalive",
         post(move |headers: HeaderMap, GatewayBody(body): GatewayBody| {
             let e = e.clone();
             async move {
@@ -327,9 +395,15 @@ pub fn routes(etcd: Etcd) -> Router {
                     Err(s) => return error(s),
                 };
                 let inbound = futures::stream::once(async move { Ok(req) });
-                ndjson(e.keep_alive_stream(caller, Box::pin(inbound)))
+                ndjson(e.keep_alive_stream(caller, Box::pin(inbound))).await
             }
         }),
     );
-    r.layer(axum::extract::DefaultBodyLimit::max(MAX_BODY_BYTES))
+    // etcd 3.4 serves its gateway under `/v3` and, for clients written against 3.3, under
+    // `/v3beta` too (3.3's `/v3alpha` it no longer serves, nor does leasecore): the same routes.
+    Router::new()
+        .route("/version", get(version))
+        .nest("/v3", r.clone())
+        .nest("/v3beta", r)
+        .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY_BYTES))
 }

@@ -173,6 +173,7 @@ pub fn router(state: AppState) -> Router {
         .into_axum_router()
         .merge(gateway::routes(etcd))
         .merge(probes)
+        .fallback(gateway::unrouted)
 }
 
 /// The lease name of etcd lease `id`.
