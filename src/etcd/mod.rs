@@ -89,6 +89,8 @@ pub struct Etcd {
     /// The other members' etcd URLs, as `MemberList` shows them (this node's own is
     /// `state.etcd_url`).
     client_urls: Arc<client_urls::ClientUrls>,
+    /// What the node's watch streams share (`watch::WatchBudget`).
+    watch_budget: watch::WatchBudget,
 }
 
 impl Etcd {
@@ -147,6 +149,7 @@ pub fn router(state: AppState) -> Router {
     let etcd = Etcd {
         state,
         client_urls: Arc::new(client_urls),
+        watch_budget: watch::WatchBudget::new(),
     };
     let routes = tonic::service::Routes::new(
         KvServer::new(etcd.clone())

@@ -26,6 +26,12 @@
 //!   stops; its watchers end with it. A client that stops reading is cut off: when a
 //!   watcher has waited for room in a full queue for the connection's write timeout
 //!   (`http::listener::ConnHandle`), the connection is closed (see [`Outbox`]).
+//! - Bounded per node too: a stream's first [`OWN_QUEUE_BYTES`] of queued events are its own,
+//!   beyond them its responses also draw on the node's [`WatchBudget`] ([`NODE_QUEUE_BYTES`]
+//!   for all streams), and a node serves at most [`MAX_WATCH_STREAMS`] streams. So stalled
+//!   clients together hold at most the budget plus a small share per stream, and a watcher
+//!   that waits for the budget while its own client takes nothing for the write timeout cuts
+//!   that client off (its queued events give the budget back).
 //! - `prev_kv` is the key's previous version from the MVCC history, looked up per event
 //!   (absent when it was not live, or has been compacted since).
 //! - A response larger than [`FRAGMENT_BYTES`] (one revision larger than the bound, alone) is
@@ -76,6 +82,33 @@ const QUEUE: usize = 64;
 /// on): without it, a stream whose client stopped reading held up to [`QUEUE`] responses of
 /// about [`RESPONSE_BYTES`] each.
 const QUEUE_BYTES: usize = 4 << 20;
+/// Bytes of events a stream queues without drawing on the node's [`WatchBudget`]: what a
+/// watcher that keeps up ever holds.
+const OWN_QUEUE_BYTES: usize = 64 << 10;
+/// Bytes of queued events beyond their own share that all of a node's watch streams hold
+/// together at most.
+const NODE_QUEUE_BYTES: usize = 256 << 20;
+/// Watch streams (gRPC and the gateway's `/v3/watch`) a node serves at once: each holds a
+/// session task and up to [`OWN_QUEUE_BYTES`] of its own.
+pub const MAX_WATCH_STREAMS: usize = 10_000;
+
+/// What all of a node's watch streams share: the bytes queued beyond each stream's own share,
+/// and the stream slots.
+#[derive(Clone)]
+pub(super) struct WatchBudget {
+    queued: Arc<Semaphore>,
+    streams: Arc<Semaphore>,
+}
+
+impl WatchBudget {
+    pub(super) fn new() -> Self {
+        WatchBudget {
+            queued: Arc::new(Semaphore::new(NODE_QUEUE_BYTES)),
+            streams: Arc::new(Semaphore::new(MAX_WATCH_STREAMS)),
+        }
+    }
+}
+
 /// Above this encoded size a response is sent in fragments to a watcher that asked for them:
 /// etcd's default `--max-request-bytes` (1.5 MiB).
 const FRAGMENT_BYTES: usize = 3 * 1024 * 1024 / 2;
@@ -89,6 +122,8 @@ pub(super) type WatchStream = Pin<Box<dyn Stream<Item = Result<WatchResponse, St
 struct Queued {
     resp: Result<WatchResponse, Status>,
     _bytes: Option<OwnedSemaphorePermit>,
+    /// Its share of the node's budget, if it went beyond the stream's own.
+    _shared: Option<OwnedSemaphorePermit>,
 }
 
 /// The stream's queue: at most [`QUEUE`] responses, and a watcher's events at most
@@ -97,6 +132,11 @@ struct Queued {
 struct Outbox {
     tx: mpsc::Sender<Queued>,
     bytes: Arc<Semaphore>,
+    /// The node's [`WatchBudget::queued`].
+    shared: Arc<Semaphore>,
+    /// Responses the client has taken so far (a wait for the node's budget tells a stalled
+    /// client from a busy node by it).
+    taken: Arc<AtomicU64>,
     /// The client's connection: a queue that has no room for a response for its write
     /// timeout closes it (`None` outside a listener: the wait is then unbounded).
     conn: Option<ConnHandle>,
@@ -105,10 +145,26 @@ struct Outbox {
 impl Outbox {
     /// Queue a control response (small: created, canceled, progress).
     async fn send(&self, resp: Result<WatchResponse, Status>) -> Result<(), ()> {
-        let queued = Queued { resp, _bytes: None };
+        let queued = Queued {
+            resp,
+            _bytes: None,
+            _shared: None,
+        };
         self.within_write_timeout(self.tx.send(queued))
             .await?
             .map_err(|_| ())
+    }
+
+    /// The bytes of the stream's queue in use: responses queued, and shares taken for
+    /// responses on their way (this one's included).
+    fn queued_bytes(&self) -> usize {
+        QUEUE_BYTES - self.bytes.available_permits()
+    }
+
+    /// Whether responses wait in the queue for the client to take them (not counting those
+    /// still on their way, which it cannot take yet).
+    fn waiting_in_queue(&self) -> bool {
+        self.tx.capacity() < self.tx.max_capacity()
     }
 
     /// Queue a response of events, once the queue's bytes leave room for it (all of them,
@@ -116,15 +172,53 @@ impl Outbox {
     /// watchers here, not their batches in memory.
     async fn send_events(&self, resp: WatchResponse) -> Result<(), ()> {
         let share = resp.encoded_len().clamp(1, QUEUE_BYTES) as u32;
-        let queue = async {
-            let permit = self.bytes.clone().acquire_many_owned(share).await;
-            let queued = Queued {
-                resp: Ok(resp),
-                _bytes: Some(permit.map_err(|_| ())?),
-            };
-            self.tx.send(queued).await.map_err(|_| ())
+        let own = self
+            .within_write_timeout(self.bytes.clone().acquire_many_owned(share))
+            .await?
+            .map_err(|_| ())?;
+        let shared = if self.queued_bytes() > OWN_QUEUE_BYTES {
+            Some(self.node_share(share).await?)
+        } else {
+            None
         };
-        self.within_write_timeout(queue).await?
+        let queued = Queued {
+            resp: Ok(resp),
+            _bytes: Some(own),
+            _shared: shared,
+        };
+        self.within_write_timeout(self.tx.send(queued))
+            .await?
+            .map_err(|_| ())
+    }
+
+    /// `share` bytes of the node's budget (the response holds `share` of the stream's own
+    /// queue meanwhile), waited for as long as the node's other streams need them, but not
+    /// past the write timeout while this stream's client, with responses queued for it,
+    /// takes none of them: then it is the one that stalls, and its connection is closed.
+    async fn node_share(&self, share: u32) -> Result<OwnedSemaphorePermit, ()> {
+        let share = share.min(NODE_QUEUE_BYTES as u32);
+        let Some(conn) = &self.conn else {
+            return self
+                .shared
+                .clone()
+                .acquire_many_owned(share)
+                .await
+                .map_err(|_| ());
+        };
+        loop {
+            let taken = self.taken.load(Ordering::Acquire);
+            let wait = self.shared.clone().acquire_many_owned(share);
+            match tokio::time::timeout(conn.write_timeout(), wait).await {
+                Ok(permit) => return permit.map_err(|_| ()),
+                Err(_)
+                    if self.waiting_in_queue() && self.taken.load(Ordering::Acquire) == taken =>
+                {
+                    conn.close_stalled();
+                    return Err(());
+                }
+                Err(_) => {}
+            }
+        }
     }
 
     /// `wait` for room in the queue, at most the connection's write timeout: a client whose
@@ -524,10 +618,19 @@ impl Etcd {
         conn: Option<ConnHandle>,
         inbound: impl Stream<Item = Result<WatchRequest, Status>> + Unpin + Send + 'static,
     ) -> WatchStream {
+        let Ok(slot) = self.watch_budget.streams.clone().try_acquire_owned() else {
+            let full = Status::resource_exhausted(format!(
+                "etcdserver: this member serves at most {MAX_WATCH_STREAMS} watch streams"
+            ));
+            return Box::pin(futures::stream::once(async move { Err(full) }));
+        };
         let (tx, rx) = mpsc::channel(QUEUE);
+        let taken = Arc::new(AtomicU64::new(0));
         let out = Outbox {
             tx,
             bytes: Arc::new(Semaphore::new(QUEUE_BYTES)),
+            shared: self.watch_budget.queued.clone(),
+            taken: taken.clone(),
             conn,
         };
         let session = Session {
@@ -539,10 +642,14 @@ impl Etcd {
             done: CancellationToken::new(),
         };
         tokio::spawn(session.run(inbound));
-        let stream = futures::stream::unfold(rx, |mut rx| async move {
-            // The queue's bytes are released as the stream takes the response.
-            rx.recv().await.map(|queued| (queued.resp, rx))
-        });
+        // The stream holds its slot until it is dropped.
+        let stream =
+            futures::stream::unfold((rx, taken, slot), |(mut rx, taken, slot)| async move {
+                // The queue's bytes are released as the stream takes the response.
+                let queued = rx.recv().await?;
+                taken.fetch_add(1, Ordering::Release);
+                Some((queued.resp, (rx, taken, slot)))
+            });
         Box::pin(stream)
     }
 }
@@ -584,17 +691,111 @@ mod tests {
         }
     }
 
+    /// A stream's queue drawing on `shared` as the node's budget.
+    fn outbox(
+        shared: &Arc<Semaphore>,
+        conn: Option<ConnHandle>,
+    ) -> (Outbox, mpsc::Receiver<Queued>) {
+        let (tx, rx) = mpsc::channel(QUEUE);
+        let out = Outbox {
+            tx,
+            bytes: Arc::new(Semaphore::new(QUEUE_BYTES)),
+            shared: shared.clone(),
+            taken: Arc::new(AtomicU64::new(0)),
+            conn,
+        };
+        (out, rx)
+    }
+
+    fn events_of(bytes: usize) -> WatchResponse {
+        let mut resp = WatchResponse {
+            events: vec![put("k", bytes)],
+            ..Default::default()
+        };
+        // Exactly `bytes` encoded, so that the shares below are exact.
+        let over = resp.encoded_len() - bytes;
+        resp.events[0]
+            .kv
+            .as_mut()
+            .unwrap()
+            .value
+            .truncate(bytes - over);
+        assert_eq!(resp.encoded_len(), bytes);
+        resp
+    }
+
+    /// Beyond its own share a stream's queue draws on the node's budget: stalled streams
+    /// together hold at most the budget, and a stream that keeps up is never held back by
+    /// them.
+    #[tokio::test]
+    async fn streams_beyond_their_own_share_draw_on_the_node_budget() {
+        use futures::FutureExt;
+        let shared = Arc::new(Semaphore::new(4 * OWN_QUEUE_BYTES));
+        let (a, _a_rx) = outbox(&shared, None);
+        let share = events_of(OWN_QUEUE_BYTES);
+        // Its own share, then four more such responses from the budget.
+        for _ in 0..5 {
+            a.send_events(share.clone()).await.unwrap();
+        }
+        assert_eq!(shared.available_permits(), 0);
+        assert!(
+            a.send_events(share.clone()).now_or_never().is_none(),
+            "the budget is spent: the sixth waits"
+        );
+        // Another stream's own share does not wait for the budget.
+        let (b, mut b_rx) = outbox(&shared, None);
+        b.send_events(share.clone()).await.unwrap();
+        assert!(b.send_events(share.clone()).now_or_never().is_none());
+        // A stream taking its responses gives the budget back.
+        drop(_a_rx);
+        assert_eq!(shared.available_permits(), 4 * OWN_QUEUE_BYTES);
+        drop(b_rx.recv().await);
+    }
+
+    /// A watcher that waits for the node's budget while its own client takes nothing for the
+    /// write timeout closes that client's connection; one whose client takes responses meanwhile
+    /// goes on waiting.
+    #[tokio::test(start_paused = true)]
+    async fn a_stream_waiting_for_the_budget_whose_client_takes_nothing_is_cut_off() {
+        use crate::http::listener::ConnStats;
+        let within = Duration::from_secs(5);
+        let shared = Arc::new(Semaphore::new(0));
+        let share = events_of(OWN_QUEUE_BYTES);
+
+        let (close, stats) = (CancellationToken::new(), Arc::new(ConnStats::default()));
+        let conn = ConnHandle::new(close.clone(), within, stats.clone());
+        let (stalled, _rx) = outbox(&shared, Some(conn));
+        stalled.send_events(share.clone()).await.unwrap();
+        assert!(stalled.send_events(share.clone()).await.is_err());
+        assert!(close.is_cancelled());
+        assert_eq!(stats.write_timeouts.load(Ordering::Relaxed), 1);
+
+        let close = CancellationToken::new();
+        let conn = ConnHandle::new(close.clone(), within, stats.clone());
+        let (reading, mut rx) = outbox(&shared, Some(conn));
+        reading.send_events(share.clone()).await.unwrap();
+        let taken = reading.taken.clone();
+        let budget = shared.clone();
+        let client = async move {
+            // Takes its queued response within the timeout; the budget frees up later.
+            tokio::time::sleep(within - Duration::from_secs(1)).await;
+            drop(rx.recv().await);
+            taken.fetch_add(1, Ordering::Release);
+            tokio::time::sleep(within * 2).await;
+            budget.add_permits(OWN_QUEUE_BYTES);
+            rx
+        };
+        let (sent, _rx) = tokio::join!(reading.send_events(share.clone()), client);
+        assert!(sent.is_ok());
+        assert!(!close.is_cancelled());
+    }
+
     /// A client that does not read holds at most [`QUEUE_BYTES`] of events in its queue:
     /// a watcher waits for room, and the stream taking a response makes room.
     #[tokio::test]
     async fn the_queue_is_bounded_by_bytes() {
         use futures::FutureExt;
-        let (tx, mut rx) = mpsc::channel(QUEUE);
-        let out = Outbox {
-            tx,
-            bytes: Arc::new(Semaphore::new(QUEUE_BYTES)),
-            conn: None,
-        };
+        let (out, mut rx) = outbox(&Arc::new(Semaphore::new(NODE_QUEUE_BYTES)), None);
         let resp = WatchResponse {
             events: vec![put("k", 1 << 20)],
             ..Default::default()
@@ -630,12 +831,8 @@ mod tests {
         let close = CancellationToken::new();
         let stats = Arc::new(ConnStats::default());
         let within = Duration::from_secs(5);
-        let (tx, mut rx) = mpsc::channel(QUEUE);
-        let out = Outbox {
-            tx,
-            bytes: Arc::new(Semaphore::new(QUEUE_BYTES)),
-            conn: Some(ConnHandle::new(close.clone(), within, stats.clone())),
-        };
+        let conn = ConnHandle::new(close.clone(), within, stats.clone());
+        let (out, mut rx) = outbox(&Arc::new(Semaphore::new(NODE_QUEUE_BYTES)), Some(conn));
         let resp = WatchResponse {
             events: vec![put("k", 1 << 20)],
             ..Default::default()
