@@ -17,7 +17,6 @@ import queue
 import sys
 import threading
 import time
-import traceback
 import uuid
 
 os.environ.setdefault("PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION", "python")
@@ -27,6 +26,7 @@ import etcd3.locks  # noqa: E402
 import etcd3.etcdrpc as rpc  # noqa: E402
 import etcd3.exceptions as exc  # noqa: E402
 import grpc  # noqa: E402
+from py_checks import DEADLINE_S, FAILURES, check, section, truthy
 
 
 
@@ -51,26 +51,6 @@ class _TenacityShim:
 
 
 etcd3.locks.tenacity = _TenacityShim(etcd3.locks.tenacity)
-
-FAILURES = []
-DEADLINE_S = 10.0
-
-
-def check(what, got, want):
-    if got == want:
-        print(f"ok: {what}")
-    else:
-        print(f"MISMATCH: {what}: got {got!r}, want {want!r}")
-        FAILURES.append(what)
-
-
-def truthy(what, cond, detail=""):
-    if cond:
-        print(f"ok: {what}")
-    else:
-        print(f"MISMATCH: {what} {detail}")
-        FAILURES.append(what)
-
 
 def rpc_error(e):
     """The gRPC error behind `e` (the library re-raises some as its own exceptions)."""
@@ -108,16 +88,6 @@ def take(q, what):
         print(f"MISMATCH: {what}: nothing within {DEADLINE_S} s")
         FAILURES.append(what)
         return None
-
-
-def section(name, fn, *args):
-    print(f"== {name}")
-    try:
-        fn(*args)
-    except Exception:  # noqa: BLE001
-        print(f"MISMATCH: section {name} raised:")
-        traceback.print_exc(file=sys.stdout)
-        FAILURES.append(name)
 
 
 def kv(a, b, p):

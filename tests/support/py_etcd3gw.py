@@ -12,31 +12,11 @@ import argparse
 import queue
 import sys
 import threading
-import traceback
 import uuid
 
 import etcd3gw
 from etcd3gw import exceptions as exc
-
-FAILURES = []
-DEADLINE_S = 10.0
-
-
-def check(what, got, want):
-    if got == want:
-        print(f"ok: {what}")
-    else:
-        print(f"MISMATCH: {what}: got {got!r}, want {want!r}")
-        FAILURES.append(what)
-
-
-def truthy(what, cond, detail=""):
-    if cond:
-        print(f"ok: {what}")
-    else:
-        print(f"MISMATCH: {what} {detail}")
-        FAILURES.append(what)
-
+from py_checks import DEADLINE_S, FAILURES, check, section, truthy
 
 def raises(what, fn, kinds, text=None):
     """`fn` raises one of `kinds`; with `text`, the error's detail contains it."""
@@ -69,16 +49,6 @@ def next_event(events, what):
         print(f"MISMATCH: {what}: no event within {DEADLINE_S} s")
         FAILURES.append(what)
         return None
-
-
-def section(name, fn, *args):
-    print(f"== {name}")
-    try:
-        fn(*args)
-    except Exception:  # noqa: BLE001
-        print(f"MISMATCH: section {name} raised:")
-        traceback.print_exc(file=sys.stdout)
-        FAILURES.append(name)
 
 
 def connect(endpoint, **kw):
