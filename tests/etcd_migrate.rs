@@ -66,16 +66,14 @@ impl Etcd {
     }
 
     async fn client(&self) -> Client {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            if let Ok(mut c) = Client::connect([self.client_url.as_str()], None).await
-                && c.status().await.is_ok()
-            {
-                return c;
-            }
-            assert!(Instant::now() < deadline, "etcd did not start within 30 s");
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        common::eventually(Duration::from_secs(30), "etcd to answer", || async {
+            let mut c = Client::connect([self.client_url.as_str()], None)
+                .await
+                .ok()?;
+            c.status().await.ok()?;
+            Some(c)
+        })
+        .await
     }
 }
 

@@ -99,7 +99,8 @@ impl FilterSet {
         if let Some(ids) = self.by_key.get(key) {
             hits.extend_from_slice(ids);
         }
-        for prefix in text_prefixes(key, self.prefix_lens.iter().copied()) {
+        // (A raw key is never longer than its stored form.)
+        for prefix in text_prefixes(key, self.prefix_lens.range(..=key.len()).copied()) {
             if let Some(ids) = self.by_prefix.get(prefix.as_ref()) {
                 hits.extend(ids);
             }

@@ -344,13 +344,17 @@ impl Conn {
         let reg = self.registry.clone();
         let id = self.id;
         let body_timeout = self.header_timeout;
-        let handle = ConnHandle {
+        // Only the etcd port's streaming handlers (gRPC Watch, `/v3/watch`) look for the
+        // handle, and it is the port that speaks HTTP/2: elsewhere no request pays for it.
+        let handle = self.http2.then(|| ConnHandle {
             close: self.close.clone(),
             write_timeout: self.write_timeout,
             stats: self.stats.clone(),
-        };
+        });
         let svc = hyper::service::service_fn(move |mut req: hyper::Request<Incoming>| {
-            req.extensions_mut().insert(handle.clone());
+            if let Some(handle) = &handle {
+                req.extensions_mut().insert(handle.clone());
+            }
             let guard = InFlight::start(reg.clone(), id);
             // The head is complete; the body gets as long again (a slowloris body would
             // otherwise hold the connection and its handler for ever: hyper times out heads

@@ -100,13 +100,18 @@ impl Waiters {
                 let _ = w.send(());
             });
         }
-        let prefixes: Vec<String> = text_prefixes(key, self.prefix_lens.keys().copied())
+        // (A raw key is never longer than its stored form.)
+        let lens: Vec<usize> = self
+            .prefix_lens
+            .range(..=key.len())
+            .map(|(l, _)| *l)
+            .collect();
+        let prefixes: Vec<Cow<str>> = text_prefixes(key, lens.into_iter())
             .filter(|p| self.by_prefix.contains_key(p.as_ref()))
-            .map(Cow::into_owned)
             .collect();
         for prefix in prefixes {
             // A registered prefix always has wakers: empty sets are removed.
-            if let Some(set) = self.by_prefix.remove(&prefix) {
+            if let Some(set) = self.by_prefix.remove(prefix.as_ref()) {
                 self.forget_len(prefix.len());
                 set.into_values().for_each(|w| {
                     let _ = w.send(());

@@ -99,16 +99,16 @@ impl KvState {
     fn span(&self, span: KeyRange) -> impl Iterator<Item = (&str, &Versioned)> + use<'_> {
         // Keys are UTF-8 and the span's bounds any bytes: start at the longest UTF-8 prefix of
         // the start (it sorts at or before it) and skip what lies below the start.
-        let start = match std::str::from_utf8(&span.start) {
-            Ok(s) => s.to_string(),
-            Err(e) => String::from_utf8_lossy(&span.start[..e.valid_up_to()]).into_owned(),
+        // (The map's range keeps no borrow of its bound, so `span` moves on below.)
+        let from = {
+            let text = match std::str::from_utf8(&span.start) {
+                Ok(s) => s,
+                Err(e) => std::str::from_utf8(&span.start[..e.valid_up_to()]).unwrap_or_default(),
+            };
+            self.keys
+                .range::<_, str>((std::ops::Bound::Included(text), std::ops::Bound::Unbounded))
         };
-        self.keys
-            .range::<_, str>((
-                std::ops::Bound::Included(start.as_str()),
-                std::ops::Bound::Unbounded,
-            ))
-            .skip_while(move |(k, _)| k.as_bytes() < span.start.as_slice())
+        from.skip_while(move |(k, _)| k.as_bytes() < span.start.as_slice())
             .take_while(move |(k, _)| span.end.as_deref().is_none_or(|e| k.as_bytes() < e))
             .map(|(k, v)| (k.as_str(), v))
     }
