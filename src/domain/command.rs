@@ -125,6 +125,26 @@ impl Command {
         }
     }
 
+    /// Whether applying this command may touch a number of keys that nothing bounds: a range
+    /// delete or range read, or a lease's end (which deletes every key attached to it). Such
+    /// an apply can take seconds; one that touches a known handful of keys cannot.
+    pub fn may_touch_many_keys(&self) -> bool {
+        match self {
+            Command::Txn { txn } => txn.may_touch_many_keys(),
+            Command::RevokeLease { .. } | Command::ExpireLeases { .. } => true,
+            Command::Batch { commands } => commands.iter().any(Self::may_touch_many_keys),
+            Command::Guarded { command, .. } => command.may_touch_many_keys(),
+            Command::Put { .. }
+            | Command::Delete { .. }
+            | Command::Compact { .. }
+            | Command::RegisterLease { .. }
+            | Command::CheckpointLeases { .. }
+            | Command::LeaseClock { .. }
+            | Command::RegisterMember { .. }
+            | Command::Auth { .. } => false,
+        }
+    }
+
     /// A cheap estimate of the encoded size, for batching and transport budgets.
     pub fn approx_bytes(&self) -> usize {
         const OVERHEAD: usize = 48;

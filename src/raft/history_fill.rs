@@ -34,7 +34,9 @@
 //! anywhere but through the adoption.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use crate::raft::off_workers::RwLock;
 
 use super::mvcc_store::{self, LiveKeys};
 use super::state_view::{HistoryRemovals, read_unswept};
@@ -44,6 +46,7 @@ use crate::domain::history_fill::LocalHistory;
 use crate::domain::kv::{KvState, Versioned};
 use crate::domain::mvcc::{encode_version, index_key};
 use crate::domain::types::Revision;
+use crate::raft::off_workers;
 use crate::storage::StorageError;
 
 /// The staging tree of a fill.
@@ -132,7 +135,7 @@ pub struct FillStore {
 impl FillStore {
     /// This node's history start and compaction mark.
     pub fn local(&self) -> LocalHistory {
-        let kv = self.kv.read().unwrap_or_else(|p| p.into_inner());
+        let kv = off_workers::read(&self.kv);
         LocalHistory {
             start: Revision(self.history_start.load(Ordering::Acquire)),
             compacted: kv.compact_revision(),
@@ -209,7 +212,7 @@ impl FillStore {
         let mut held = LiveKeys::new(|after| {
             read_unswept(
                 &self.removals,
-                || self.kv.read().unwrap_or_else(|p| p.into_inner()),
+                || off_workers::read(&self.kv),
                 || self.history.live_page(after, start, mvcc_store::LIVE_PAGE),
             )
         });
@@ -238,13 +241,7 @@ impl FillStore {
             self.gate.sweep_frozen.store(true, Ordering::SeqCst);
         }
         let frozen = Thaw(Some(&self.gate));
-        if self
-            .kv
-            .write()
-            .unwrap_or_else(|p| p.into_inner())
-            .compact_revision()
-            >= start
-        {
+        if off_workers::write(&self.kv).compact_revision() >= start {
             return Err(FillError::NotNeeded);
         }
         // The staging is durable before the marker that says it is complete (sled's blob
@@ -283,7 +280,7 @@ impl FillStore {
             .merge_older(&moved_in, || self.gate.held(epoch))?;
         {
             let _gate = self.gate.held(epoch)?;
-            let _kv = self.kv.write().unwrap_or_else(|p| p.into_inner());
+            let _kv = off_workers::write(&self.kv);
             self.state
                 .insert(mvcc_store::KEY_HISTORY_START, &floor.0.to_be_bytes())?;
             self.state.remove(KEY_FILL_MOVE)?;

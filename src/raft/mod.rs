@@ -21,6 +21,7 @@ pub mod history_fill;
 pub mod log_store;
 pub mod mvcc_store;
 pub mod network;
+pub mod off_workers;
 pub mod peer_stream;
 pub mod segment_log;
 pub mod state_machine;

@@ -15,13 +15,16 @@
 //! # What it must not do
 //! Write anything, or hold its lock across an await.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, RwLock};
+
+use crate::raft::off_workers::RwLock;
 use std::time::Duration;
 
 use tokio::sync::watch;
 
 use super::mvcc_store;
+use super::off_workers;
 use super::state_machine::AppliedMark;
 use crate::domain::history::{Batch, Compacted, KeyFilter, Resume};
 use crate::domain::history_fill::{EventsPage, HistoryReach, KeysPage, MAX_PAGE_ITEMS, PAGE_BYTES};
@@ -134,21 +137,18 @@ pub enum HistoryError {
 impl StateView {
     /// Bytes of every live key and value (the state's share of the storage quota).
     pub fn data_bytes(&self) -> u64 {
-        self.kv
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .data_bytes()
+        off_workers::read(&self.kv).data_bytes()
     }
 
     /// One key, as of the latest applied entry.
     pub fn get(&self, key: &str) -> (Revision, Option<Versioned>) {
-        let kv = self.kv.read().unwrap_or_else(|p| p.into_inner());
+        let kv = off_workers::read(&self.kv);
         (kv.revision(), kv.get(key).cloned())
     }
 
     /// Keys under `prefix`, sorted, at most `limit`.
     pub fn list(&self, prefix: &str, limit: usize) -> (Revision, Vec<(String, Versioned)>) {
-        let kv = self.kv.read().unwrap_or_else(|p| p.into_inner());
+        let kv = off_workers::read(&self.kv);
         let items = kv
             .list(prefix, limit)
             .into_iter()
@@ -159,13 +159,13 @@ impl StateView {
 
     /// One lease.
     pub fn lease(&self, name: &str) -> (Revision, Option<LeaseRecord>) {
-        let kv = self.kv.read().unwrap_or_else(|p| p.into_inner());
+        let kv = off_workers::read(&self.kv);
         (kv.revision(), kv.lease(name).cloned())
     }
 
     /// Every lease, by name.
     pub fn leases(&self) -> (Revision, Vec<(String, LeaseRecord)>) {
-        let kv = self.kv.read().unwrap_or_else(|p| p.into_inner());
+        let kv = off_workers::read(&self.kv);
         let all = kv
             .leases()
             .iter()
@@ -176,14 +176,14 @@ impl StateView {
 
     /// Run `f` on the applied state while no entry applies (keep `f` short).
     pub fn with_state<T>(&self, f: impl FnOnce(&KvState) -> T) -> T {
-        let kv = self.kv.read().unwrap_or_else(|p| p.into_inner());
+        let kv = off_workers::read(&self.kv);
         f(&kv)
     }
 
     /// `(floor, current)`: history is held above `floor` (ranges may read at it), the store
     /// is at `current`.
     fn bounds(&self) -> (Revision, Revision) {
-        let kv = self.kv.read().unwrap_or_else(|p| p.into_inner());
+        let kv = off_workers::read(&self.kv);
         let start = Revision(self.history_start.load(Ordering::Acquire));
         (mvcc::floor(kv.compact_revision(), start), kv.revision())
     }
@@ -191,7 +191,7 @@ impl StateView {
     /// The highest revision a watch may not start from under `resume` (its events may be
     /// gone).
     fn watch_floor(&self, resume: Resume) -> Revision {
-        let kv = self.kv.read().unwrap_or_else(|p| p.into_inner());
+        let kv = off_workers::read(&self.kv);
         let start = Revision(self.history_start.load(Ordering::Acquire));
         mvcc::watch_floor(kv.compact_revision(), start, self.mark_swept, resume)
     }
@@ -215,7 +215,7 @@ impl StateView {
     ) -> Result<(Revision, Vec<(String, Versioned)>), HistoryError> {
         let revision = revision.filter(|r| r.0 > 0);
         {
-            let kv = self.kv.read().unwrap_or_else(|p| p.into_inner());
+            let kv = off_workers::read(&self.kv);
             let current = kv.revision();
             match revision {
                 None => {
@@ -253,7 +253,7 @@ impl StateView {
     ) -> Result<(Revision, Vec<(String, Versioned)>), HistoryError> {
         let revision = revision.filter(|r| r.0 > 0);
         {
-            let kv = self.kv.read().unwrap_or_else(|p| p.into_inner());
+            let kv = off_workers::read(&self.kv);
             let current = kv.revision();
             match revision {
                 Some(r) if r > current => {
@@ -305,11 +305,7 @@ impl StateView {
         if revision < floor {
             return Err(HistoryError::Compacted { revision, floor });
         }
-        let out = read_unswept(
-            &self.removals,
-            || self.kv.read().unwrap_or_else(|p| p.into_inner()),
-            read,
-        );
+        let out = read_unswept(&self.removals, || off_workers::read(&self.kv), read);
         self.still_held(revision, true)?;
         Ok((current, out.map_err(Into::into)?))
     }
@@ -319,7 +315,7 @@ impl StateView {
     pub fn version_before(&self, key: &str, revision: Revision) -> Option<Versioned> {
         let prev = read_unswept(
             &self.removals,
-            || self.kv.read().unwrap_or_else(|p| p.into_inner()),
+            || off_workers::read(&self.kv),
             || self.history.version_before(key, revision),
         )
         .ok()?;
@@ -387,7 +383,7 @@ impl StateView {
         let limit = limit.clamp(1, MAX_PAGE_ITEMS);
         let page = read_unswept(
             &self.removals,
-            || self.kv.read().unwrap_or_else(|p| p.into_inner()),
+            || off_workers::read(&self.kv),
             || self.history.range_page(after, revision, limit, PAGE_BYTES),
         );
         self.still_held(revision, true)?;

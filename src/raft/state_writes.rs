@@ -13,6 +13,15 @@
 //! are (they came after it), or it is there and [`redo`] finishes the group on open. Redoing a
 //! complete group changes nothing: each write sets a key to a value or removes it.
 //!
+//! A group too large for one value (sled keeps a long value in a blob file, which its recovery
+//! may lose while keeping later writes) is stored in parts under [`KEY_PARTS`], each a value
+//! of inline size, and then a head under [`KEY_INTENT`] naming them: the head comes after its
+//! parts, so a recovered head finds every part. Once its writes are made, the head goes, then
+//! the parts. Parts no head names (a crash came before the head) are removed on open. Such a
+//! group never takes sled's batch lock: a delete of 100,000s of keys holds that lock, over
+//! every tree of the process, for seconds, and the Raft core's own writes (the commit mark)
+//! waited behind it until the leader lost its quorum.
+//!
 //! # Invariants
 //! - Only the apply writes the keys an intent names, one group at a time, so the intent
 //!   under [`KEY_INTENT`] is always the last group's and redoing it is always right.
@@ -25,15 +34,27 @@
 //! Decide what is written (the state machine and `mvcc_store` do), or order writes by key:
 //! they are made in the order they were added.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use sled::IVec;
 
 use crate::storage::StorageError;
 
-/// The last applied group's writes, encoded by [`WriteSet::encode`].
+/// The last applied group's writes, encoded by [`WriteSet::encode`], or the head of a group
+/// stored in parts.
 pub const KEY_INTENT: &[u8] = b"m/intent";
+/// The prefix of a large group's parts: then the group (u64) and the part's number (u32),
+/// big-endian.
+pub const KEY_PARTS: &[u8] = b"m/intent/";
 
 /// The encoding's version byte (the first byte of an intent).
 const FORMAT: u8 = 1;
+/// The first byte of a parts head: then the group (u64) and the number of parts (u32).
+const FORMAT_PARTS: u8 = 2;
+
+/// Numbers the large groups of this process, so that one group's parts never mix with a
+/// crashed one's (those are removed on open, before any group is written).
+static NEXT_GROUP: AtomicU64 = AtomicU64::new(0);
 const TAG_REMOVE: u8 = 0;
 const TAG_INSERT: u8 = 1;
 
@@ -79,11 +100,11 @@ impl WriteSet {
     /// Store the intent, then make the writes one by one. `stop_after` (tests only) makes
     /// at most that many writes after the intent and then fails, as a crash would leave it.
     ///
-    /// An intent longer than `inline_limit` is not stored: sled keeps a value past a quarter
-    /// of its segment in a blob file of its own, written without a sync, and its recovery
-    /// skips a blob lost to a power failure while it keeps later writes. Such a group is
-    /// written as one sled batch instead (atomic, and removing the previous intent), whose
-    /// cost a group this large amortizes.
+    /// An intent longer than `inline_limit` (sled keeps a value past a quarter of its segment
+    /// in a blob file of its own, written without a sync, and its recovery skips a blob lost
+    /// to a power failure while it keeps later writes) is stored in parts of at most
+    /// [`part_limit`]. A group with a single write longer than a part is written as one sled
+    /// batch instead (atomic, and removing the previous intent).
     pub fn persist(
         &self,
         tree: &sled::Tree,
@@ -91,7 +112,11 @@ impl WriteSet {
         stop_after: Option<usize>,
     ) -> sled::Result<()> {
         let intent = self.encode();
-        if intent.len() > inline_limit {
+        if intent.len() <= inline_limit {
+            tree.insert(KEY_INTENT, intent)?;
+            return self.make(tree, stop_after);
+        }
+        let Some(parts) = self.parts(part_limit(inline_limit)) else {
             let mut batch = sled::Batch::default();
             batch.remove(KEY_INTENT);
             // A batch keeps the last write per key: the same end state as writing in order.
@@ -102,9 +127,43 @@ impl WriteSet {
                 }
             }
             return tree.apply_batch(batch);
+        };
+        let group = NEXT_GROUP.fetch_add(1, Ordering::Relaxed);
+        for (n, part) in parts.iter().enumerate() {
+            tree.insert(part_key(group, n as u32), part.encode())?;
         }
-        tree.insert(KEY_INTENT, intent)?;
-        self.make(tree, stop_after)
+        let mut head = vec![FORMAT_PARTS];
+        head.extend_from_slice(&group.to_be_bytes());
+        head.extend_from_slice(&len32(parts.len()));
+        tree.insert(KEY_INTENT, head)?;
+        self.make(tree, stop_after)?;
+        tree.remove(KEY_INTENT)?;
+        remove_parts(tree)
+    }
+
+    /// The writes cut into sets whose encodings each fit `limit`, in order; `None` if one
+    /// write alone does not.
+    fn parts(&self, limit: usize) -> Option<Vec<WriteSet>> {
+        const HEADER: usize = 5;
+        let mut parts = vec![WriteSet::default()];
+        let mut bytes = HEADER;
+        for (key, value) in &self.writes {
+            let size = 9 + key.len() + value.as_ref().map_or(0, |v| v.len());
+            if HEADER + size > limit {
+                return None;
+            }
+            if bytes + size > limit {
+                parts.push(WriteSet::default());
+                bytes = HEADER;
+            }
+            bytes += size;
+            parts
+                .last_mut()
+                .expect("one part at least")
+                .writes
+                .push((key.clone(), value.clone()));
+        }
+        Some(parts)
     }
 
     /// The value this set last writes to `key`: `Some(None)` if it removes it, `None` if it
@@ -194,23 +253,73 @@ impl WriteSet {
 
 /// Finish the last applied group, if a crash interrupted it: run before anything reads the
 /// state. `stale` says whether an intent is older than the state (a guard: with this build's
-/// writers it never is); a stale intent is dropped, not redone. Returns how many writes were
-/// made again (0 if there is no intent).
+/// writers it never is); a stale intent is dropped, not redone. Parts no head names are
+/// removed. Returns how many writes were made again (0 if there is no intent).
 pub fn redo(
     tree: &sled::Tree,
     stale: impl FnOnce(&WriteSet) -> Result<bool, StorageError>,
 ) -> Result<usize, StorageError> {
     let Some(intent) = tree.get(KEY_INTENT)? else {
+        remove_parts(tree)?;
         return Ok(0);
     };
-    let writes = WriteSet::decode(&intent)?;
+    let in_parts = intent.first() == Some(&FORMAT_PARTS);
+    let writes = if in_parts {
+        read_parts(tree, &intent)?
+    } else {
+        WriteSet::decode(&intent)?
+    };
     if stale(&writes)? {
         tracing::warn!("dropping a write intent older than the state it would be redone over");
         tree.remove(KEY_INTENT)?;
+        remove_parts(tree)?;
         return Ok(0);
     }
     writes.make(tree, None)?;
+    if in_parts {
+        tree.remove(KEY_INTENT)?;
+    }
+    remove_parts(tree)?;
     Ok(writes.len())
+}
+
+/// The most a part may hold: sled writes a leaf node whole, and a leaf holds up to 16 keys,
+/// so 16 neighbouring parts together must stay under what sled keeps inline.
+pub fn part_limit(inline_limit: usize) -> usize {
+    inline_limit / 16
+}
+
+fn part_key(group: u64, n: u32) -> Vec<u8> {
+    let mut key = KEY_PARTS.to_vec();
+    key.extend_from_slice(&group.to_be_bytes());
+    key.extend_from_slice(&n.to_be_bytes());
+    key
+}
+
+/// The writes of the group a parts head names, in order.
+fn read_parts(tree: &sled::Tree, head: &[u8]) -> Result<WriteSet, StorageError> {
+    let mut r = Reader { bytes: head, at: 1 };
+    let group = u64::from_be_bytes(r.take(8)?.try_into().expect("8 bytes"));
+    let count = r.len32()?;
+    if r.at != head.len() {
+        return Err(corrupt("trailing bytes after a parts head"));
+    }
+    let mut all = WriteSet::default();
+    for n in 0..count {
+        let part = tree
+            .get(part_key(group, n as u32))?
+            .ok_or_else(|| corrupt("a part its head names is missing"))?;
+        all.writes.extend(WriteSet::decode(&part)?.writes);
+    }
+    Ok(all)
+}
+
+/// Remove every part (once its group is finished, or of a group that never got its head).
+fn remove_parts(tree: &sled::Tree) -> sled::Result<()> {
+    for key in tree.scan_prefix(KEY_PARTS).keys() {
+        tree.remove(key?)?;
+    }
+    Ok(())
 }
 
 fn len32(n: usize) -> [u8; 4] {
@@ -323,9 +432,13 @@ mod tests {
     fn contents(t: &sled::Tree) -> Vec<(IVec, IVec)> {
         t.iter()
             .map(|r| r.unwrap())
-            .filter(|(k, _)| &k[..] != KEY_INTENT)
+            .filter(|(k, _)| &k[..] != KEY_INTENT && !k.starts_with(KEY_PARTS))
             .collect()
     }
+
+    /// Small enough that a group of a few writes takes several parts, each part large enough
+    /// for any one write of `write_set`.
+    const PART_LIMIT: usize = 16 * 26;
 
     fn fresh(_: &WriteSet) -> Result<bool, StorageError> {
         Ok(false)
@@ -334,7 +447,7 @@ mod tests {
     fn write_set() -> impl Strategy<Value = WriteSet> {
         let key = prop::collection::vec(0u8..4, 0..3);
         let value = prop::option::of(prop::collection::vec(any::<u8>(), 0..6));
-        prop::collection::vec((key, value), 0..12).prop_map(|ws| {
+        prop::collection::vec((key, value), 0..40).prop_map(|ws| {
             let mut set = WriteSet::default();
             for (k, v) in ws {
                 match v {
@@ -356,7 +469,7 @@ mod tests {
         /// group would have; and redoing a finished group changes nothing.
         #[test]
         fn redo_finishes_a_group_cut_anywhere(
-            before in write_set(), group in write_set(), cut in 0usize..14,
+            before in write_set(), group in write_set(), cut in 0usize..42,
         ) {
             let whole = tree();
             before.persist(&whole, usize::MAX, None).unwrap();
@@ -372,12 +485,48 @@ mod tests {
             redo(&crashed, fresh).unwrap();
             prop_assert_eq!(contents(&crashed), expected.clone());
 
-            // Past the inline limit: one batch, the same state, and no intent left.
+            // Past the inline limit, in parts: the same state, and no intent or part left;
+            // cut anywhere, redo finishes it and leaves none either.
+            let parted = tree();
+            before.persist(&parted, usize::MAX, None).unwrap();
+            group.persist(&parted, PART_LIMIT, None).unwrap();
+            let in_parts = group.encode().len() > PART_LIMIT;
+            prop_assert_eq!(parted.get(KEY_INTENT).unwrap().is_none(), in_parts);
+            prop_assert_eq!(parted.scan_prefix(KEY_PARTS).count(), 0);
+            prop_assert_eq!(contents(&parted), expected.clone());
+            let cut_parts = tree();
+            before.persist(&cut_parts, usize::MAX, None).unwrap();
+            let stopped = group.persist(&cut_parts, PART_LIMIT, Some(cut));
+            prop_assert_eq!(stopped.is_err(), cut < group.len());
+            redo(&cut_parts, fresh).unwrap();
+            prop_assert_eq!(cut_parts.get(KEY_INTENT).unwrap().is_none(), in_parts);
+            prop_assert_eq!(cut_parts.scan_prefix(KEY_PARTS).count(), 0);
+            prop_assert_eq!(contents(&cut_parts), expected.clone());
+
+            // A write longer than the limit alone: one batch, the same state, no intent left.
             let batched = tree();
             before.persist(&batched, usize::MAX, None).unwrap();
             group.persist(&batched, 0, Some(0)).unwrap();
             prop_assert!(batched.get(KEY_INTENT).unwrap().is_none());
             prop_assert_eq!(contents(&batched), expected);
+        }
+
+        /// A crash after some parts but before their head: nothing of the group happened, and
+        /// open removes the parts (whichever intent the group before left).
+        #[test]
+        fn parts_without_their_head_are_dropped(
+            before in write_set(), group in write_set(), keep in 0usize..4,
+        ) {
+            let t = tree();
+            before.persist(&t, usize::MAX, None).unwrap();
+            let expected = contents(&t);
+            let parts = group.parts(part_limit(PART_LIMIT)).unwrap();
+            for (n, part) in parts.iter().take(keep).enumerate() {
+                t.insert(part_key(u64::MAX, n as u32), part.encode()).unwrap();
+            }
+            redo(&t, fresh).unwrap();
+            prop_assert_eq!(t.scan_prefix(KEY_PARTS).count(), 0);
+            prop_assert_eq!(contents(&t), expected);
         }
 
         #[test]
@@ -401,6 +550,34 @@ mod tests {
         huge.extend_from_slice(&u32::MAX.to_be_bytes());
         assert!(WriteSet::decode(&huge).is_err());
         assert_eq!(redo(&tree(), fresh).unwrap(), 0);
+    }
+
+    /// A large group of small writes goes in parts (never sled's batch, whose lock spans the
+    /// process): cut right after its head, the head names parts that are all there, and redo
+    /// finishes the group and removes them.
+    #[test]
+    fn a_large_group_of_small_writes_is_stored_in_parts() {
+        let t = tree();
+        let mut set = WriteSet::default();
+        for i in 0..500u32 {
+            set.insert(i.to_be_bytes().to_vec(), b"value".to_vec());
+        }
+        let limit = 1024;
+        assert!(set.encode().len() > limit);
+        assert!(
+            set.persist(&t, limit, Some(0)).is_err(),
+            "cut after the head"
+        );
+        let head = t.get(KEY_INTENT).unwrap().expect("a head");
+        assert_eq!(head[0], FORMAT_PARTS);
+        assert!(t.scan_prefix(KEY_PARTS).count() > 1);
+        assert_eq!(redo(&t, fresh).unwrap(), 500);
+        assert!(t.get(KEY_INTENT).unwrap().is_none());
+        assert_eq!(t.scan_prefix(KEY_PARTS).count(), 0);
+        assert_eq!(
+            t.get(7u32.to_be_bytes()).unwrap(),
+            Some(IVec::from(b"value"))
+        );
     }
 
     #[test]

@@ -7,6 +7,7 @@
 
 pub mod certs;
 pub mod etcdctl;
+pub mod processes;
 
 use std::collections::BTreeMap;
 use std::future::Future;

@@ -173,16 +173,21 @@ impl KvState {
                     }
                 }
                 TxnOp::DeleteRange { range, prev_kv } => {
-                    let doomed: Vec<(String, Versioned)> = self
+                    // The values only when asked for: a delete of a large range would
+                    // otherwise copy every value it removes.
+                    let doomed: Vec<(String, Option<Versioned>)> = self
                         .range(range)
-                        .map(|(k, v)| (k.to_string(), v.clone()))
+                        .map(|(k, v)| (k.to_string(), prev_kv.then(|| v.clone())))
                         .collect();
                     for (k, _) in &doomed {
                         events.extend(self.delete_key(k));
                     }
                     OpResult::DeleteRange {
                         deleted: doomed.len() as u64,
-                        prev: if *prev_kv { doomed } else { Vec::new() },
+                        prev: doomed
+                            .into_iter()
+                            .filter_map(|(k, v)| Some((k, v?)))
+                            .collect(),
                     }
                 }
                 // Before the transaction's own changes, at its start or earlier: history.

@@ -236,6 +236,19 @@ impl Txn {
         out
     }
 
+    /// Whether it may touch a number of keys nothing bounds: a compare, read or delete over a
+    /// range rather than one key (nested transactions too).
+    pub fn may_touch_many_keys(&self) -> bool {
+        let many = |r: &KeyRange| r.single_key().is_none();
+        self.compares.iter().any(|c| many(&c.range))
+            || self.success.iter().chain(&self.failure).any(|op| match op {
+                TxnOp::Put { .. } => false,
+                TxnOp::DeleteRange { range, .. } => many(range),
+                TxnOp::Range { spec, .. } => many(&spec.range),
+                TxnOp::Txn { txn } => txn.may_touch_many_keys(),
+            })
+    }
+
     /// The operations a path runs.
     fn branch(&self, succeeded: bool) -> &[TxnOp] {
         if succeeded {

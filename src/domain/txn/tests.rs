@@ -556,3 +556,74 @@ fn a_txn_whose_answer_would_pass_the_result_limit_changes_nothing() {
     const { assert!(3 * ((1 << 20) + KV_OVERHEAD_BYTES) < MAX_RESULT_BYTES) };
     assert!(kv.get("marker").is_some());
 }
+
+#[test]
+fn only_ranges_and_lease_ends_may_touch_many_keys() {
+    use crate::domain::command::Command;
+    let del = |range: KeyRange| TxnOp::DeleteRange {
+        range,
+        prev_kv: false,
+    };
+    let read = |range: KeyRange| TxnOp::Range {
+        spec: RangeSpec::all(range),
+        at: None,
+    };
+    let one = |op: TxnOp| Txn {
+        compares: vec![],
+        success: vec![op],
+        failure: vec![],
+    };
+    // One key each: bounded, whatever the op.
+    assert!(!one(put("k", "v")).may_touch_many_keys());
+    assert!(!one(del(KeyRange::key("k"))).may_touch_many_keys());
+    assert!(!one(read(KeyRange::key("k"))).may_touch_many_keys());
+    assert!(
+        !Txn {
+            compares: vec![cmp(CompareOp::Equal, CompareTarget::Version(1))],
+            success: vec![],
+            failure: vec![put("k", "v")],
+        }
+        .may_touch_many_keys()
+    );
+    // A range anywhere: in a compare, either branch, or a nested transaction.
+    assert!(one(del(KeyRange::prefix("p/"))).may_touch_many_keys());
+    assert!(one(read(KeyRange::from_etcd(b"a", b"\0"))).may_touch_many_keys());
+    let nested = one(TxnOp::Txn {
+        txn: Txn {
+            compares: vec![],
+            success: vec![],
+            failure: vec![del(KeyRange::prefix(""))],
+        },
+    });
+    assert!(nested.may_touch_many_keys());
+    assert!(
+        Txn {
+            compares: vec![Compare {
+                range: KeyRange::prefix("p/"),
+                op: CompareOp::Equal,
+                target: CompareTarget::Version(1),
+            }],
+            success: vec![],
+            failure: vec![],
+        }
+        .may_touch_many_keys()
+    );
+    // Commands: through batches and guards; a lease's end deletes its keys.
+    let txn = |t: Txn| Command::Txn { txn: t };
+    assert!(!txn(one(put("k", "v"))).may_touch_many_keys());
+    let guarded = Command::Guarded {
+        user: "u".into(),
+        command: Box::new(Command::Batch {
+            commands: vec![txn(one(put("k", "v"))), txn(nested)],
+        }),
+    };
+    assert!(guarded.may_touch_many_keys());
+    assert!(Command::RevokeLease { name: "l".into() }.may_touch_many_keys());
+    assert!(
+        !Command::Delete {
+            key: "k".into(),
+            prev_revision: None
+        }
+        .may_touch_many_keys()
+    );
+}

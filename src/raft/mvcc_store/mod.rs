@@ -39,11 +39,14 @@
 //! # What it must not do
 //! Decide what is kept (the domain does) or answer a read below the floor (callers check it).
 
-use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::Arc;
+
+use crate::raft::off_workers::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use crate::domain::key_index::KeyIndex;
 use crate::domain::mvcc::{LEGACY_PREFIXES, Malformed};
 use crate::domain::types::Revision;
+use crate::raft::off_workers;
 use crate::storage::StorageError;
 
 mod compact;
@@ -152,11 +155,11 @@ impl History {
 
     /// The index, to change with the writes that make the change.
     pub fn index_mut(&self) -> RwLockWriteGuard<'_, KeyIndex> {
-        self.index.write().unwrap_or_else(|p| p.into_inner())
+        off_workers::write(&self.index)
     }
 
     fn index(&self) -> RwLockReadGuard<'_, KeyIndex> {
-        self.index.read().unwrap_or_else(|p| p.into_inner())
+        off_workers::read(&self.index)
     }
 
     /// How many keys have a version in the index, and how many versions it holds.

@@ -4,6 +4,9 @@
 //!
 //! # Invariants
 //! - An entry is applied only once the log is durable up to it (when a durable view is set).
+//! - A batch that may touch keys without bound (or of many entries) applies off the async
+//!   workers, announced as a long hold (`raft::off_workers`): the node's Raft core, peer
+//!   streams and other requests keep their threads however long it holds the state.
 //! - A batch's changed keys and leases, its marks and its event records are one write group,
 //!   written while the state is locked; the applied mark is published after, so a reader that
 //!   sees mark `i` reads a state that includes entry `i`.
@@ -33,6 +36,7 @@ use crate::domain::command::Response;
 use crate::domain::kv::KvState;
 use crate::domain::mvcc;
 use crate::domain::types::Revision;
+use crate::raft::off_workers;
 use crate::raft::state_writes::{WriteSet, Writes};
 use crate::raft::{
     Entry, LogId, SnapshotMeta, StorageError, StoredMembership, TypeConfig, any_err, mvcc_store,
@@ -45,6 +49,8 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         Ok((self.last_applied, self.membership.clone()))
     }
 
+    // The wall clock times a log line only; nothing is decided by it.
+    #[allow(clippy::disallowed_methods)]
     async fn apply<I>(&mut self, entries: I) -> Result<Vec<Response>, StorageError>
     where
         I: IntoIterator<Item = Entry> + OptionalSend,
@@ -54,13 +60,186 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         if let (Some(view), Some(last)) = (&mut self.durable, entries.last()) {
             view.wait_for(last.log_id.index).await.map_err(write_err)?;
         }
+        // A batch that may change a great many keys is applied off the async workers: it holds
+        // the state for as long as it takes (seconds for a delete of 100,000s of keys), and the
+        // node's Raft core and peer streams must keep running meanwhile.
+        let long = entries.len() >= LONG_BATCH_ENTRIES
+            || entries.iter().any(|e| match &e.payload {
+                EntryPayload::Normal(cmd) => cmd.may_touch_many_keys(),
+                _ => false,
+            });
+        if long {
+            // Readers that find the state taken meanwhile wait off the workers too.
+            let _long = off_workers::long_hold();
+            let (count, started) = (entries.len(), std::time::Instant::now());
+            let applied = off_workers::run(|| self.apply_now(entries));
+            let ms = started.elapsed().as_millis() as u64;
+            if ms >= LONG_APPLY_LOG_MS {
+                tracing::info!(
+                    entries = count,
+                    ms,
+                    "applied a long batch off the async workers"
+                );
+            }
+            applied
+        } else {
+            self.apply_now(entries)
+        }
+    }
+
+    // The wall clock times a log line only; nothing is decided by it.
+    #[allow(clippy::disallowed_methods)]
+    async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
+        // Copy now, while apply cannot run: the snapshot is exactly the state at
+        // `last_applied` (pitfall P5). Encoding and writing happen later, off the apply path.
+        let started = std::time::Instant::now();
+        let kv = off_workers::read(&self.kv).snapshot();
+        tracing::debug!(
+            copy_ms = started.elapsed().as_millis() as u64,
+            "snapshot state copied"
+        );
+        self.snapshot_seq += 1;
+        SnapshotBuilder {
+            db: self.db.clone(),
+            snapshots: self.snapshots.clone(),
+            on_disk: self.snapshot_revision.clone(),
+            payload: Some(SnapshotPayload { kv }),
+            writes: self.snapshot_writes.clone(),
+            last_applied: self.last_applied,
+            membership: self.membership.clone(),
+            seq: self.snapshot_seq,
+        }
+    }
+
+    async fn begin_receiving_snapshot(&mut self) -> Result<Box<Vec<u8>>, StorageError> {
+        Ok(Box::default())
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        meta: &SnapshotMeta,
+        snapshot: Box<Vec<u8>>,
+    ) -> Result<(), StorageError> {
+        let payload: SnapshotPayload = serde_json::from_slice(&snapshot).map_err(|e| {
+            StorageError::from(StorageIOError::read_snapshot(
+                Some(meta.signature()),
+                any_err(&e),
+            ))
+        })?;
+        let revision = payload.kv.revision;
+        // The file first: the state's writes are redone from it if a crash cuts them, and
+        // it is what this node serves to others. Not replaced by an older build meanwhile.
+        {
+            let mut on_disk = self.snapshot_writes.lock().await;
+            save_snapshot(&self.snapshots, meta, *snapshot).await?;
+            *on_disk = meta.last_log_id;
+            self.snapshot_revision.store(revision.0, Ordering::Release);
+        }
+        // History reads stop reading the tree the install rewrites: they answer `compacted`
+        // below the current revision (its own reads come from memory) until the swap below.
+        // Under the fill's gate (which stops any fill in progress), so that a fill finishing
+        // now cannot lower the floor again after it is raised.
+        {
+            let _fill = self.fill_gate.install();
+            let kv = off_workers::write(&self.kv);
+            self.history_start
+                .fetch_max(kv.revision().0, Ordering::AcqRel);
+        }
+        let marker = Installing {
+            last_log_id: meta.last_log_id,
+            revision,
+        };
+        let (state, gate, stop_after, dir) = (
+            self.state.clone(),
+            self.fill_gate.clone(),
+            self.stop_install_after,
+            self.dir.clone(),
+        );
+        let (meta_owned, kv) = (meta.clone(), payload.kv);
+        // Key by key, off the async workers: a sled batch of a million keys holds gigabytes.
+        let kv = tokio::task::spawn_blocking(move || {
+            // A fill in progress stops; none writes history records until this is done.
+            let _fill = gate.install();
+            state.insert(KEY_INSTALLING, enc(&marker)?)?;
+            install_writes(&state, &meta_owned, &kv, stop_after)?;
+            complete_install(&state, &dir)?;
+            // The key index of what the install left: one base version per key.
+            let index = mvcc_store::base_index(kv.keys.iter());
+            Ok::<_, crate::storage::StorageError>((kv, index))
+        })
+        .await
+        .map_err(write_err)?
+        .map_err(write_err)?;
+
+        // The tracker (if this node leads, which it does not while installing) re-learns every
+        // lease at its next promote; the watch hub learns that history before `revision` is gone.
+        let (kv, index) = kv;
+        let installed = KvState::from_snapshot(kv);
+        let lease_clock_ms = installed.lease_clock_ms();
+        let replaced = {
+            let mut kv = off_workers::write(&self.kv);
+            self.written = Written {
+                compact: installed.compact_revision(),
+                lease_clock_ms: installed.lease_clock_ms(),
+                // `restart` wrote it.
+                sweep_limit: revision,
+            };
+            let old = std::mem::replace(&mut *kv, installed);
+            let old_index = std::mem::replace(&mut *self.history.index_mut(), index);
+            self.history_start.store(revision.0, Ordering::Release);
+            (old, old_index)
+        };
+        // A million keys take a while to free: not while the state is locked, nor on an
+        // async worker.
+        tokio::task::spawn_blocking(move || drop(replaced));
+        self.db.flush_async().await.map_err(write_err)?;
+        self.last_applied = meta.last_log_id;
+        self.membership = meta.last_membership.clone();
+        self.publish((revision, lease_clock_ms), Vec::new(), Vec::new(), true);
+        Ok(())
+    }
+
+    async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot<TypeConfig>>, StorageError> {
+        let read_err = |e: &dyn std::fmt::Display| {
+            StorageError::from(StorageIOError::read_snapshot(
+                None,
+                openraft::AnyError::error(e.to_string()),
+            ))
+        };
+        let file = self.snapshots.clone();
+        let stored = tokio::task::spawn_blocking(move || file.read())
+            .await
+            .map_err(|e| read_err(&e))?
+            .map_err(|e| read_err(&e))?;
+        match stored {
+            Some((meta, data)) => {
+                let meta: SnapshotMeta = serde_json::from_slice(&meta).map_err(|e| read_err(&e))?;
+                Ok(Some(Snapshot {
+                    meta,
+                    snapshot: Box::new(data),
+                }))
+            }
+            None => Ok(None),
+        }
+    }
+}
+
+/// How many entries make a batch long enough to apply off the async workers, whatever they are.
+const LONG_BATCH_ENTRIES: usize = 1024;
+/// A long batch that took at least this long is logged (an operator wondering why requests
+/// waited sees what held the state).
+const LONG_APPLY_LOG_MS: u64 = 100;
+
+impl StateMachine {
+    /// Apply a batch of committed entries (durable ones) and publish the result.
+    fn apply_now(&mut self, entries: Vec<Entry>) -> Result<Vec<Response>, StorageError> {
         let mut responses = Vec::new();
         let mut events = Vec::new();
         let mut lease_changes = Vec::new();
         let mut batch = WriteSet::default();
         let mut membership_changed = false;
         let (revision, lease_clock_ms) = {
-            let mut kv = self.kv.write().unwrap_or_else(|p| p.into_inner());
+            let mut kv = off_workers::write(&self.kv);
             for entry in entries {
                 self.last_applied = Some(entry.log_id);
                 let response = match entry.payload {
@@ -147,141 +326,5 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         };
         self.publish((revision, lease_clock_ms), events, lease_changes, false);
         Ok(responses)
-    }
-
-    // The wall clock times a log line only; nothing is decided by it.
-    #[allow(clippy::disallowed_methods)]
-    async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
-        // Copy now, while apply cannot run: the snapshot is exactly the state at
-        // `last_applied` (pitfall P5). Encoding and writing happen later, off the apply path.
-        let started = std::time::Instant::now();
-        let kv = self.kv.read().unwrap_or_else(|p| p.into_inner()).snapshot();
-        tracing::debug!(
-            copy_ms = started.elapsed().as_millis() as u64,
-            "snapshot state copied"
-        );
-        self.snapshot_seq += 1;
-        SnapshotBuilder {
-            db: self.db.clone(),
-            snapshots: self.snapshots.clone(),
-            on_disk: self.snapshot_revision.clone(),
-            payload: Some(SnapshotPayload { kv }),
-            writes: self.snapshot_writes.clone(),
-            last_applied: self.last_applied,
-            membership: self.membership.clone(),
-            seq: self.snapshot_seq,
-        }
-    }
-
-    async fn begin_receiving_snapshot(&mut self) -> Result<Box<Vec<u8>>, StorageError> {
-        Ok(Box::default())
-    }
-
-    async fn install_snapshot(
-        &mut self,
-        meta: &SnapshotMeta,
-        snapshot: Box<Vec<u8>>,
-    ) -> Result<(), StorageError> {
-        let payload: SnapshotPayload = serde_json::from_slice(&snapshot).map_err(|e| {
-            StorageError::from(StorageIOError::read_snapshot(
-                Some(meta.signature()),
-                any_err(&e),
-            ))
-        })?;
-        let revision = payload.kv.revision;
-        // The file first: the state's writes are redone from it if a crash cuts them, and
-        // it is what this node serves to others. Not replaced by an older build meanwhile.
-        {
-            let mut on_disk = self.snapshot_writes.lock().await;
-            save_snapshot(&self.snapshots, meta, *snapshot).await?;
-            *on_disk = meta.last_log_id;
-            self.snapshot_revision.store(revision.0, Ordering::Release);
-        }
-        // History reads stop reading the tree the install rewrites: they answer `compacted`
-        // below the current revision (its own reads come from memory) until the swap below.
-        // Under the fill's gate (which stops any fill in progress), so that a fill finishing
-        // now cannot lower the floor again after it is raised.
-        {
-            let _fill = self.fill_gate.install();
-            let kv = self.kv.write().unwrap_or_else(|p| p.into_inner());
-            self.history_start
-                .fetch_max(kv.revision().0, Ordering::AcqRel);
-        }
-        let marker = Installing {
-            last_log_id: meta.last_log_id,
-            revision,
-        };
-        let (state, gate, stop_after, dir) = (
-            self.state.clone(),
-            self.fill_gate.clone(),
-            self.stop_install_after,
-            self.dir.clone(),
-        );
-        let (meta_owned, kv) = (meta.clone(), payload.kv);
-        // Key by key, off the async workers: a sled batch of a million keys holds gigabytes.
-        let kv = tokio::task::spawn_blocking(move || {
-            // A fill in progress stops; none writes history records until this is done.
-            let _fill = gate.install();
-            state.insert(KEY_INSTALLING, enc(&marker)?)?;
-            install_writes(&state, &meta_owned, &kv, stop_after)?;
-            complete_install(&state, &dir)?;
-            // The key index of what the install left: one base version per key.
-            let index = mvcc_store::base_index(kv.keys.iter());
-            Ok::<_, crate::storage::StorageError>((kv, index))
-        })
-        .await
-        .map_err(write_err)?
-        .map_err(write_err)?;
-
-        // The tracker (if this node leads, which it does not while installing) re-learns every
-        // lease at its next promote; the watch hub learns that history before `revision` is gone.
-        let (kv, index) = kv;
-        let installed = KvState::from_snapshot(kv);
-        let lease_clock_ms = installed.lease_clock_ms();
-        let replaced = {
-            let mut kv = self.kv.write().unwrap_or_else(|p| p.into_inner());
-            self.written = Written {
-                compact: installed.compact_revision(),
-                lease_clock_ms: installed.lease_clock_ms(),
-                // `restart` wrote it.
-                sweep_limit: revision,
-            };
-            let old = std::mem::replace(&mut *kv, installed);
-            let old_index = std::mem::replace(&mut *self.history.index_mut(), index);
-            self.history_start.store(revision.0, Ordering::Release);
-            (old, old_index)
-        };
-        // A million keys take a while to free: not while the state is locked, nor on an
-        // async worker.
-        tokio::task::spawn_blocking(move || drop(replaced));
-        self.db.flush_async().await.map_err(write_err)?;
-        self.last_applied = meta.last_log_id;
-        self.membership = meta.last_membership.clone();
-        self.publish((revision, lease_clock_ms), Vec::new(), Vec::new(), true);
-        Ok(())
-    }
-
-    async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot<TypeConfig>>, StorageError> {
-        let read_err = |e: &dyn std::fmt::Display| {
-            StorageError::from(StorageIOError::read_snapshot(
-                None,
-                openraft::AnyError::error(e.to_string()),
-            ))
-        };
-        let file = self.snapshots.clone();
-        let stored = tokio::task::spawn_blocking(move || file.read())
-            .await
-            .map_err(|e| read_err(&e))?
-            .map_err(|e| read_err(&e))?;
-        match stored {
-            Some((meta, data)) => {
-                let meta: SnapshotMeta = serde_json::from_slice(&meta).map_err(|e| read_err(&e))?;
-                Ok(Some(Snapshot {
-                    meta,
-                    snapshot: Box::new(data),
-                }))
-            }
-            None => Ok(None),
-        }
     }
 }

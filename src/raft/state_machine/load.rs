@@ -16,8 +16,10 @@
 //! Apply or decide anything: it reads what was persisted and finishes only what a crash cut.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
-use std::sync::{Arc, RwLock};
+
+use crate::raft::off_workers::RwLock;
 
 use tokio::sync::watch;
 

@@ -35,8 +35,10 @@
 // openraft's traits impose `StorageError` (large) as the error type of every storage call.
 #![allow(clippy::result_large_err)]
 
+use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
-use std::sync::{Arc, RwLock};
+
+use crate::raft::off_workers::RwLock;
 
 use openraft::StorageIOError;
 use serde::Serialize;
