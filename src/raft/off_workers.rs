@@ -76,30 +76,34 @@ fn long_wait() -> bool {
 /// A read guard of `lock`; while a long hold may be what holds it, waiting off the async
 /// workers.
 pub fn read<T>(lock: &RwLock<T>) -> RwLockReadGuard<'_, T> {
-    if let Some(guard) = lock.try_read() {
-        return guard;
-    }
-    loop {
-        if long_wait() {
-            return run(|| lock.read());
-        }
-        if let Some(guard) = lock.try_read_for(LOOK_AGAIN) {
-            return guard;
-        }
-    }
+    acquire(|| lock.try_read(), |d| lock.try_read_for(d), || lock.read())
 }
 
 /// A write guard of `lock`; while a long hold may be what holds it, waiting off the async
 /// workers.
 pub fn write<T>(lock: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
-    if let Some(guard) = lock.try_write() {
+    acquire(
+        || lock.try_write(),
+        |d| lock.try_write_for(d),
+        || lock.write(),
+    )
+}
+
+/// Take a guard at once if free; else wait on this worker, [`LOOK_AGAIN`] at a time, until
+/// it is taken or a long hold may be what keeps it, and then wait off the workers.
+fn acquire<G>(
+    now: impl FnOnce() -> Option<G>,
+    within: impl Fn(Duration) -> Option<G>,
+    wait: impl FnOnce() -> G,
+) -> G {
+    if let Some(guard) = now() {
         return guard;
     }
     loop {
         if long_wait() {
-            return run(|| lock.write());
+            return run(wait);
         }
-        if let Some(guard) = lock.try_write_for(LOOK_AGAIN) {
+        if let Some(guard) = within(LOOK_AGAIN) {
             return guard;
         }
     }

@@ -148,7 +148,7 @@ impl WriteSet {
         let mut parts = vec![WriteSet::default()];
         let mut bytes = HEADER;
         for (key, value) in &self.writes {
-            let size = 9 + key.len() + value.as_ref().map_or(0, |v| v.len());
+            let size = encoded_len(key, value.as_ref());
             if HEADER + size > limit {
                 return None;
             }
@@ -198,7 +198,7 @@ impl WriteSet {
         let bytes: usize = self
             .writes
             .iter()
-            .map(|(k, v)| 9 + k.len() + v.as_ref().map_or(0, |v| v.len()))
+            .map(|(k, v)| encoded_len(k, v.as_ref()))
             .sum();
         let mut out = Vec::with_capacity(5 + bytes);
         out.push(FORMAT);
@@ -287,6 +287,11 @@ pub fn redo(
 /// so 16 neighbouring parts together must stay under what sled keeps inline.
 pub fn part_limit(inline_limit: usize) -> usize {
     inline_limit / 16
+}
+
+/// The bytes one write takes in an intent: key length, key, tag, value length, value.
+fn encoded_len(key: &[u8], value: Option<&IVec>) -> usize {
+    9 + key.len() + value.map_or(0, |v| v.len())
 }
 
 fn part_key(group: u64, n: u32) -> Vec<u8> {
