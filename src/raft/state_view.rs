@@ -49,6 +49,11 @@ pub struct StateView {
     pub(super) mark_swept: Revision,
     /// The state machine's removals of history records, for [`read_unswept`].
     pub(super) removals: HistoryRemovals,
+    /// [`KvState::data_bytes`] as of the last applied batch, published by the state machine
+    /// so that the size is read without the state's lock: the quota check of every write and
+    /// the log compactor ask for it, and neither may wait out a long apply (the compactor
+    /// asks while it holds openraft's metrics, which the Raft core then cannot publish).
+    pub(super) data_bytes: Arc<AtomicU64>,
 }
 
 /// Counts the state machine's removals of history records; odd while one is being written.
@@ -137,7 +142,7 @@ pub enum HistoryError {
 impl StateView {
     /// Bytes of every live key and value (the state's share of the storage quota).
     pub fn data_bytes(&self) -> u64 {
-        off_workers::read(&self.kv).data_bytes()
+        self.data_bytes.load(Ordering::Acquire)
     }
 
     /// One key, as of the latest applied entry.
@@ -472,6 +477,42 @@ impl crate::domain::history::OlderEvents for StateView {
 mod tests {
     use super::*;
     use std::cell::Cell;
+
+    /// A long apply holds the state's write lock for seconds. The state's size must still
+    /// answer at once: the log compactor reads it while it holds openraft's metrics, and the
+    /// Raft core, unable to publish its own metrics meanwhile, stopped answering heartbeats
+    /// until the leader stepped down (found with `etcdctl check perf --load l`).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_state_size_is_read_without_waiting_for_the_state_lock() {
+        use crate::raft::state_machine::{DiscardEvents, StateMachine};
+        use openraft::storage::RaftStateMachine;
+        use openraft::{CommittedLeaderId, EntryPayload, LogId};
+
+        let dir = tempfile::TempDir::new().unwrap();
+        let db = crate::storage::open_db(dir.path(), 16 << 20).unwrap();
+        let (mut sm, view) = StateMachine::open(&db, dir.path(), Arc::new(DiscardEvents)).unwrap();
+        let put = crate::domain::command::Command::Put {
+            key: "key".into(),
+            value: "value".into(),
+            lease: None,
+            prev_revision: None,
+        };
+        sm.apply(vec![crate::raft::Entry {
+            log_id: LogId::new(CommittedLeaderId::new(1, 1), 1),
+            payload: EntryPayload::Normal(put.into()),
+        }])
+        .await
+        .unwrap();
+        assert_eq!(view.data_bytes(), 8, "published by the apply");
+
+        let held = view.kv.write();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let reader = view.clone();
+        std::thread::spawn(move || tx.send(reader.data_bytes()));
+        let answered = rx.recv_timeout(Duration::from_secs(5));
+        drop(held);
+        assert_eq!(answered, Ok(8), "answered while the state was held");
+    }
 
     #[test]
     fn a_read_that_overlapped_a_removal_reads_again() {

@@ -42,21 +42,24 @@ impl LogCompactor {
                 _ = cancel.cancelled() => return,
                 _ = tokio::time::sleep(CHECK_EVERY) => {}
             }
-            let step = {
+            // The metrics are copied out before anything else is read: while a borrow of
+            // them lives, the Raft core cannot publish its own (a blocking lock on its task).
+            let (applied, snapshot, purged) = {
                 let m = self.raft.metrics();
                 let m = m.borrow();
-                let index = |l: Option<crate::raft::LogId>| l.map_or(0, |l| l.index);
-                compaction_step(
-                    self.policy,
-                    LogStanding {
-                        log_bytes: self.log_bytes.load(Ordering::Relaxed),
-                        state_bytes: self.view.data_bytes(),
-                        applied_index: index(m.last_applied),
-                        snapshot_index: index(m.snapshot),
-                        purged_index: index(m.purged),
-                    },
-                )
+                (m.last_applied, m.snapshot, m.purged)
             };
+            let index = |l: Option<crate::raft::LogId>| l.map_or(0, |l| l.index);
+            let step = compaction_step(
+                self.policy,
+                LogStanding {
+                    log_bytes: self.log_bytes.load(Ordering::Relaxed),
+                    state_bytes: self.view.data_bytes(),
+                    applied_index: index(applied),
+                    snapshot_index: index(snapshot),
+                    purged_index: index(purged),
+                },
+            );
             let trigger = self.raft.trigger();
             let result = match step {
                 CompactionStep::Nothing => continue,

@@ -31,6 +31,10 @@
 //!   [`ConsensusError::OutcomeUnknown`]. Only a request that certainly did not reach the leader
 //!   (the connection was refused) is sent again, after the node learns of a new leader.
 //! - No lock is held across an await; all shared state is openraft's own (metrics) or atomics.
+//! - A borrow of openraft's metrics (`raft.metrics().borrow()`, anywhere in leasecore) lives
+//!   for a few field reads and nothing else: the Raft core publishes its metrics behind a
+//!   synchronous lock on its own task, so a borrow held across anything that can wait (the
+//!   state's lock during a long apply, once) stops the Raft core, and with it the heartbeats.
 //! - An error that says "nothing was done" (`NotLeader`, `NoLeader`, `NoQuorum`) is only ever
 //!   returned before the first step of an operation was taken. Once a step may have taken effect
 //!   (a learner was added, a joint configuration proposed), losing leadership is

@@ -184,6 +184,8 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                 // `restart` wrote it.
                 sweep_limit: revision,
             };
+            self.data_bytes
+                .store(installed.data_bytes(), Ordering::Release);
             let old = std::mem::replace(&mut *kv, installed);
             let old_index = std::mem::replace(&mut *self.history.index_mut(), index);
             self.history_start.store(revision.0, Ordering::Release);
@@ -268,6 +270,7 @@ impl StateMachine {
                 batch.insert(KEY_AUTH, json(auth)?);
             }
             let revision = kv.revision();
+            self.data_bytes.store(kv.data_bytes(), Ordering::Release);
             // The events are the key changes: each becomes the key's new version.
             let records = mvcc_store::record(&mut batch, &events, mvcc_store::EVENT_RECORD_BYTES);
             // Not past the snapshot on disk: the records after it are what a restart replays.

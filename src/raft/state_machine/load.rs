@@ -193,6 +193,7 @@ impl StateMachine {
             revision,
         };
         let (applied_tx, applied_rx) = watch::channel(mark);
+        let data_bytes = Arc::new(AtomicU64::new(kv.data_bytes()));
         let kv = Arc::new(RwLock::new(kv));
         let history_start = Arc::new(AtomicU64::new(history_start.0));
         let removals = HistoryRemovals::default();
@@ -203,6 +204,7 @@ impl StateMachine {
             history_start: history_start.clone(),
             mark_swept,
             removals: removals.clone(),
+            data_bytes: data_bytes.clone(),
         };
         let sm = StateMachine {
             db: db.clone(),
@@ -214,6 +216,7 @@ impl StateMachine {
             applied_tx: Arc::new(applied_tx),
             observer,
             history_start,
+            data_bytes,
             removals,
             history,
             fill_gate: Arc::default(),

@@ -144,6 +144,9 @@ pub struct StateMachine {
     observer: Arc<dyn ApplyObserver>,
     /// Where this node's MVCC history begins (shared with the views).
     history_start: Arc<AtomicU64>,
+    /// The state's size as of the last applied batch (shared with the views: read without
+    /// the state's lock).
+    data_bytes: Arc<AtomicU64>,
     /// Announces removals of history records to the views' history reads.
     removals: HistoryRemovals,
     /// The history and its key index (shared with the views and the fill).
