@@ -110,10 +110,11 @@ impl Consensus {
 
     /// What this node knows of its own health, now.
     pub fn health(&self) -> NodeHealth {
-        let m = self.inner.raft.metrics();
-        let m = m.borrow();
+        // Read before the metrics are borrowed (see the module's invariants on that borrow).
         let ages = self.inner.peers.contacts().ages();
         let applied = self.inner.view.applied().log_index;
+        let m = self.inner.raft.metrics();
+        let m = m.borrow();
         self.health_of(&m, &ages, applied)
     }
 
