@@ -87,6 +87,19 @@ pub struct Metrics {
     peer_refused: Mutex<BTreeMap<&'static str, u64>>,
     /// The node's reloadable TLS configs (set once at start; empty without TLS).
     pub tls: std::sync::OnceLock<Vec<Arc<dyn crate::tls::Reload>>>,
+    /// What the async runtime's pulse has seen (`runtime::stall`).
+    pub runtime_stalls: Arc<StallStats>,
+}
+
+/// How late the async runtime has run a task that asked to wake (`runtime::stall`).
+#[derive(Debug, Default)]
+pub struct StallStats {
+    /// Wakes late enough to count as a stall (`domain::health::runtime_stalled`).
+    pub stalls: AtomicU64,
+    /// The latest wake seen since the node started, in milliseconds past its time.
+    pub max_late_ms: AtomicU64,
+    /// Wakes so far (the pulse is alive).
+    pub ticks: AtomicU64,
 }
 
 impl Metrics {
@@ -133,6 +146,12 @@ impl Metrics {
                 "Proposals that did not complete (no leader, timeout, shutdown).",
                 self.proposals_failed.load(Ordering::Relaxed),
             ),
+            (
+                "leasecore_runtime_stalls_total",
+                "Times the async runtime ran a ready task later than half the shortest election \
+                 timeout (a blocked worker or taken cores: heartbeats waited as long).",
+                self.runtime_stalls.stalls.load(Ordering::Relaxed),
+            ),
         ];
         for (name, help, value) in counters {
             let _ = writeln!(
@@ -140,6 +159,13 @@ impl Metrics {
                 "# HELP {name} {help}\n# TYPE {name} counter\n{name} {value}"
             );
         }
+        let _ = writeln!(
+            out,
+            "# HELP leasecore_runtime_stall_max_ms The latest the async runtime has run a task \
+             that asked to wake, in milliseconds past its time, since the node started.\n\
+             # TYPE leasecore_runtime_stall_max_ms gauge\nleasecore_runtime_stall_max_ms {}",
+            self.runtime_stalls.max_late_ms.load(Ordering::Relaxed)
+        );
         for (port, stats) in [
             ("client", &self.client_conns),
             ("peer", &self.peer_conns),

@@ -54,6 +54,19 @@ pub fn leader_lost_quorum(
     }
 }
 
+/// How late a tick woke: the time from its request to sleep `every_ms` until it ran, beyond
+/// `every_ms` (`runtime::stall`).
+pub fn tick_lateness(asked: MonoMillis, woke: MonoMillis, every_ms: u64) -> u64 {
+    woke.0.saturating_sub(asked.0).saturating_sub(every_ms)
+}
+
+/// Whether a runtime that ran a ready task `late_ms` late stalled: by half the shortest
+/// election timeout, a heartbeat held as long leaves a follower little margin before it
+/// campaigns, and a leader's quorum acknowledgement grows as old.
+pub fn runtime_stalled(late_ms: u64, election_min_ms: u64) -> bool {
+    late_ms >= election_min_ms / 2
+}
+
 /// Whether a leader should hold back its own housekeeping proposals (lease expiries and
 /// checkpoints): no quorum acknowledgement for over a third of the election timeout means the
 /// followers are not keeping up (their append answers time out while they apply and flush), and
@@ -234,6 +247,25 @@ mod tests {
         assert!(!transferee_may_campaign(Some(u64::MAX - 1), u64::MAX, 100));
     }
     use super::*;
+
+    #[test]
+    fn a_tick_is_late_by_what_it_waited_beyond_its_interval_and_stalls_at_half_an_election() {
+        assert_eq!(tick_lateness(MonoMillis(100), MonoMillis(110), 10), 0);
+        assert_eq!(
+            tick_lateness(MonoMillis(100), MonoMillis(105), 10),
+            0,
+            "early: not late"
+        );
+        assert_eq!(tick_lateness(MonoMillis(100), MonoMillis(2_710), 10), 2_600);
+        assert_eq!(
+            tick_lateness(MonoMillis(200), MonoMillis(100), 10),
+            0,
+            "never negative"
+        );
+        assert!(!runtime_stalled(199, 400));
+        assert!(runtime_stalled(200, 400));
+        assert!(runtime_stalled(2_600, 400));
+    }
 
     #[test]
     fn a_learner_is_in_sync_only_when_reached_and_close_behind() {

@@ -61,6 +61,10 @@ use crate::tls::{PeerTls, RELOAD_POLL, Reload, Reloadable, ServerTls, TlsError, 
 
 mod config;
 
+/// How often the runtime's pulse ticks (`runtime::stall`): fine enough to see a stall of a
+/// fraction of an election timeout, cheap enough to run always (100 wakes a second).
+const STALL_TICK_MS: u64 = 10;
+
 pub use config::{DEFAULT_SNAPSHOT_LOG_BYTES, NodeConfig, RaftTimings};
 
 /// Why a node could not start.
@@ -506,6 +510,15 @@ impl Node {
                 clock: clock.clone(),
                 check_every: Duration::from_millis(cfg.timings.heartbeat_ms),
                 election_timeout: election_max,
+            }
+            .run(cancel.clone()),
+        );
+        tasks.spawn(
+            crate::runtime::stall::StallMonitor {
+                clock: clock.clone(),
+                every: Duration::from_millis(STALL_TICK_MS),
+                election_min: Duration::from_millis(cfg.timings.election_min_ms),
+                stats: metrics.runtime_stalls.clone(),
             }
             .run(cancel.clone()),
         );

@@ -31,4 +31,5 @@ pub mod history_fill;
 pub mod lease;
 pub mod quorum;
 pub mod replace;
+pub mod stall;
 pub mod watch;
