@@ -96,7 +96,7 @@ pub struct Metrics {
 pub struct StallStats {
     /// Wakes late enough to count as a stall (`domain::health::runtime_stalled`).
     pub stalls: AtomicU64,
-    /// The latest wake seen since the node started, in milliseconds past its time.
+    /// The most a wake has run past its time since the node started, in milliseconds.
     pub max_late_ms: AtomicU64,
     /// Wakes so far (the pulse is alive).
     pub ticks: AtomicU64,
@@ -161,8 +161,8 @@ impl Metrics {
         }
         let _ = writeln!(
             out,
-            "# HELP leasecore_runtime_stall_max_ms The latest the async runtime has run a task \
-             that asked to wake, in milliseconds past its time, since the node started.\n\
+            "# HELP leasecore_runtime_stall_max_ms The most the async runtime has run a task \
+             that asked to wake past its time since the node started, in milliseconds.\n\
              # TYPE leasecore_runtime_stall_max_ms gauge\nleasecore_runtime_stall_max_ms {}",
             self.runtime_stalls.max_late_ms.load(Ordering::Relaxed)
         );
