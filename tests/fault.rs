@@ -252,19 +252,13 @@ impl Cluster {
     }
 
     fn log_tail(&self, id: usize, lines: usize) -> String {
-        let text = std::fs::read_to_string(self.log_path(id)).unwrap_or_default();
-        let all: Vec<&str> = text.lines().collect();
-        all[all.len().saturating_sub(lines)..].join("\n")
+        common::processes::tail_of(&self.log_path(id), lines)
     }
 }
 
 impl Drop for Cluster {
     fn drop(&mut self) {
-        for child in self.procs.iter_mut().flatten() {
-            // SIGKILL also ends a stopped (paused) process.
-            let _ = child.kill();
-            let _ = child.wait();
-        }
+        common::processes::kill_all(&mut self.procs);
         let panicking = std::thread::panicking();
         if panicking {
             for id in 1..=NODES {

@@ -219,7 +219,7 @@ impl WriteSet {
         5 + self
             .writes
             .iter()
-            .map(|(k, v)| 5 + k.len() + v.as_ref().map_or(0, |v| 4 + v.len()))
+            .map(|(k, v)| encoded_len(k, v.as_ref()))
             .sum::<usize>()
     }
 
@@ -294,10 +294,10 @@ pub fn part_limit(inline_limit: usize) -> usize {
     inline_limit / 16
 }
 
-/// The bytes one write takes in an intent, at most (key length, key, tag, value length, value;
-/// a remove has no value length): the bound the parts are cut by.
+/// The bytes one write takes in an intent: key length, key, tag and, for an insert, value
+/// length and value.
 fn encoded_len(key: &[u8], value: Option<&IVec>) -> usize {
-    9 + key.len() + value.map_or(0, |v| v.len())
+    5 + key.len() + value.map_or(0, |v| 4 + v.len())
 }
 
 fn part_key(group: u64, n: u32) -> Vec<u8> {

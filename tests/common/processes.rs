@@ -215,18 +215,28 @@ impl Cluster {
     }
 
     pub fn log_tail(&self, id: usize, lines: usize) -> String {
-        let text = std::fs::read_to_string(self.log_path(id)).unwrap_or_default();
-        let all: Vec<&str> = text.lines().collect();
-        all[all.len().saturating_sub(lines)..].join("\n")
+        tail_of(&self.log_path(id), lines)
+    }
+}
+
+/// The last `lines` lines of the log file at `path` (empty if it cannot be read).
+pub fn tail_of(path: &std::path::Path, lines: usize) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+/// Kill and reap every process still held (SIGKILL also ends a stopped, paused one).
+pub fn kill_all(procs: &mut [Option<Child>]) {
+    for child in procs.iter_mut().flatten() {
+        let _ = child.kill();
+        let _ = child.wait();
     }
 }
 
 impl Drop for Cluster {
     fn drop(&mut self) {
-        for child in self.procs.iter_mut().flatten() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
+        kill_all(&mut self.procs);
         if std::thread::panicking() {
             for id in 1..=NODES {
                 eprintln!(
