@@ -187,6 +187,7 @@ async fn a_restart_loads_the_snapshot_and_replays_the_history_after_it() {
         .load()
         .unwrap()
         .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
         .collect();
     assert_eq!(after, every_version);
     // 100 keys, 10 more from the overwrites (k/100 to k/118), 20 deleted, k/999.
@@ -355,6 +356,7 @@ async fn a_crash_inside_an_applied_group_reopens_to_the_whole_group() {
                     .load()
                     .unwrap()
                     .into_iter()
+                    .map(|(k, v)| (k.to_string(), v))
                     .collect(),
             )
         };
@@ -537,6 +539,7 @@ async fn an_install_cut_anywhere_finishes_when_the_node_opens() {
                 .load()
                 .unwrap()
                 .into_iter()
+                .map(|(k, v)| (k.to_string(), v))
                 .collect::<Vec<_>>(),
             view.list("", usize::MAX).1,
             "the versions are the state"

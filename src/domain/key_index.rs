@@ -24,6 +24,7 @@
 
 use std::collections::BTreeMap;
 use std::ops::Bound;
+use std::sync::Arc;
 
 use smallvec::SmallVec;
 
@@ -72,8 +73,12 @@ impl Loc {
     }
 }
 
+/// A key of the index: the state's own allocation of a live key where it had one
+/// ([`KeyIndex::add_shared`]), so that a million keys are not held twice.
+pub type IndexKey = Arc<[u8]>;
+
 /// A key and where one of its versions is.
-pub type Located = (Box<[u8]>, Loc);
+pub type Located = (IndexKey, Loc);
 
 /// A key's locations: most keys have one version, kept without an allocation of its own.
 type Locs = SmallVec<[Loc; 1]>;
@@ -100,7 +105,7 @@ pub struct FoldEdit {
 /// Every key's versions.
 #[derive(Clone, Debug, Default)]
 pub struct KeyIndex {
-    keys: BTreeMap<Box<[u8]>, Locs>,
+    keys: BTreeMap<IndexKey, Locs>,
     versions: usize,
 }
 
@@ -117,9 +122,19 @@ impl KeyIndex {
 
     /// Record a version. The same revision twice keeps a base over a record.
     pub fn add(&mut self, key: &[u8], loc: Loc) {
+        self.add_shared(key, || key.into(), loc);
+    }
+
+    /// [`KeyIndex::add`], with `share` giving the key's allocation if the index has no
+    /// version of it yet (the state's, when the key is live).
+    pub fn add_shared(&mut self, key: &[u8], share: impl FnOnce() -> IndexKey, loc: Loc) {
         let locs = match self.keys.get_mut(key) {
             Some(l) => l,
-            None => self.keys.entry(key.into()).or_default(),
+            None => {
+                let shared = share();
+                debug_assert_eq!(&*shared, key);
+                self.keys.entry(shared).or_default()
+            }
         };
         // Nearly always the newest: appended.
         if locs.last().is_none_or(|l| l.revision < loc.revision) {
@@ -163,7 +178,7 @@ impl KeyIndex {
         at: Revision,
         limit: usize,
         visit: usize,
-    ) -> (Vec<Located>, Option<Box<[u8]>>) {
+    ) -> (Vec<Located>, Option<IndexKey>) {
         if let (Bound::Included(s) | Bound::Excluded(s), Bound::Included(e) | Bound::Excluded(e)) =
             (start, end)
         {
@@ -198,7 +213,7 @@ impl KeyIndex {
         older: &KeyIndex,
         after: Option<&[u8]>,
         count: usize,
-    ) -> Option<Box<[u8]>> {
+    ) -> Option<IndexKey> {
         let start = after.map_or(Bound::Unbounded, Bound::Excluded);
         let mut last = None;
         for (key, old) in older
@@ -406,7 +421,7 @@ mod tests {
                 all.add(&[k], loc);
                 if rev.0 <= split { older.add(&[k], loc) } else { newer.add(&[k], loc) }
             }
-            let mut after: Option<Box<[u8]>> = None;
+            let mut after: Option<IndexKey> = None;
             while let Some(k) = newer.merge_older(&older, after.as_deref(), piece) {
                 after = Some(k);
             }
@@ -416,7 +431,7 @@ mod tests {
             let (whole, rest) = all.live_at(Bound::Unbounded, Bound::Unbounded, at, usize::MAX, usize::MAX);
             prop_assert!(rest.is_none());
             let mut pieces = Vec::new();
-            let mut start: Bound<Box<[u8]>> = Bound::Unbounded;
+            let mut start: Bound<IndexKey> = Bound::Unbounded;
             loop {
                 let (found, next) = all.live_at(start.as_ref().map(|k| &k[..]), Bound::Unbounded, at, usize::MAX, visit);
                 pieces.extend(found);

@@ -13,7 +13,7 @@
 //! Choose a revision itself: it asks `claim_revision`, so that every change of one request (a
 //! transaction's, a lease's expiry) shares one. A delete of a missing key takes none.
 
-use super::{Applied, KvState, Versioned, entry_bytes, rejected};
+use super::{Applied, KvState, StoredKey, Versioned, entry_bytes, rejected};
 use crate::domain::command::{Cause, Event, EventKind, KvError, Response};
 use crate::domain::types::Revision;
 
@@ -67,7 +67,12 @@ impl KvState {
         };
         let (entry_create, entry_version) = (entry.create_revision, entry.version);
         self.data_bytes += entry_bytes(key, &entry);
-        if let Some(old) = self.keys.insert(key.to_string(), entry) {
+        // An overwrite keeps the key's allocation (the key index shares it).
+        let old = match self.keys.get_mut(key) {
+            Some(slot) => Some(std::mem::replace(slot, entry)),
+            None => self.keys.insert(StoredKey::from(key), entry),
+        };
+        if let Some(old) = old {
             self.data_bytes = self.data_bytes.saturating_sub(entry_bytes(key, &old));
         }
         Applied {

@@ -74,9 +74,14 @@ pub struct Applied {
     pub lease_changes: Vec<LeaseChange>,
 }
 
+/// A live key as the state holds it: shared, not copied, with the key index
+/// ([`crate::domain::key_index`]), and cloned for a count when a write copies a node of the
+/// persistent map that a snapshot still holds. Serialized as a string.
+pub type StoredKey = std::sync::Arc<str>;
+
 /// The live keys, in key order: a persistent map, so that a copy (a snapshot's) shares the
 /// nodes until one side writes to them. Serialized as a plain map.
-pub type KeyMap = imbl::OrdMap<String, Versioned>;
+pub type KeyMap = imbl::OrdMap<StoredKey, Versioned>;
 /// Every lease, by name: persistent for the same reason.
 pub type LeaseMap = imbl::OrdMap<String, LeaseRecord>;
 

@@ -11,7 +11,7 @@
 //! # What it must not do
 //! Change the state: every method here takes `&self`.
 
-use super::{KvState, LeaseMap, LeaseRecord, Versioned};
+use super::{KvState, LeaseMap, LeaseRecord, StoredKey, Versioned};
 use crate::domain::auth::{AuthState, KeyRange};
 use crate::domain::command::KvError;
 use crate::domain::key_bytes;
@@ -72,6 +72,11 @@ impl KvState {
         self.keys.get(key)
     }
 
+    /// The state's allocation of a live key, to share rather than copy.
+    pub fn stored_key(&self, key: &str) -> Option<StoredKey> {
+        self.keys.get_key_value(key).map(|(k, _)| k.clone())
+    }
+
     /// Keys whose raw bytes start with `prefix` (binary keys written through the etcd API
     /// among them, in their stored form), in raw key order, at most `limit` of them.
     pub fn list(&self, prefix: &str, limit: usize) -> Vec<(&str, &Versioned)> {
@@ -110,7 +115,7 @@ impl KvState {
         };
         from.skip_while(move |(k, _)| k.as_bytes() < span.start.as_slice())
             .take_while(move |(k, _)| span.end.as_deref().is_none_or(|e| k.as_bytes() < e))
-            .map(|(k, v)| (k.as_str(), v))
+            .map(|(k, v)| (&**k, v))
     }
 
     /// Users, roles and the auth switch.

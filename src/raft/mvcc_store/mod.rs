@@ -176,7 +176,7 @@ impl History {
         older: &KeyIndex,
         hold: impl Fn() -> Result<G, E>,
     ) -> Result<(), E> {
-        let mut after: Option<Box<[u8]>> = None;
+        let mut after: Option<crate::domain::key_index::IndexKey> = None;
         loop {
             let _held = hold()?;
             let next = self

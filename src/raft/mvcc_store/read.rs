@@ -21,7 +21,7 @@ use crate::domain::auth::KeyRange;
 use crate::domain::command::Event;
 use crate::domain::history::{Batch, KeyFilter};
 use crate::domain::key_bytes;
-use crate::domain::key_index::Loc;
+use crate::domain::key_index::{IndexKey, Located};
 use crate::domain::kv::{KeyMap, Versioned};
 use crate::domain::mvcc::{
     decode_events, decode_version, encode_version_of, event_key, events_from, find_event,
@@ -62,8 +62,8 @@ pub fn replay_onto(
         // Through the version encoding, so that the result is exactly what a read of the
         // versions gives.
         match decode_version(e.revision, &encode_version_of(&e)).map_err(malformed("event"))? {
-            Some(version) => base.insert(e.key, version),
-            None => base.remove(&e.key),
+            Some(version) => base.insert(e.key.into(), version),
+            None => base.remove(e.key.as_str()),
         };
     }
     Ok((base, replayed))
@@ -100,11 +100,11 @@ impl History {
     /// while it holds the state's lock).
     fn locate(
         &self,
-        mut start: Bound<Box<[u8]>>,
+        mut start: Bound<IndexKey>,
         end: Bound<&[u8]>,
         revision: Revision,
         limit: usize,
-    ) -> Vec<(Box<[u8]>, Loc)> {
+    ) -> Vec<Located> {
         let mut out = Vec::new();
         loop {
             let (found, next) = self.index().live_at(
@@ -135,7 +135,7 @@ impl History {
                 .end
                 .as_deref()
                 .map_or(Bound::Unbounded, Bound::Excluded);
-            let start = Bound::Included(span.start.clone().into_boxed_slice());
+            let start = Bound::Included(IndexKey::from(span.start.as_slice()));
             let locs = self.locate(start, end, revision, usize::MAX);
             runs.push(self.read_locs(locs)?);
         }
@@ -172,7 +172,7 @@ impl History {
             .end
             .as_deref()
             .map_or(Bound::Unbounded, Bound::Excluded);
-        let mut start = Bound::Included(span.start.clone().into_boxed_slice());
+        let mut start = Bound::Included(IndexKey::from(span.start.as_slice()));
         let mut page = FIRST_ADMIT_PAGE;
         let mut out = Vec::new();
         loop {
@@ -255,10 +255,7 @@ impl History {
 
     /// The versions at `locs` (live ones), in the same order. A location that is not there
     /// (a fold moved it after it was taken) is an error: the caller reads again.
-    fn read_locs(
-        &self,
-        locs: Vec<(Box<[u8]>, Loc)>,
-    ) -> Result<Vec<(String, Versioned)>, StorageError> {
+    fn read_locs(&self, locs: Vec<Located>) -> Result<Vec<(String, Versioned)>, StorageError> {
         let moved = || {
             corrupt(
                 "version",

@@ -16,7 +16,7 @@
 use super::{KEY_HISTORY_START, KEY_SWEEP_LIMIT, LEGACY_KEY_SWEPT, corrupt, malformed};
 use crate::domain::command::{Event, EventKind};
 use crate::domain::key_index::{KeyIndex, Loc};
-use crate::domain::kv::Versioned;
+use crate::domain::kv::{StoredKey, Versioned};
 use crate::domain::mvcc::{
     EVENT_PREFIX, INDEX_PREFIX, LEGACY_PREFIXES, encode_events, encode_version, event_key,
     index_key, is_tombstone, parse_event_key, parse_index_key, skim_events,
@@ -45,14 +45,20 @@ pub fn record<'e>(
     parts
 }
 
-/// Index the versions of event records written by [`record`].
-pub fn index_records(index: &mut KeyIndex, records: &[&[Event]]) {
+/// Index the versions of event records written by [`record`]. `live` gives the state's
+/// allocation of a live key, which a key new to the index shares.
+pub fn index_records(
+    index: &mut KeyIndex,
+    records: &[&[Event]],
+    live: impl Fn(&str) -> Option<StoredKey>,
+) {
     for part in records {
         let Some(last) = part.last() else { continue };
         for e in *part {
             let tombstone = e.kind == EventKind::Delete;
-            index.add(
+            index.add_shared(
                 e.key.as_bytes(),
+                || live(&e.key).map_or_else(|| e.key.as_bytes().into(), Into::into),
                 Loc::in_record(e.revision, last.revision, tombstone),
             );
         }
@@ -93,7 +99,7 @@ pub fn record_parts(events: &[Event], budget: usize) -> Vec<&[Event]> {
 pub fn restart<'a>(
     tree: &sled::Tree,
     batch: &mut impl Writes,
-    keys: impl Iterator<Item = (&'a String, &'a Versioned)>,
+    keys: impl Iterator<Item = (&'a StoredKey, &'a Versioned)>,
     revision: Revision,
 ) -> Result<(), StorageError> {
     for prefix in [EVENT_PREFIX, INDEX_PREFIX]
@@ -117,10 +123,14 @@ pub fn restart<'a>(
 }
 
 /// The index of a history that [`restart`] left: one base version per live key.
-pub fn base_index<'a>(keys: impl Iterator<Item = (&'a String, &'a Versioned)>) -> KeyIndex {
+pub fn base_index<'a>(keys: impl Iterator<Item = (&'a StoredKey, &'a Versioned)>) -> KeyIndex {
     let mut index = KeyIndex::default();
     for (key, v) in keys {
-        index.add(key.as_bytes(), Loc::base(v.mod_revision, false));
+        index.add_shared(
+            key.as_bytes(),
+            || key.clone().into(),
+            Loc::base(v.mod_revision, false),
+        );
     }
     index
 }

@@ -316,7 +316,9 @@ impl StateMachine {
                 .persist(&self.state, self.inline_limit, self.stop_writes_after)
                 .map_err(write_err)?;
             if !records.is_empty() {
-                mvcc_store::index_records(&mut self.history.index_mut(), &records);
+                mvcc_store::index_records(&mut self.history.index_mut(), &records, |k| {
+                    kv.stored_key(k)
+                });
             }
             self.history.apply_folds(swept.folds);
             drop(sweeping);

@@ -29,7 +29,7 @@ use super::{
     KEY_LEASE_CLOCK, KEY_MEMBERSHIP, KEY_REVISION, LEASE_PREFIX, LEGACY_KEY_PREFIX, StateMachine,
     StateView, Written,
 };
-use crate::domain::kv::{KeyMap, KvSnapshot, KvState, LeaseRecord, Versioned};
+use crate::domain::kv::{KeyMap, KvSnapshot, KvState, LeaseRecord, StoredKey, Versioned};
 use crate::domain::types::Revision;
 use crate::raft::state_writes::KEY_INTENT;
 use crate::raft::{LogId, StoredMembership, history_fill, mvcc_store};
@@ -167,7 +167,10 @@ impl StateMachine {
                 (keys, start)
             }
             _ => {
-                let keys = legacy_keys(&state)?;
+                let keys: KeyMap = legacy_keys(&state)?
+                    .into_iter()
+                    .map(|(k, v)| (StoredKey::from(k), v))
+                    .collect();
                 let mut batch = sled::Batch::default();
                 mvcc_store::restart(&state, &mut batch, keys.iter(), revision)?;
                 batch.remove(KEY_INTENT);
@@ -176,7 +179,7 @@ impl StateMachine {
                 *history.index_mut() = mvcc_store::base_index(keys.iter());
                 sweep_limit = sweep_limit.max(revision);
                 tracing::info!(%revision, "MVCC history starts at the current revision");
-                (keys.into_iter().collect(), revision)
+                (keys, revision)
             }
         };
         let kv = KvState::from_snapshot(KvSnapshot {
