@@ -229,7 +229,10 @@ impl EventHistory {
         self.bytes
     }
 
-    /// Append the events of one applied batch; the store is at `revision` after it.
+    /// Append the events of one applied batch; the store is at `revision` after it. The
+    /// history is trimmed as each event arrives, so a batch far over the budget (a range
+    /// delete of 100,000 keys) is never held whole: what the history holds stays within its
+    /// budget and one event.
     pub fn push(&mut self, events: impl IntoIterator<Item = Event>, revision: Revision) {
         let before = self.current;
         for e in events {
@@ -240,8 +243,13 @@ impl EventHistory {
             self.current = self.current.max(e.revision);
             self.bytes += cost(&e);
             self.events.push_back(e);
+            self.trim();
         }
         self.current = self.current.max(revision);
+    }
+
+    /// Drop the oldest events until the history is within its limits.
+    fn trim(&mut self) {
         while self.events.len() > self.limits.max_events || self.bytes > self.limits.max_bytes {
             let Some(old) = self.events.pop_front() else {
                 break;
