@@ -4,7 +4,8 @@
 # of A, measures every workload, stops it, then does the same for B; rounds alternate A B A B.
 #   scripts/bench-ab.sh BIN_A BIN_B [SECONDS]        default 10 s per workload
 # WORKLOADS (default "put:1 put:16 put:64"): `leasecore bench` workloads with their connection
-# counts. ROUNDS (default 3). Clusters live in .bench/ab-{a,b} on ports 7301..; loopback only.
+# counts. BENCH_ARGS: more `leasecore bench` flags for every run (e.g. "--keys 1000000").
+# ROUNDS (default 3). Clusters live in .bench/ab-{a,b} on ports 7301..; loopback only.
 # Prints each run, then per workload the mean throughput and p99 of each, and B / A.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -30,7 +31,7 @@ for r in $(seq 1 "$rounds"); do
     cluster "$side" "$bin" start 3 >/dev/null
     for w in $workloads; do
       name=${w%%:*} conns=${w##*:}
-      read -r o p50 p < <("$bin_a" bench "$name" -c "$conns" -d "$secs" --endpoints "$eps" --json \
+      read -r o p50 p < <("$bin_a" bench "$name" -c "$conns" -d "$secs" ${BENCH_ARGS:-} --endpoints "$eps" --json \
         | sed -n 's/.*"throughput":\([0-9.]*\).*"p50_ms":\([0-9.]*\),"p99_ms":\([0-9.]*\).*/\1 \2 \3/p')
       printf 'round %s  %s  %-10s  %8.0f ops/s  p50 %6.2f ms  p99 %6.2f ms\n' "$r" "$side" "$w" "$o" "$p50" "$p"
       ops[$side-$w]=$(awk -v a="${ops[$side-$w]:-0}" -v b="$o" 'BEGIN { print a + b }')
