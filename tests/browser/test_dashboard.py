@@ -16,12 +16,16 @@ import shutil
 
 from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
+from selenium.common.exceptions import StaleElementReferenceException
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
 BASE = os.environ["LEASECORE_UI_URL"].rstrip("/")
 SHOTS = os.environ.get("LEASECORE_SCREENSHOTS", "docs/screenshots")
 WAIT = 20
+# The page re-renders its tables as it polls: an element found may be replaced before its
+# text is read. A wait then looks again at its next poll.
+STALE = (StaleElementReferenceException,)
 
 
 def api(method, path, body=None):
@@ -44,7 +48,7 @@ def main():
     opts.binary_location = os.environ.get("CHROMIUM_BINARY") or shutil.which("chromium")
     service = Service(executable_path=shutil.which("chromedriver"))
     driver = webdriver.Chrome(options=opts, service=service)
-    wait = WebDriverWait(driver, WAIT)
+    wait = WebDriverWait(driver, WAIT, ignored_exceptions=STALE)
     try:
         driver.get(BASE + "/ui")
         # The cluster: a leader, three nodes, healthy.
@@ -67,7 +71,8 @@ def main():
         cell = '#leases tr[data-lease="worker-1"] td.countdown'
         wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, cell))
         wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, '#key-tree [data-key="locks/job-42"]'))
-        first = float(driver.find_element(By.CSS_SELECTOR, cell).text.split()[0])
+        # In a list: a countdown of 0.0 is still an answer.
+        first = wait.until(lambda d: [float(d.find_element(By.CSS_SELECTOR, cell).text.split()[0])])[0]
         wait.until(lambda d: float(d.find_element(By.CSS_SELECTOR, cell).text.split()[0]) < first - 0.5)
         wait.until(lambda d: "locks/job-42" in text_of(d, "#events li"))
         os.makedirs(SHOTS, exist_ok=True)
@@ -84,8 +89,8 @@ def main():
         subprocess.run(["scripts/cluster.sh", "kill", "1"], check=True)
         wait.until(lambda d: d.find_element(By.ID, "banner").is_displayed())
         subprocess.run(["scripts/cluster.sh", "restart", "1"], check=True)
-        WebDriverWait(driver, 60).until(lambda d: not d.find_element(By.ID, "banner").is_displayed())
-        WebDriverWait(driver, 60).until(lambda d: d.find_element(By.ID, "health").text == "healthy")
+        WebDriverWait(driver, 60, ignored_exceptions=STALE).until(lambda d: not d.find_element(By.ID, "banner").is_displayed())
+        WebDriverWait(driver, 60, ignored_exceptions=STALE).until(lambda d: d.find_element(By.ID, "health").text == "healthy")
         print("dashboard browser test: ok")
     except Exception:
         os.makedirs(SHOTS, exist_ok=True)
