@@ -73,6 +73,19 @@ impl Writes for sled::Batch {
     }
 }
 
+/// How [`WriteSet::persist`] stored a group.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Persisted {
+    /// Behind an intent stored inline.
+    Intent,
+    /// Behind an intent stored in parts.
+    Parts,
+    /// As one sled batch: a write was too long for a part, so sled may have put its value in
+    /// a blob file of its own, which it does not sync (the caller syncs it:
+    /// [`crate::storage::sync_blobs`]).
+    Batch,
+}
+
 /// Writes in the order they are added: the value is set (`Some`) or removed (`None`).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct WriteSet {
@@ -110,12 +123,12 @@ impl WriteSet {
         tree: &sled::Tree,
         inline_limit: usize,
         stop_after: Option<usize>,
-    ) -> sled::Result<()> {
+    ) -> sled::Result<Persisted> {
         // Sized before it is encoded: a group stored in parts is never encoded whole (a range
         // delete of 100,000 large keys made a 100 MB copy here only to measure it).
         if self.encoded_size() <= inline_limit {
             tree.insert(KEY_INTENT, self.encode())?;
-            return self.make(tree, stop_after);
+            return self.make(tree, stop_after).map(|()| Persisted::Intent);
         }
         let Some(parts) = self.parts(part_limit(inline_limit)) else {
             let mut batch = sled::Batch::default();
@@ -127,7 +140,7 @@ impl WriteSet {
                     None => batch.remove(key.clone()),
                 }
             }
-            return tree.apply_batch(batch);
+            return tree.apply_batch(batch).map(|()| Persisted::Batch);
         };
         let group = NEXT_GROUP.fetch_add(1, Ordering::Relaxed);
         for (n, part) in parts.iter().enumerate() {
@@ -139,7 +152,7 @@ impl WriteSet {
         tree.insert(KEY_INTENT, head)?;
         self.make(tree, stop_after)?;
         tree.remove(KEY_INTENT)?;
-        remove_parts(tree)
+        remove_parts(tree).map(|()| Persisted::Parts)
     }
 
     /// The writes cut into sets whose encodings each fit `limit`, in order; `None` if one
@@ -589,6 +602,33 @@ mod tests {
         assert_eq!(
             t.get(7u32.to_be_bytes()).unwrap(),
             Some(IVec::from(b"value"))
+        );
+    }
+
+    /// How a group was stored is reported: only a group with a write longer than a part goes
+    /// to sled as one batch, where sled may put the long value in a blob file it does not sync,
+    /// so the caller knows when to sync those.
+    #[test]
+    fn a_write_longer_than_a_part_makes_the_group_one_batch_and_says_so() {
+        let t = tree();
+        let limit = 1024;
+        let mut small = WriteSet::default();
+        small.insert(&b"a"[..], &b"1"[..]);
+        assert_eq!(small.persist(&t, limit, None).unwrap(), Persisted::Intent);
+        let mut many = WriteSet::default();
+        for i in 0..500u32 {
+            many.insert(i.to_be_bytes().to_vec(), b"value".to_vec());
+        }
+        assert_eq!(many.persist(&t, limit, None).unwrap(), Persisted::Parts);
+        let mut long = WriteSet::default();
+        long.insert(&b"b"[..], &b"2"[..]);
+        long.insert(&b"c"[..], vec![7u8; 4 * limit]);
+        assert_eq!(long.persist(&t, limit, None).unwrap(), Persisted::Batch);
+        assert_eq!(t.get(b"c").unwrap().map(|v| v.len()), Some(4 * limit));
+        assert_eq!(t.get(b"b").unwrap(), Some(IVec::from(b"2")));
+        assert!(
+            t.get(KEY_INTENT).unwrap().is_none(),
+            "the batch removes the last intent"
         );
     }
 

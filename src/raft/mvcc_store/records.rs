@@ -29,7 +29,9 @@ use crate::storage::StorageError;
 /// revisions, each under `record_budget` bytes of keys and values unless one revision alone
 /// is larger ([`record_parts`]). sled writes an item past a quarter of its segment to a blob
 /// file it never syncs, which a power failure could lose under a durable applied mark;
-/// records under the budget stay inline. Returns the records written, for the index
+/// records under the budget stay inline. A revision larger than that alone is one record, so
+/// it may be such a blob: its group is then written as one batch, and the state machine syncs
+/// sled's blobs right after it ([`crate::raft::state_writes::Persisted::Batch`]). Returns the records written, for the index
 /// ([`index_records`]).
 pub fn record<'e>(
     batch: &mut impl Writes,

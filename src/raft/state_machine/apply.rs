@@ -37,7 +37,7 @@ use crate::domain::kv::KvState;
 use crate::domain::mvcc;
 use crate::domain::types::Revision;
 use crate::raft::off_workers;
-use crate::raft::state_writes::{WriteSet, Writes};
+use crate::raft::state_writes::{Persisted, WriteSet, Writes};
 use crate::raft::{
     Entry, LogId, SnapshotMeta, StorageError, StoredMembership, TypeConfig, any_err, mvcc_store,
 };
@@ -312,9 +312,15 @@ impl StateMachine {
             // The window covers the index's change too: a history read that took a location
             // the fold moves reads again.
             let sweeping = swept.removes.then(|| self.removals.begin());
-            batch
+            let persisted = batch
                 .persist(&self.state, self.inline_limit, self.stop_writes_after)
                 .map_err(write_err)?;
+            // sled may have put a long value of that batch in a blob file, which it does not
+            // sync: synced now, before sled's own flush is likely to make its pointer durable
+            // (its recovery would skip a lost blob and keep the applied mark after it).
+            if persisted == Persisted::Batch {
+                crate::storage::sync_blobs(&self.dir).map_err(write_err)?;
+            }
             if !records.is_empty() {
                 mvcc_store::index_records(&mut self.history.index_mut(), &records, |k| {
                     kv.stored_key(k)
