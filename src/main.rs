@@ -11,7 +11,8 @@ mod cli;
 /// (`_int_malloc`, `malloc_consolidate`, `unlink_chunk`) took half of the leader's samples in a
 /// perf profile (issue 15). jemalloc over mimalloc (used before it): with 100,000 keys of
 /// 1 KB each node held 20% less resident memory (566 -> 453 MB), and puts ran 3-8% faster
-/// with a lower p99 (`scripts/bench-ab.sh`, alternated fresh clusters; docs/memory.md).
+/// with a lower p99; lease refreshes at 64 connections about 10% slower (`scripts/bench-ab.sh`,
+/// alternated fresh clusters; docs/memory.md).
 #[global_allocator]
 static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
