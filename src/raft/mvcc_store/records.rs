@@ -31,8 +31,8 @@ use crate::storage::StorageError;
 /// file it never syncs, which a power failure could lose under a durable applied mark;
 /// records under the budget stay inline. A revision larger than that alone is one record, so
 /// it may be such a blob: its group is then written as one batch, and the state machine syncs
-/// sled's blobs right after it ([`crate::raft::state_writes::Persisted::Batch`]). Returns the records written, for the index
-/// ([`index_records`]).
+/// sled's blobs right after it ([`crate::raft::state_writes::Persisted::Batch`]). Returns the
+/// records written, for the index ([`index_records`]).
 pub fn record<'e>(
     batch: &mut impl Writes,
     events: &'e [Event],
