@@ -17,8 +17,12 @@ use super::auth::{AuthChange, AuthError};
 use super::txn::{Txn, TxnResult};
 use super::types::Revision;
 
-/// A state-machine command, proposed through Raft and applied on every replica.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+mod decode;
+
+/// A state-machine command, proposed through Raft and applied on every replica. Decoded by
+/// `decode` (the tag first, without serde's buffering); a variant or field added here is
+/// added there too.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[serde(tag = "op", rename_all = "snake_case")]
 pub enum Command {
     /// Create or replace a key. With `prev_revision`, only if the key's current mod revision

@@ -27,6 +27,7 @@
 //! - [`prevote`]: whether a node grants a pre-vote, and whether a candidate won one.
 //! - [`health`]: readiness, quorum loss, peer reachability, learner catch-up.
 //! - [`resources`]: connection cap, storage quota, log compaction by bytes, peer addresses.
+//! - [`tag_first`]: decoding the log's internally tagged enums without serde's buffering.
 //! - [`value_bytes`]: the etcd API's byte values in the text store (NUL and base64).
 //! - [`vote_release`]: when a node that joined with an empty data dir may vote again.
 
@@ -55,6 +56,7 @@ pub mod prevote;
 pub mod range;
 pub mod recipes;
 pub mod resources;
+pub mod tag_first;
 pub mod txn;
 pub mod types;
 pub mod value_bytes;

@@ -51,10 +51,12 @@ impl LeaseTracker {
 
     pub(super) fn schedule_checkpoint(&mut self, name: &str, due: MonoMillis) {
         if let Some(t) = self.leases.get_mut(name) {
-            if let Some(old) = t.next_checkpoint.replace(due) {
-                self.checkpoints.remove(&(old, name.to_string()));
-            }
-            self.checkpoints.insert((due, name.to_string()));
+            let key = match t.next_checkpoint.replace(due) {
+                Some(old) => self.checkpoints.take(&(old, t.name.clone())),
+                None => None,
+            };
+            let key = key.map_or_else(|| t.name.clone(), |(_, key)| key);
+            self.checkpoints.insert((due, key));
         }
     }
 
@@ -62,13 +64,13 @@ impl LeaseTracker {
         if let Some(t) = self.leases.get_mut(name)
             && let Some(old) = t.next_checkpoint.take()
         {
-            self.checkpoints.remove(&(old, name.to_string()));
+            self.checkpoints.remove(&(old, t.name.clone()));
         }
     }
 
     /// A clear was committed: checkpoints decided up to `seq` no longer bind refreshes.
     pub fn on_cleared(&mut self, ticket: &ClearTicket) {
-        if let Some(t) = self.leases.get_mut(&ticket.name)
+        if let Some(t) = self.leases.get_mut(ticket.name.as_str())
             && t.revision == ticket.revision
         {
             t.cleared_seq = t.cleared_seq.max(ticket.seq);
@@ -83,13 +85,15 @@ impl LeaseTracker {
             return out;
         }
         while out.len() < limit {
-            let Some((due, name)) = self.checkpoints.first().cloned() else {
+            let Some((due, _)) = self.checkpoints.first() else {
                 break;
             };
-            if due > now {
+            if *due > now {
                 break;
             }
-            self.checkpoints.pop_first();
+            let Some((_, name)) = self.checkpoints.pop_first() else {
+                break;
+            };
             let clock_ms = self.clock.at(now);
             let Some(t) = self.leases.get_mut(&name) else {
                 continue;
@@ -101,7 +105,7 @@ impl LeaseTracker {
             }
             t.checkpoint_seq += 1;
             out.push(Checkpoint {
-                name,
+                name: name.to_string(),
                 revision: t.revision,
                 remaining_ms: now.until(t.deadline),
                 clock_ms,

@@ -19,6 +19,8 @@ use super::{
     ClearTicket, ClockReading, Expired, LeaseFacts, LeaseTracker, RefreshError, Refreshed, Tracked,
     drift_margin, idle_after,
 };
+use std::sync::Arc;
+
 use crate::domain::types::{MonoMillis, Revision};
 
 impl LeaseTracker {
@@ -94,15 +96,17 @@ impl LeaseTracker {
         checkpoint_seq: u64,
     ) {
         self.forget(name);
+        let name: Arc<str> = Arc::from(name);
         let next_checkpoint = self.cfg.checkpoints.then(|| {
             let due = idle_after(now, ttl_ms);
-            self.checkpoints.insert((due, name.to_string()));
+            self.checkpoints.insert((due, name.clone()));
             due
         });
-        self.queue.insert((deadline, name.to_string()));
+        self.queue.insert((deadline, name.clone()));
         self.leases.insert(
-            name.to_string(),
+            name.clone(),
             Tracked {
+                name,
                 revision,
                 ttl_ms,
                 deadline,
@@ -117,9 +121,9 @@ impl LeaseTracker {
 
     fn forget(&mut self, name: &str) {
         if let Some(old) = self.leases.remove(name) {
-            self.queue.remove(&(old.queued_at, name.to_string()));
+            self.queue.remove(&(old.queued_at, old.name.clone()));
             if let Some(due) = old.next_checkpoint {
-                self.checkpoints.remove(&(due, name.to_string()));
+                self.checkpoints.remove(&(due, old.name));
             }
         }
     }
@@ -187,8 +191,10 @@ impl LeaseTracker {
         };
         let new_queue = t.queued_at;
         let ttl_ms = t.ttl_ms;
-        self.queue.remove(&(old_queue, name.to_string()));
-        self.queue.insert((new_queue, name.to_string()));
+        // The entry moves with its own key: no allocation under the hub's lock.
+        if let Some((_, key)) = self.queue.take(&(old_queue, t.name.clone())) {
+            self.queue.insert((new_queue, key));
+        }
         if self.cfg.checkpoints {
             self.schedule_checkpoint(name, idle_after(now, ttl_ms));
         }
@@ -203,24 +209,26 @@ impl LeaseTracker {
             return out;
         }
         while out.len() < limit {
-            let Some((at, name)) = self.queue.first().cloned() else {
+            let Some((at, _)) = self.queue.first() else {
                 break;
             };
-            if at > now {
+            if *at > now {
                 break;
             }
-            self.queue.pop_first();
+            let Some((_, name)) = self.queue.pop_first() else {
+                break;
+            };
             let Some(t) = self.leases.get_mut(&name) else {
                 continue;
             };
             t.expiring = true;
             t.queued_at = now.plus(self.cfg.retry_ms.max(1));
-            self.queue.insert((t.queued_at, name.clone()));
             out.push(Expired {
-                name,
+                name: name.to_string(),
                 revision: t.revision,
                 deadline: t.deadline,
             });
+            self.queue.insert((t.queued_at, name));
         }
         out
     }

@@ -84,6 +84,7 @@
 //! - [`clock`]: the lease clock as one node can vouch for it.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 use super::types::{MonoMillis, Revision};
 
@@ -194,6 +195,9 @@ pub struct Checkpoint {
 
 #[derive(Clone, Debug)]
 struct Tracked {
+    /// The lease's name, shared with its entries in both queues: a refresh moves those entries
+    /// (under the hub's lock, at every heartbeat) without allocating a key.
+    name: Arc<str>,
     revision: Revision,
     ttl_ms: u64,
     /// When the lease expires.
@@ -215,11 +219,11 @@ pub struct LeaseTracker {
     cfg: TrackerConfig,
     /// Tracking at all: only on a caught-up leader.
     primary: bool,
-    leases: BTreeMap<String, Tracked>,
+    leases: BTreeMap<Arc<str>, Tracked>,
     /// Expiry queue: (deadline or retry time, name).
-    queue: BTreeSet<(MonoMillis, String)>,
+    queue: BTreeSet<(MonoMillis, Arc<str>)>,
     /// Checkpoint queue: (due time, name).
-    checkpoints: BTreeSet<(MonoMillis, String)>,
+    checkpoints: BTreeSet<(MonoMillis, Arc<str>)>,
     /// The lease clock since promote: (its value at promote, the local time of promote).
     clock: ClockReading,
     /// When the leader next considers stamping its clock into the log (see

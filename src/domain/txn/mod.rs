@@ -44,6 +44,7 @@ use super::types::Revision;
 use super::value_bytes;
 
 mod apply;
+mod decode;
 mod read;
 mod validate;
 
@@ -139,8 +140,9 @@ pub fn holds<'a>(c: &Compare, present: impl IntoIterator<Item = &'a Versioned>) 
     any || holds_for(c, None)
 }
 
-/// One operation of a transaction.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+/// One operation of a transaction. Decoded by `decode` (the tag first, without serde's
+/// buffering); a variant or field added here is added there too.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[serde(tag = "op", rename_all = "snake_case")]
 pub enum TxnOp {
     Put {
