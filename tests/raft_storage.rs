@@ -342,7 +342,10 @@ async fn a_crash_inside_an_applied_group_reopens_to_the_whole_group() {
         Vec<(String, leasecore::domain::kv::LeaseRecord)>,
         Vec<(String, leasecore::domain::kv::Versioned)>,
     );
-    async fn run(stop_after: Option<usize>, groups: [&[Entry]; 3]) -> (bool, Seen, Seen) {
+    /// Whether the group was cut, what the first group left, what a reopen finds, and what the
+    /// next group leaves after it (the cut group applied again first if the reopen did not
+    /// find it, as the log would replay it).
+    async fn run(stop_after: Option<usize>, groups: [&[Entry]; 3]) -> (bool, Seen, Seen, Seen) {
         let dir = TempDir::new().unwrap();
         let db = open_db(dir.path(), 8 << 20).unwrap();
         let seen = |view: &leasecore::raft::state_machine::StateView| -> Seen {
@@ -360,8 +363,9 @@ async fn a_crash_inside_an_applied_group_reopens_to_the_whole_group() {
                     .collect(),
             )
         };
-        let (mut sm, _) = StateMachine::open(&db, dir.path(), Arc::new(DiscardEvents)).unwrap();
+        let (mut sm, view) = StateMachine::open(&db, dir.path(), Arc::new(DiscardEvents)).unwrap();
         sm.apply(groups[0].to_vec()).await.unwrap();
+        let first = seen(&view);
         sm.get_snapshot_builder()
             .await
             .build_snapshot()
@@ -376,29 +380,43 @@ async fn a_crash_inside_an_applied_group_reopens_to_the_whole_group() {
         let (mut sm, view) = StateMachine::open(&db, dir.path(), Arc::new(DiscardEvents)).unwrap();
         let reopened = seen(&view);
         assert_eq!(early, reopened.0.revision, "the revision read before open");
+        if reopened.0 == first.0 {
+            sm.apply(groups[1].to_vec()).await.unwrap();
+        }
         sm.apply(groups[2].to_vec()).await.unwrap();
-        (cut, reopened, seen(&view))
+        (cut, first, reopened, seen(&view))
     }
 
     let groups = [&first[..], &cut_group[..], &next[..]];
-    let (_, whole, then) = run(None, groups).await;
+    let (_, before, whole, then) = run(None, groups).await;
     assert_eq!(whole.0.log_index, 11);
     assert!(
         whole.2.iter().all(|(name, _)| name == "b"),
         "lease a is gone"
     );
     assert!(!whole.1.iter().any(|(k, _)| k == "k1" || k == "k3"));
-    let mut cuts = 0;
+    // Cut before its intent (among its event records) the group did not happen, and its
+    // records written so far are gone; cut after it, the reopen finishes it.
+    let (mut cuts, mut not_happened) = (0, 0);
     for stop_after in 0.. {
-        let (cut, reopened, after) = run(Some(stop_after), groups).await;
+        let (cut, first, reopened, after) = run(Some(stop_after), groups).await;
         if !cut {
             break;
         }
         cuts += 1;
-        assert_eq!(reopened, whole, "crash after {stop_after} writes");
+        assert_eq!(first, before);
+        if reopened == before {
+            not_happened += 1;
+        } else {
+            assert_eq!(reopened, whole, "crash after {stop_after} writes");
+        }
         assert_eq!(after, then, "the next group after a crash at {stop_after}");
     }
-    assert!(cuts >= 5, "the group made only {cuts} writes");
+    assert!(not_happened >= 1, "no cut fell among the group's records");
+    assert!(
+        cuts >= not_happened + 5,
+        "the group made only {cuts} writes"
+    );
 }
 
 /// openraft hands a snapshot install to the state machine and asks for the purge it covers at
@@ -657,4 +675,74 @@ async fn a_build_that_finishes_after_an_install_keeps_the_installed_snapshot() {
         Some(id(11)),
         "the installed snapshot is kept"
     );
+}
+
+/// An applied group writes its event records before its intent: a crash among them leaves
+/// records of a group that did not happen. The reopen removes them before the history is read,
+/// and the group applied again from the log records the same history as it would have.
+#[tokio::test]
+async fn records_of_a_group_cut_before_its_intent_are_gone_after_a_reopen() {
+    use leasecore::domain::command::Command;
+    use leasecore::raft::mvcc_store;
+    use openraft::storage::RaftStateMachine;
+
+    // Each put is past half a record's budget: one record per revision.
+    let big = "x".repeat(mvcc_store::EVENT_RECORD_BYTES * 2 / 3);
+    let put = |k: &str, v: &str| Command::Put {
+        key: k.into(),
+        value: v.into(),
+        lease: None,
+        prev_revision: None,
+    };
+    let first = entries(1, vec![put("a", "1")]);
+    let group = entries(2, (0..4).map(|i| put(&format!("big{i}"), &big)).collect());
+    let history = |db: &sled::Db| -> Vec<(String, leasecore::domain::kv::Versioned)> {
+        let state = db.open_tree(leasecore::storage::TREE_STATE).unwrap();
+        let mut all: Vec<_> = mvcc_store::History::open(state.clone())
+            .unwrap()
+            .load()
+            .unwrap()
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v))
+            .collect();
+        all.sort_by(|a, b| a.0.cmp(&b.0).then(a.1.mod_revision.cmp(&b.1.mod_revision)));
+        all
+    };
+    let records = |db: &sled::Db| {
+        let state = db.open_tree(leasecore::storage::TREE_STATE).unwrap();
+        state
+            .scan_prefix(leasecore::domain::mvcc::EVENT_PREFIX)
+            .count()
+    };
+
+    let whole_dir = TempDir::new().unwrap();
+    let whole = open_db(whole_dir.path(), 8 << 20).unwrap();
+    let (mut sm, _) =
+        StateMachine::open(&whole, whole_dir.path(), Arc::new(DiscardEvents)).unwrap();
+    sm.apply(first.clone()).await.unwrap();
+    sm.apply(group.clone()).await.unwrap();
+    drop(sm);
+    assert_eq!(records(&whole), 5, "one record per revision");
+
+    let dir = TempDir::new().unwrap();
+    let db = open_db(dir.path(), 8 << 20).unwrap();
+    let (mut sm, _) = StateMachine::open(&db, dir.path(), Arc::new(DiscardEvents)).unwrap();
+    sm.apply(first.clone()).await.unwrap();
+    let before = history(&db);
+    sm.stop_writes_after(Some(2));
+    assert!(sm.apply(group.clone()).await.is_err(), "cut");
+    drop(sm);
+    assert_eq!(
+        records(&db),
+        3,
+        "two of the group's records made, then the crash"
+    );
+    let (mut sm, view) = StateMachine::open(&db, dir.path(), Arc::new(DiscardEvents)).unwrap();
+    assert_eq!(view.applied().log_index, 1, "the group did not happen");
+    assert_eq!(records(&db), 1, "its records are gone");
+    assert_eq!(history(&db), before);
+    sm.apply(group).await.unwrap();
+    drop(sm);
+    assert_eq!(history(&db), history(&whole));
+    assert_eq!(records(&db), 5);
 }

@@ -57,7 +57,9 @@ mod tests;
 
 pub use compact::Swept;
 pub use read::{KeyPage, LiveKeys, events_since, replay_onto};
-pub use records::{base_index, build_index, index_records, record, record_parts, restart};
+pub use records::{
+    base_index, build_index, drop_records_above, index_records, record, record_parts, restart,
+};
 
 /// Where the history of this node begins (a snapshot, or a store from before history).
 pub const KEY_HISTORY_START: &[u8] = b"m/history_start";

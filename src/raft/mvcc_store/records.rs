@@ -41,10 +41,35 @@ pub fn record<'e>(
     let parts = record_parts(events, record_budget);
     for part in &parts {
         if let Some(last) = part.last() {
-            batch.insert(event_key(last.revision), encode_events(part));
+            // New keys: a group's writes store them before its intent (`state_writes`).
+            batch.insert_new(event_key(last.revision), encode_events(part));
         }
     }
     parts
+}
+
+/// Remove the event records above `revision`, the store's: on open, before the history's
+/// index is built. An applied group writes its records before its intent
+/// (`state_writes`), so a crash between the two leaves records of a group that did not
+/// happen; its entries are applied again from the log, their records written again (perhaps
+/// cut differently). Returns how many were removed.
+pub fn drop_records_above(tree: &sled::Tree, revision: Revision) -> Result<usize, StorageError> {
+    let Some(next) = revision.0.checked_add(1) else {
+        return Ok(0);
+    };
+    let mut removed = 0;
+    for item in tree.range(event_key(Revision(next))..) {
+        let (key, _) = item?;
+        if !key.starts_with(EVENT_PREFIX) {
+            break;
+        }
+        // Only this format's record keys (an older format's are longer, and converted).
+        if parse_event_key(&key).is_some_and(|last| last > revision) {
+            tree.remove(&key)?;
+            removed += 1;
+        }
+    }
+    Ok(removed)
 }
 
 /// Index the versions of event records written by [`record`]. `live` gives the state's

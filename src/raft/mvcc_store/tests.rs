@@ -8,7 +8,8 @@ use crate::domain::command::{Cause, Event, EventKind};
 use crate::domain::history::KeyFilter;
 use crate::domain::kv::{KeyMap, Versioned};
 use crate::domain::mvcc::{
-    EVENT_PREFIX, INDEX_PREFIX, encode_version_of, index_key, parse_event_key, parse_index_key,
+    EVENT_PREFIX, INDEX_PREFIX, encode_events, encode_version_of, event_key, index_key,
+    parse_event_key, parse_index_key,
 };
 use crate::domain::watch_batch::BatchLimit;
 use proptest::prelude::*;
@@ -392,4 +393,31 @@ fn the_key_index_shares_the_states_keys() {
     *h.index_mut() = base_index(state.iter());
     assert_eq!(std::sync::Arc::strong_count(live), 3);
     assert_eq!(h.index().keys(), 1);
+}
+
+/// Records above the store's revision (a group cut before its intent) go on open; those at
+/// or below it, other keys and an older format's longer record keys stay.
+#[test]
+fn records_above_the_stored_revision_are_dropped() {
+    let t = tree();
+    for r in 1..=10 {
+        t.insert(event_key(Revision(r)), encode_events(&[event(r, 4)]))
+            .unwrap();
+    }
+    let mut legacy = event_key(Revision(9));
+    legacy.extend_from_slice(&[0, 1]);
+    t.insert(&legacy, &b"{}"[..]).unwrap();
+    t.insert(b"m/revision", &b"6"[..]).unwrap();
+    assert_eq!(drop_records_above(&t, Revision(6)).unwrap(), 4);
+    let left: Vec<Revision> = t
+        .scan_prefix(EVENT_PREFIX)
+        .keys()
+        .filter_map(|k| parse_event_key(&k.unwrap()))
+        .collect();
+    assert_eq!(left, (1..=6).map(Revision).collect::<Vec<_>>());
+    assert!(t.contains_key(&legacy).unwrap());
+    assert!(t.contains_key(b"m/revision").unwrap());
+    assert_eq!(drop_records_above(&t, Revision(6)).unwrap(), 0);
+    assert_eq!(drop_records_above(&t, Revision(u64::MAX)).unwrap(), 0);
+    assert_eq!(drop_records_above(&t, Revision(0)).unwrap(), 6);
 }

@@ -4,7 +4,8 @@
 //!
 //! # Invariants
 //! - Nothing reads the state tree before the last applied group is finished and an
-//!   interrupted install is redone from its snapshot file.
+//!   interrupted install is redone from its snapshot file, and nothing reads the history
+//!   before the records of a group cut before its intent are removed.
 //! - The live keys come from the snapshot on disk and the event records after it only when
 //!   those records are all there (the snapshot at or above where the history starts and the
 //!   sweep went, and not ahead of the state); otherwise from every version. A torn or
@@ -148,6 +149,14 @@ impl StateMachine {
         // A store of an older format (values under `k/`; format 1 without history, format 2
         // with it) is converted: its values become the base versions, its history starts here.
         let stored_start = mvcc_store::history_start(&state)?;
+        if !mvcc_store::is_legacy(&state)? {
+            // Before the index is built from them: records of a group a crash cut before its
+            // intent (`state_writes`).
+            let dropped = mvcc_store::drop_records_above(&state, revision)?;
+            if dropped > 0 {
+                tracing::info!(dropped, %revision, "removed event records of an applied group a crash cut");
+            }
+        }
         let history = mvcc_store::History::open(state.clone())?;
         let on_disk = read_snapshot_state(&snapshots);
         let snapshot_revision = on_disk.as_ref().map_or(Revision(0), |kv| kv.revision);
