@@ -27,6 +27,18 @@ impl StoreBuilder<TypeConfig, LogStore, StateMachine, TempDir> for SledBuilder {
 }
 
 /// `cmds` as consecutive log entries of term 1 from index `first`.
+/// The live keys as the state tree's history has them (every version read back from sled).
+fn history_keys(db: &sled::Db) -> Vec<(String, leasecore::domain::kv::Versioned)> {
+    let state = db.open_tree(leasecore::storage::TREE_STATE).unwrap();
+    leasecore::raft::mvcc_store::History::open(state)
+        .unwrap()
+        .load()
+        .unwrap()
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect()
+}
+
 fn entries(
     first: u64,
     cmds: Vec<leasecore::domain::command::Command>,
@@ -181,15 +193,7 @@ async fn a_restart_loads_the_snapshot_and_replays_the_history_after_it() {
     let (_sm, view) = StateMachine::open(&db, dir.path(), Arc::new(DiscardEvents)).unwrap();
     let (_, after) = view.list("", usize::MAX);
     assert_eq!(after, before);
-    let state = db.open_tree(leasecore::storage::TREE_STATE).unwrap();
-    let every_version: Vec<_> = mvcc_store::History::open(state.clone())
-        .unwrap()
-        .load()
-        .unwrap()
-        .into_iter()
-        .map(|(k, v)| (k.to_string(), v))
-        .collect();
-    assert_eq!(after, every_version);
+    assert_eq!(after, history_keys(&db));
     // 100 keys, 10 more from the overwrites (k/100 to k/118), 20 deleted, k/999.
     assert_eq!(after.len(), 100 + 10 - 20 + 1);
 }
@@ -291,7 +295,6 @@ async fn a_crash_inside_an_applied_group_reopens_to_the_whole_group() {
     use leasecore::domain::command::Command;
     use leasecore::domain::types::Revision;
     use leasecore::raft::Entry;
-    use leasecore::raft::mvcc_store;
     use openraft::RaftSnapshotBuilder;
     use openraft::storage::RaftStateMachine;
 
@@ -349,18 +352,11 @@ async fn a_crash_inside_an_applied_group_reopens_to_the_whole_group() {
         let dir = TempDir::new().unwrap();
         let db = open_db(dir.path(), 8 << 20).unwrap();
         let seen = |view: &leasecore::raft::state_machine::StateView| -> Seen {
-            let state = db.open_tree(leasecore::storage::TREE_STATE).unwrap();
             (
                 view.applied(),
                 view.list("", usize::MAX).1,
                 view.leases().1,
-                mvcc_store::History::open(state.clone())
-                    .unwrap()
-                    .load()
-                    .unwrap()
-                    .into_iter()
-                    .map(|(k, v)| (k.to_string(), v))
-                    .collect(),
+                history_keys(&db),
             )
         };
         let (mut sm, view) = StateMachine::open(&db, dir.path(), Arc::new(DiscardEvents)).unwrap();
@@ -550,15 +546,8 @@ async fn an_install_cut_anywhere_finishes_when_the_node_opens() {
         end: None,
     };
     let seen = |view: &leasecore::raft::state_machine::StateView, db: &sled::Db| -> Seen {
-        let state = db.open_tree(leasecore::storage::TREE_STATE).unwrap();
         assert_eq!(
-            leasecore::raft::mvcc_store::History::open(state.clone())
-                .unwrap()
-                .load()
-                .unwrap()
-                .into_iter()
-                .map(|(k, v)| (k.to_string(), v))
-                .collect::<Vec<_>>(),
+            history_keys(db),
             view.list("", usize::MAX).1,
             "the versions are the state"
         );
@@ -696,18 +685,6 @@ async fn records_of_a_group_cut_before_its_intent_are_gone_after_a_reopen() {
     };
     let first = entries(1, vec![put("a", "1")]);
     let group = entries(2, (0..4).map(|i| put(&format!("big{i}"), &big)).collect());
-    let history = |db: &sled::Db| -> Vec<(String, leasecore::domain::kv::Versioned)> {
-        let state = db.open_tree(leasecore::storage::TREE_STATE).unwrap();
-        let mut all: Vec<_> = mvcc_store::History::open(state.clone())
-            .unwrap()
-            .load()
-            .unwrap()
-            .into_iter()
-            .map(|(k, v)| (k.to_string(), v))
-            .collect();
-        all.sort_by(|a, b| a.0.cmp(&b.0).then(a.1.mod_revision.cmp(&b.1.mod_revision)));
-        all
-    };
     let records = |db: &sled::Db| {
         let state = db.open_tree(leasecore::storage::TREE_STATE).unwrap();
         state
@@ -728,7 +705,7 @@ async fn records_of_a_group_cut_before_its_intent_are_gone_after_a_reopen() {
     let db = open_db(dir.path(), 8 << 20).unwrap();
     let (mut sm, _) = StateMachine::open(&db, dir.path(), Arc::new(DiscardEvents)).unwrap();
     sm.apply(first.clone()).await.unwrap();
-    let before = history(&db);
+    let before = history_keys(&db);
     sm.stop_writes_after(Some(2));
     assert!(sm.apply(group.clone()).await.is_err(), "cut");
     drop(sm);
@@ -740,9 +717,9 @@ async fn records_of_a_group_cut_before_its_intent_are_gone_after_a_reopen() {
     let (mut sm, view) = StateMachine::open(&db, dir.path(), Arc::new(DiscardEvents)).unwrap();
     assert_eq!(view.applied().log_index, 1, "the group did not happen");
     assert_eq!(records(&db), 1, "its records are gone");
-    assert_eq!(history(&db), before);
+    assert_eq!(history_keys(&db), before);
     sm.apply(group).await.unwrap();
     drop(sm);
-    assert_eq!(history(&db), history(&whole));
+    assert_eq!(history_keys(&db), history_keys(&whole));
     assert_eq!(records(&db), 5);
 }
