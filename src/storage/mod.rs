@@ -43,7 +43,11 @@ pub mod snapshot_file;
 /// once, in its event record, found through the key index (`raft::mvcc_store`): an older
 /// build would read only the base versions and lose every key changed since. A format-5
 /// directory (a base version beside every event) reads the same as format 6 and needs nothing.
-pub const STORAGE_FORMAT: u32 = 6;
+/// Format 7 journals the leases an applied group changed in one record per group
+/// (`raft::state_machine::lease_journal`), folded into the per-lease records later: an older
+/// build would read only those and lose every lease changed since. A format-6 directory (no
+/// journal) reads the same as format 7 and needs nothing.
+pub const STORAGE_FORMAT: u32 = 7;
 /// The oldest format this build upgrades in place.
 const UPGRADABLE_FROM: u32 = 1;
 /// Where the format is recorded.

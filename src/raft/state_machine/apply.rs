@@ -30,7 +30,7 @@ use super::snapshot::{
 };
 use super::{
     KEY_APPLIED, KEY_AUTH, KEY_COMPACT, KEY_LEASE_CLOCK, KEY_MEMBERSHIP, KEY_REVISION,
-    StateMachine, Written, enc, json, lease_key, write_err,
+    StateMachine, Written, enc, json, lease_journal, lease_key, write_err,
 };
 use crate::domain::command::Response;
 use crate::domain::kv::KvState;
@@ -186,6 +186,8 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             };
             self.data_bytes
                 .store(installed.data_bytes(), Ordering::Release);
+            // `install_writes` wrote every base record and removed the journal.
+            self.journal_changes = 0;
             let old = std::mem::replace(&mut *kv, installed);
             let old_index = std::mem::replace(&mut *self.history.index_mut(), index);
             self.history_start.store(revision.0, Ordering::Release);
@@ -260,11 +262,21 @@ impl StateMachine {
                 };
                 responses.push(response);
             }
-            for (name, lease) in kv.take_dirty_leases() {
-                match lease {
-                    Some(l) => batch.insert(lease_key(&name), json(l)?),
-                    None => batch.remove(lease_key(&name)),
-                }
+            // The group's lease changes: one journal record, not a base record each.
+            let dirty = kv.take_dirty_leases();
+            if !dirty.is_empty() {
+                let index = self.last_applied.map_or(0, |l| l.index);
+                self.journal_changes +=
+                    lease_journal::record(&mut batch, index, &dirty).map_err(write_err)?;
+            }
+            let dirty = dirty.len() as u64;
+            if self.journal_changes > self.journal_fold_at {
+                // Oldest first, at least twice what this group added, so the journal shrinks.
+                let budget = (self.journal_changes - self.journal_fold_at).min(2 * dirty + 1024);
+                let folded =
+                    lease_journal::fold(&self.state, &mut batch, kv.leases(), budget, lease_key)
+                        .map_err(write_err)?;
+                self.journal_changes = self.journal_changes.saturating_sub(folded);
             }
             if let Some(auth) = kv.take_dirty_auth() {
                 batch.insert(KEY_AUTH, json(auth)?);

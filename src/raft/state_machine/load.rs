@@ -24,6 +24,7 @@ use crate::raft::off_workers::RwLock;
 
 use tokio::sync::watch;
 
+use super::lease_journal;
 use super::snapshot::{cut_before_its_marker, decode_payload, finish_install, installing};
 use super::{
     AppliedMark, ApplyObserver, HistoryRemovals, KEY_APPLIED, KEY_AUTH, KEY_COMPACT,
@@ -126,6 +127,15 @@ impl StateMachine {
             Some(b) => serde_json::from_slice(&b).map_err(|e| corrupt("applied", e))?,
             None => None,
         };
+        // Before the journal is read: records of a group a crash cut before its intent.
+        let dropped = lease_journal::drop_above(&state, last_applied.map_or(0, |l| l.index))?;
+        if dropped > 0 {
+            tracing::info!(
+                dropped,
+                "removed lease journal records of an applied group a crash cut"
+            );
+        }
+        let journal_changes = lease_journal::replay(&state, &mut leases)?;
         let membership: StoredMembership = match read(KEY_MEMBERSHIP)? {
             Some(b) => serde_json::from_slice(&b).map_err(|e| corrupt("membership", e))?,
             None => StoredMembership::default(),
@@ -246,6 +256,8 @@ impl StateMachine {
             stop_install_after: None,
             snapshot_writes: Arc::default(),
             inline_limit: crate::storage::inline_value_limit(dir),
+            journal_changes,
+            journal_fold_at: lease_journal::FOLD_AT,
             dir: dir.to_path_buf(),
         };
         Ok((sm, view))

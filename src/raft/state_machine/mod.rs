@@ -54,6 +54,7 @@ pub use super::state_view::{HistoryError, HistoryRemovals, StateView};
 use crate::storage::snapshot_file::SnapshotFile;
 
 mod apply;
+mod lease_journal;
 mod load;
 mod snapshot;
 
@@ -177,6 +178,10 @@ pub struct StateMachine {
     snapshot_writes: Arc<tokio::sync::Mutex<Option<LogId>>>,
     /// The longest write intent stored inline (`state_writes::WriteSet::persist`).
     inline_limit: usize,
+    /// The lease changes in the journal ([`lease_journal`]), and how many it holds before
+    /// the oldest are folded into the base records.
+    journal_changes: u64,
+    journal_fold_at: u64,
     /// The data directory (sled's, and the snapshot file's).
     dir: std::path::PathBuf,
 }
@@ -219,6 +224,13 @@ impl StateMachine {
             stop_after: None,
             dir: self.dir.clone(),
         }
+    }
+
+    /// Tests: fold the lease journal into the base records once it holds more than
+    /// `changes` (rather than [`lease_journal::FOLD_AT`]).
+    #[doc(hidden)]
+    pub fn fold_lease_journal_at(&mut self, changes: u64) {
+        self.journal_fold_at = changes;
     }
 
     /// Tests of crash recovery: the next snapshot install makes at most `writes` of its

@@ -141,6 +141,7 @@ pub(super) fn install_writes(
     for item in state.scan_prefix(LEASE_PREFIX) {
         w.remove(item?.0);
     }
+    super::lease_journal::clear(state, &mut w)?;
     for (name, lease) in &kv.leases {
         w.insert(lease_key(name), enc(lease)?);
     }
