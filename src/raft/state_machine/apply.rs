@@ -271,7 +271,8 @@ impl StateMachine {
             }
             let dirty = dirty.len() as u64;
             if self.journal_changes > self.journal_fold_at {
-                // Oldest first, at least twice what this group added, so the journal shrinks.
+                // Oldest first: the excess, but no more than twice what this group added
+                // (and 1,024), so the journal shrinks back without one apply folding it all.
                 let budget = (self.journal_changes - self.journal_fold_at).min(2 * dirty + 1024);
                 let folded =
                     lease_journal::fold(&self.state, &mut batch, kv.leases(), budget, lease_key)
