@@ -783,7 +783,7 @@ async fn journaled_leases_reopen_to_what_was_applied_after_a_crash_anywhere() {
         let open = || {
             let (mut sm, view) =
                 StateMachine::open(&db, dir.path(), Arc::new(DiscardEvents)).unwrap();
-            sm.fold_lease_journal_at(fold_at);
+            sm.fold_lease_journal_at(fold_at, u64::MAX);
             (sm, view)
         };
         let (mut sm, view) = open();
@@ -867,4 +867,54 @@ async fn journaled_leases_reopen_to_what_was_applied_after_a_crash_anywhere() {
             "no cut fell before the intent (fold at {fold_at})"
         );
     }
+}
+
+/// A lease's journal change is its whole record, attached keys included: a lease gaining a key
+/// a group at a time journals all its keys again each time. The journal is folded by its bytes
+/// too, so it stays near its limit, and a reopen loads the lease with every key.
+#[tokio::test]
+async fn the_lease_journal_stays_within_its_bytes() {
+    use leasecore::domain::command::Command;
+    use openraft::storage::RaftStateMachine;
+
+    const LIMIT: u64 = 64 << 10;
+    let dir = TempDir::new().unwrap();
+    let db = open_db(dir.path(), 8 << 20).unwrap();
+    let (mut sm, _) = StateMachine::open(&db, dir.path(), Arc::new(DiscardEvents)).unwrap();
+    sm.fold_lease_journal_at(u64::MAX, LIMIT);
+    let register = Command::RegisterLease {
+        name: "big".into(),
+        ttl_ms: 5_000,
+        clock_ms: Some(10),
+    };
+    sm.apply(entries(1, vec![register])).await.unwrap();
+    let state = db.open_tree(leasecore::storage::TREE_STATE).unwrap();
+    let journal_bytes = || -> u64 {
+        state
+            .scan_prefix(b"j/")
+            .map(|i| i.unwrap().1.len() as u64)
+            .sum()
+    };
+    let mut largest = 0;
+    for i in 0..400u64 {
+        let put = Command::Put {
+            key: format!("keys/of/the/big/lease/{i:06}"),
+            value: "v".into(),
+            lease: Some("big".into()),
+            prev_revision: None,
+        };
+        sm.apply(entries(2 + i, vec![put])).await.unwrap();
+        largest = largest.max(journal_bytes());
+    }
+    // Without the fold: 400 records of up to 400 keys, over 3 MB.
+    assert!(largest <= LIMIT + (16 << 10), "journal of {largest} bytes");
+    assert!(
+        state.scan_prefix(b"l/").count() == 1,
+        "folded into its record"
+    );
+    drop(sm);
+    let (_sm, view) = StateMachine::open(&db, dir.path(), Arc::new(DiscardEvents)).unwrap();
+    let leases = view.leases().1;
+    assert_eq!(leases.len(), 1);
+    assert_eq!(leases[0].1.keys.len(), 400);
 }

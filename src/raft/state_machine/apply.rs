@@ -187,7 +187,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             self.data_bytes
                 .store(installed.data_bytes(), Ordering::Release);
             // `install_writes` wrote every base record and removed the journal.
-            self.journal_changes = 0;
+            self.journal = lease_journal::Size::default();
             let old = std::mem::replace(&mut *kv, installed);
             let old_index = std::mem::replace(&mut *self.history.index_mut(), index);
             self.history_start.store(revision.0, Ordering::Release);
@@ -264,20 +264,24 @@ impl StateMachine {
             }
             // The group's lease changes: one journal record, not a base record each.
             let dirty = kv.take_dirty_leases();
+            let mut added = lease_journal::Size::default();
             if !dirty.is_empty() {
                 let index = self.last_applied.map_or(0, |l| l.index);
-                self.journal_changes +=
-                    lease_journal::record(&mut batch, index, &dirty).map_err(write_err)?;
+                added = lease_journal::record(&mut batch, index, &dirty).map_err(write_err)?;
+                self.journal.add(added);
             }
-            let dirty = dirty.len() as u64;
-            if self.journal_changes > self.journal_fold_at {
+            let over = self.journal.over(self.journal_fold_at);
+            if !over.is_zero() {
                 // Oldest first: the excess, but no more than twice what this group added
-                // (and 1,024), so the journal shrinks back without one apply folding it all.
-                let budget = (self.journal_changes - self.journal_fold_at).min(2 * dirty + 1024);
+                // (and a little), so the journal shrinks back without one apply folding it all.
+                let need = lease_journal::Size {
+                    changes: over.changes.min(2 * added.changes + 1024),
+                    bytes: over.bytes.min(2 * added.bytes + (1 << 20)),
+                };
                 let folded =
-                    lease_journal::fold(&self.state, &mut batch, kv.leases(), budget, lease_key)
+                    lease_journal::fold(&self.state, &mut batch, kv.leases(), need, lease_key)
                         .map_err(write_err)?;
-                self.journal_changes = self.journal_changes.saturating_sub(folded);
+                self.journal.sub(folded);
             }
             if let Some(auth) = kv.take_dirty_auth() {
                 batch.insert(KEY_AUTH, json(auth)?);

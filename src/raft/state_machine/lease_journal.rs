@@ -6,8 +6,10 @@
 //! node, a fifth of a registration's whole cost over three nodes. A group's changes in one
 //! record cost one insert. This is what the MVCC history does for keys (one event record per
 //! group, folded into base versions only by compaction); the journal is folded into the base
-//! records only once it holds more than [`FOLD_AT`] changes, oldest first, so a lease that is
-//! revoked or expires before then never reaches the base at all.
+//! records only once it holds more than [`FOLD_AT`] (changes or bytes), oldest first, so a
+//! lease that is revoked or expires before then never reaches the base at all. The bytes
+//! matter: a change is the lease's whole record, attached keys included, so a lease with
+//! thousands of keys journals all of them again with each key attached.
 //!
 //! # Invariants
 //! - A record is keyed by its group's last applied log index (then a part number): the key
@@ -36,11 +38,45 @@ use crate::storage::StorageError;
 /// big-endian.
 pub(super) const JOURNAL_PREFIX: &[u8] = b"j/";
 
-/// The journal is folded into the base records once it holds more changes than this. It
-/// bounds what a restart replays (decoding 100,000 changes takes a fraction of a second) and
-/// the journal's size, while leaving room for bursts of registrations and for leases that
-/// live for less than that many changes.
-pub(super) const FOLD_AT: u64 = 100_000;
+/// How much the journal holds: changes, and the bytes of its records.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(super) struct Size {
+    pub changes: u64,
+    pub bytes: u64,
+}
+
+impl Size {
+    /// By how much `self` is over `limit`, in each measure (zero where it is not).
+    pub(super) fn over(self, limit: Size) -> Size {
+        Size {
+            changes: self.changes.saturating_sub(limit.changes),
+            bytes: self.bytes.saturating_sub(limit.bytes),
+        }
+    }
+
+    pub(super) fn is_zero(self) -> bool {
+        self == Size::default()
+    }
+
+    pub(super) fn add(&mut self, other: Size) {
+        self.changes += other.changes;
+        self.bytes += other.bytes;
+    }
+
+    pub(super) fn sub(&mut self, other: Size) {
+        self.changes = self.changes.saturating_sub(other.changes);
+        self.bytes = self.bytes.saturating_sub(other.bytes);
+    }
+}
+
+/// The journal is folded into the base records once it holds more than this, in changes or
+/// in bytes. It bounds what a restart replays (decoding 100,000 changes takes a fraction of
+/// a second) and the journal's size on disk, while leaving room for bursts of registrations
+/// and for leases that live for less than that many changes.
+pub(super) const FOLD_AT: Size = Size {
+    changes: 100_000,
+    bytes: 64 << 20,
+};
 
 /// The most bytes of changes in one record (more are cut into parts): under sled's inline
 /// value size, so a record is never a blob file sled does not sync.
@@ -73,20 +109,22 @@ type Change<'a> = (&'a str, Option<&'a LeaseRecord>);
 type OwnedChange = (String, Option<LeaseRecord>);
 
 /// Journal `changes` (the group's dirty leases, in any order: each name once) as the records
-/// of the group whose last applied entry is `index`. Returns how many changes were written.
+/// of the group whose last applied entry is `index`. Returns what was written.
 pub(super) fn record(
     batch: &mut impl Writes,
     index: u64,
     changes: &[(String, Option<&LeaseRecord>)],
-) -> Result<u64, StorageError> {
+) -> Result<Size, StorageError> {
     let mut part = 0u32;
     let mut chunk: Vec<Change<'_>> = Vec::new();
     let mut bytes = 0;
+    let mut written = 0;
     let mut flush = |chunk: &mut Vec<Change<'_>>, part: &mut u32| -> Result<(), StorageError> {
         if chunk.is_empty() {
             return Ok(());
         }
         let value = serde_json::to_vec(&chunk).map_err(corrupt)?;
+        written += value.len() as u64;
         batch.insert_new(record_key(index, *part), value);
         *part += 1;
         chunk.clear();
@@ -105,18 +143,22 @@ pub(super) fn record(
         bytes += size;
     }
     flush(&mut chunk, &mut part)?;
-    Ok(changes.len() as u64)
+    drop(flush);
+    Ok(Size {
+        changes: changes.len() as u64,
+        bytes: written,
+    })
 }
 
-/// Apply the journal over `leases` (the base records), in order. Returns how many changes it
-/// holds.
-pub(super) fn replay(state: &sled::Tree, leases: &mut LeaseMap) -> Result<u64, StorageError> {
-    let mut changes = 0;
+/// Apply the journal over `leases` (the base records), in order. Returns what it holds.
+pub(super) fn replay(state: &sled::Tree, leases: &mut LeaseMap) -> Result<Size, StorageError> {
+    let mut size = Size::default();
     for item in state.scan_prefix(JOURNAL_PREFIX) {
         let (_, value) = item?;
+        size.bytes += value.len() as u64;
         let record: Vec<OwnedChange> = serde_json::from_slice(&value).map_err(corrupt)?;
         for (name, lease) in record {
-            changes += 1;
+            size.changes += 1;
             match lease {
                 Some(l) => {
                     leases.insert(name, l);
@@ -127,7 +169,7 @@ pub(super) fn replay(state: &sled::Tree, leases: &mut LeaseMap) -> Result<u64, S
             }
         }
     }
-    Ok(changes)
+    Ok(size)
 }
 
 /// Remove the records above `applied` (the stored applied index): on open, before the leases
@@ -147,27 +189,30 @@ pub(super) fn drop_above(state: &sled::Tree, applied: u64) -> Result<usize, Stor
     Ok(removed)
 }
 
-/// Fold the oldest records into the base records, at least `budget` changes' worth (whole
-/// records) unless the journal ends first: each named lease's base becomes `current`'s state
-/// of it, and the record goes. Returns how many changes the folded records held.
+/// Fold the oldest records into the base records, whole records until they held at least
+/// `need` in both measures, or the journal ends: each named lease's base becomes `current`'s
+/// state of it, and the record goes. Returns what the folded records held.
 pub(super) fn fold(
     state: &sled::Tree,
     batch: &mut impl Writes,
     current: &LeaseMap,
-    budget: u64,
+    need: Size,
     base_key: impl Fn(&str) -> Vec<u8>,
-) -> Result<u64, StorageError> {
-    let mut folded = 0;
+) -> Result<Size, StorageError> {
+    let mut folded = Size::default();
     // The names once each, in the order the base records are written (any is right).
     let mut names = BTreeMap::new();
     for item in state.scan_prefix(JOURNAL_PREFIX) {
-        if folded >= budget {
+        if folded.changes >= need.changes && folded.bytes >= need.bytes {
             break;
         }
         let (key, value) = item?;
         record_index(&key)?;
         let record: Vec<OwnedChange> = serde_json::from_slice(&value).map_err(corrupt)?;
-        folded += record.len() as u64;
+        folded.add(Size {
+            changes: record.len() as u64,
+            bytes: value.len() as u64,
+        });
         for (name, _) in record {
             names.insert(name, ());
         }
@@ -271,13 +316,21 @@ mod tests {
                 let mut w = WriteSet::default();
                 record(&mut w, group * 10, &changes).unwrap();
                 if next(4) == 0 {
-                    fold(&state, &mut w, &model, next(8), base_key).unwrap();
+                    let need = Size {
+                        changes: next(8),
+                        bytes: next(3000),
+                    };
+                    fold(&state, &mut w, &model, need, base_key).unwrap();
                 }
                 w.persist(&state, 1 << 20, None).unwrap();
                 assert_eq!(loaded(&state), model, "after group {group}");
             }
             let mut w = WriteSet::default();
-            fold(&state, &mut w, &model, u64::MAX, base_key).unwrap();
+            let all = Size {
+                changes: u64::MAX,
+                bytes: 0,
+            };
+            fold(&state, &mut w, &model, all, base_key).unwrap();
             w.persist(&state, 1 << 20, None).unwrap();
             assert_eq!(state.scan_prefix(JOURNAL_PREFIX).count(), 0);
             assert_eq!(base(&state), model, "everything folded");
@@ -307,7 +360,9 @@ mod tests {
         let names: Vec<String> = (0..4).map(|i| format!("n{i}")).collect();
         let changes: Vec<_> = names.iter().map(|n| (n.clone(), Some(&big))).collect();
         let mut w = WriteSet::default();
-        assert_eq!(record(&mut w, 1, &changes).unwrap(), 4);
+        let size = record(&mut w, 1, &changes).unwrap();
+        assert_eq!(size.changes, 4);
+        assert!(size.bytes > 4 * 20_000 * 12, "{size:?}");
         w.persist(&state, 1 << 20, None).unwrap();
         assert!(state.scan_prefix(JOURNAL_PREFIX).count() > 1);
         assert_eq!(loaded(&state).len(), 4);
@@ -326,6 +381,10 @@ mod tests {
         assert!(replay(&state, &mut LeaseMap::new()).is_err());
         state.insert(b"j/x".as_slice(), b"[]".as_slice()).unwrap();
         let mut w = WriteSet::default();
-        assert!(fold(&state, &mut w, &LeaseMap::new(), 10, base_key).is_err());
+        let need = Size {
+            changes: 10,
+            bytes: 0,
+        };
+        assert!(fold(&state, &mut w, &LeaseMap::new(), need, base_key).is_err());
     }
 }

@@ -135,7 +135,7 @@ impl StateMachine {
                 "removed lease journal records of an applied group a crash cut"
             );
         }
-        let journal_changes = lease_journal::replay(&state, &mut leases)?;
+        let journal = lease_journal::replay(&state, &mut leases)?;
         let membership: StoredMembership = match read(KEY_MEMBERSHIP)? {
             Some(b) => serde_json::from_slice(&b).map_err(|e| corrupt("membership", e))?,
             None => StoredMembership::default(),
@@ -256,7 +256,7 @@ impl StateMachine {
             stop_install_after: None,
             snapshot_writes: Arc::default(),
             inline_limit: crate::storage::inline_value_limit(dir),
-            journal_changes,
+            journal,
             journal_fold_at: lease_journal::FOLD_AT,
             dir: dir.to_path_buf(),
         };

@@ -178,10 +178,10 @@ pub struct StateMachine {
     snapshot_writes: Arc<tokio::sync::Mutex<Option<LogId>>>,
     /// The longest write intent stored inline (`state_writes::WriteSet::persist`).
     inline_limit: usize,
-    /// The lease changes in the journal ([`lease_journal`]), and how many it holds before
-    /// the oldest are folded into the base records.
-    journal_changes: u64,
-    journal_fold_at: u64,
+    /// What the lease journal holds ([`lease_journal`]), and how much it may hold before
+    /// the oldest records are folded into the base records.
+    journal: lease_journal::Size,
+    journal_fold_at: lease_journal::Size,
     /// The data directory (sled's, and the snapshot file's).
     dir: std::path::PathBuf,
 }
@@ -227,10 +227,10 @@ impl StateMachine {
     }
 
     /// Tests: fold the lease journal into the base records once it holds more than
-    /// `changes` (rather than [`lease_journal::FOLD_AT`]).
+    /// `changes` or `bytes` (rather than [`lease_journal::FOLD_AT`]).
     #[doc(hidden)]
-    pub fn fold_lease_journal_at(&mut self, changes: u64) {
-        self.journal_fold_at = changes;
+    pub fn fold_lease_journal_at(&mut self, changes: u64, bytes: u64) {
+        self.journal_fold_at = lease_journal::Size { changes, bytes };
     }
 
     /// Tests of crash recovery: the next snapshot install makes at most `writes` of its
