@@ -143,7 +143,6 @@ pub(super) fn record(
         bytes += size;
     }
     flush(&mut chunk, &mut part)?;
-    drop(flush);
     Ok(Size {
         changes: changes.len() as u64,
         bytes: written,
