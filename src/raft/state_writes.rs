@@ -81,6 +81,15 @@ pub trait Writes {
     }
 }
 
+/// Remove every key `tree` holds under `prefix`, through `w` (the removals are made when `w`'s
+/// writes are).
+pub fn remove_prefix(tree: &sled::Tree, w: &mut impl Writes, prefix: &[u8]) -> sled::Result<()> {
+    for item in tree.scan_prefix(prefix) {
+        w.remove(item?.0);
+    }
+    Ok(())
+}
+
 impl Writes for sled::Batch {
     fn insert(&mut self, key: impl Into<IVec>, value: impl Into<IVec>) {
         sled::Batch::insert(self, key, value)

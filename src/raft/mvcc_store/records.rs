@@ -22,7 +22,7 @@ use crate::domain::mvcc::{
     index_key, is_tombstone, parse_event_key, parse_index_key, skim_events,
 };
 use crate::domain::types::Revision;
-use crate::raft::state_writes::Writes;
+use crate::raft::state_writes::{Writes, remove_prefix};
 use crate::storage::StorageError;
 
 /// Add the events of one applied batch (in log order) to `batch`: event records of whole
@@ -133,9 +133,7 @@ pub fn restart<'a>(
         .into_iter()
         .chain(LEGACY_PREFIXES)
     {
-        for item in tree.scan_prefix(prefix) {
-            batch.remove(item?.0);
-        }
+        remove_prefix(tree, batch, prefix)?;
     }
     for (key, v) in keys {
         batch.insert(index_key(key, v.mod_revision), encode_version(Some(v)));

@@ -228,14 +228,6 @@ pub(super) fn fold(
     Ok(folded)
 }
 
-/// Remove every record (a snapshot install rewrites every base record).
-pub(super) fn clear(state: &sled::Tree, w: &mut impl Writes) -> Result<(), StorageError> {
-    for item in state.scan_prefix(JOURNAL_PREFIX) {
-        w.remove(item?.0);
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -366,7 +358,7 @@ mod tests {
         assert!(state.scan_prefix(JOURNAL_PREFIX).count() > 1);
         assert_eq!(loaded(&state).len(), 4);
         let mut w = WriteSet::default();
-        clear(&state, &mut w).unwrap();
+        crate::raft::state_writes::remove_prefix(&state, &mut w, JOURNAL_PREFIX).unwrap();
         w.persist(&state, 1 << 20, None).unwrap();
         assert!(loaded(&state).is_empty());
     }

@@ -30,7 +30,7 @@ use super::{
 };
 use crate::domain::kv::KvSnapshot;
 use crate::domain::types::Revision;
-use crate::raft::state_writes::{DirectWrites, KEY_INTENT, Writes};
+use crate::raft::state_writes::{DirectWrites, KEY_INTENT, Writes, remove_prefix};
 use crate::raft::{LogId, SnapshotMeta, StorageError, StoredMembership, TypeConfig, mvcc_store};
 use crate::storage::TREE_STATE;
 use crate::storage::snapshot_file::SnapshotFile;
@@ -138,10 +138,9 @@ pub(super) fn install_writes(
     let mut w = DirectWrites::new(state, stop_after);
     // The last applied group's intent must not be redone over the snapshot's state.
     w.remove(KEY_INTENT);
-    for item in state.scan_prefix(LEASE_PREFIX) {
-        w.remove(item?.0);
-    }
-    super::lease_journal::clear(state, &mut w)?;
+    // Every lease record, and the journal they are written over.
+    remove_prefix(state, &mut w, LEASE_PREFIX)?;
+    remove_prefix(state, &mut w, super::lease_journal::JOURNAL_PREFIX)?;
     for (name, lease) in &kv.leases {
         w.insert(lease_key(name), enc(lease)?);
     }
