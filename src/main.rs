@@ -163,18 +163,10 @@ fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(code) => return code,
     };
-    // The etcd API load generator runs on one thread, as wrk does (`-t1`) for the HTTP
-    // workloads: a closed loop of one request per connection needs no second worker, and
-    // hand-offs between workers would spend the cores the measured servers share with it.
-    let one_thread = matches!(&cli.command, Command::Bench(args) if args.etcd.is_some());
-    let runtime = if one_thread {
-        tokio::runtime::Builder::new_current_thread()
-    } else {
-        tokio::runtime::Builder::new_multi_thread()
-    }
-    .enable_all()
-    .build()
-    .expect("a tokio runtime");
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("a tokio runtime");
     let conn = cli.conn;
     runtime.block_on(async move {
         match cli.command {
