@@ -270,6 +270,7 @@ note_flags() {  # record each system's command lines once
   if [ "$1" = leasecore ]; then
     for f in "$LC_DIR"/node-*.pid; do echo "leasecore: $(tr '\0' ' ' <"/proc/$(cat "$f")/cmdline")"; done
     echo "leasecore: defaults in force: --heartbeat-ms 100 --election-min-ms 400 --election-max-ms 1000 --snapshot-threshold 10000 (see leasecore serve --help)"
+    grep -h -m1 "async workers" "$LC_DIR"/node-1.log | sed 's/^.*INFO [^ ]* /leasecore: node 1: /' || true
   else
     sed 's/^/etcd /' "$ETCD_DIR/flags"
   fi | sed "s#$RUN_DIR/#RUN/#g; s#$ROOT/##g" >>"$RUN_DIR/flags.txt"

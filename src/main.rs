@@ -163,10 +163,13 @@ fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(code) => return code,
     };
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .expect("a tokio runtime");
+    let mut runtime = tokio::runtime::Builder::new_multi_thread();
+    // A node sizes its workers to its share of the machine (`node::workers`); the client
+    // commands keep tokio's default.
+    if let Command::Serve(args) = &cli.command {
+        runtime.worker_threads(args.workers().0);
+    }
+    let runtime = runtime.enable_all().build().expect("a tokio runtime");
     let conn = cli.conn;
     runtime.block_on(async move {
         match cli.command {

@@ -12,6 +12,7 @@ use clap::Args;
 use leasecore::domain::flease::FleaseConfig;
 use leasecore::domain::limits::{DEFAULT_MAX_LEASES, DEFAULT_MAX_VALUE_BYTES};
 use leasecore::domain::types::NodeId;
+use leasecore::node::workers::{WorkerSizing, worker_threads};
 use leasecore::node::{EXIT_FATAL, EXIT_REFUSED, Node, NodeConfig, NodeError, RaftTimings};
 use leasecore::storage::StorageError;
 
@@ -120,10 +121,33 @@ pub struct ServeArgs {
     /// for collectors).
     #[arg(long, env = "LEASECORE_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
+    /// Async worker threads. Default: the cores available, shared among the nodes listed at
+    /// loopback addresses when this node is one of them (a local cluster on one machine: 2
+    /// cores and 3 nodes give each 1); a node alone on its machine gets one per core. Set it
+    /// for nodes that share a machine without loopback addresses (containers of one host).
+    #[arg(long, env = "LEASECORE_WORKER_THREADS", value_parser = clap::value_parser!(u16).range(1..=4096))]
+    pub worker_threads: Option<u16>,
     #[command(flatten)]
     pub resources: super::resources::ResourceArgs,
     #[command(flatten)]
     pub tls: super::tls::ServeTlsArgs,
+}
+
+impl ServeArgs {
+    /// The async worker threads this node runs, and how that was chosen
+    /// (`leasecore::node::workers`).
+    pub fn workers(&self) -> (usize, WorkerSizing) {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let own = self.advertise.as_deref().unwrap_or(&self.listen);
+        let none = BTreeMap::new();
+        worker_threads(
+            self.worker_threads.map(usize::from),
+            cores,
+            self.id,
+            self.peers.as_ref().unwrap_or(&none),
+            own,
+        )
+    }
 }
 
 /// The default log filter: leasecore at info; openraft's retries and ignored-message
@@ -179,6 +203,16 @@ pub async fn run(args: ServeArgs) -> ExitCode {
         return ExitCode::from(2);
     }
     leasecore::node::exit_on_panic();
+    match args.workers() {
+        (n, WorkerSizing::Given) => tracing::info!(workers = n, "async workers: as set"),
+        (n, WorkerSizing::Shared { cores, nodes }) => tracing::info!(
+            workers = n,
+            cores,
+            nodes_here = nodes,
+            "async workers: the cores shared among the listed nodes on this machine's loopback \
+             (--worker-threads sets them)"
+        ),
+    }
     let data = args
         .data
         .unwrap_or_else(|| PathBuf::from(format!("leasecore-data/node-{}", args.id)));

@@ -60,6 +60,7 @@ use crate::storage;
 use crate::tls::{PeerTls, RELOAD_POLL, Reload, Reloadable, ServerTls, TlsError, run_reloader};
 
 mod config;
+pub mod workers;
 
 /// How often the runtime's pulse ticks (`runtime::stall`): fine enough to see a stall of a
 /// fraction of an election timeout, cheap enough to run always (100 wakes a second).
