@@ -164,16 +164,23 @@ fn main() -> ExitCode {
         Err(code) => return code,
     };
     let mut runtime = tokio::runtime::Builder::new_multi_thread();
-    // A node sizes its workers to its share of the machine (`node::workers`); the client
-    // commands keep tokio's default.
-    if let Command::Serve(args) = &cli.command {
-        runtime.worker_threads(args.workers().0);
+    // A node sizes its workers to its share of the machine (`node::workers`), once, here; the
+    // client commands keep tokio's default.
+    let sizing = match &cli.command {
+        Command::Serve(args) => Some(args.workers()),
+        _ => None,
+    };
+    if let Some((workers, _)) = sizing {
+        runtime.worker_threads(workers);
     }
     let runtime = runtime.enable_all().build().expect("a tokio runtime");
     let conn = cli.conn;
     runtime.block_on(async move {
         match cli.command {
-            Command::Serve(args) => cli::serve::run(*args).await,
+            Command::Serve(args) => {
+                let sizing = sizing.expect("sized above for serve");
+                cli::serve::run(*args, sizing).await
+            }
             Command::Auth { cmd } => {
                 report(async { cli::auth::auth(cmd, &conn.client()?, conn.json).await }.await)
             }

@@ -197,13 +197,15 @@ pub fn parse_peers(s: &str) -> Result<BTreeMap<NodeId, String>, String> {
     Ok(peers)
 }
 
-pub async fn run(args: ServeArgs) -> ExitCode {
+/// Run a node. `workers` is the runtime's worker count as `main` chose it
+/// ([`ServeArgs::workers`]), reported here once logging is set up.
+pub async fn run(args: ServeArgs, workers: (usize, WorkerSizing)) -> ExitCode {
     if let Err(e) = init_logging(&args.log, args.log_format) {
         eprintln!("error: {e}");
         return ExitCode::from(2);
     }
     leasecore::node::exit_on_panic();
-    match args.workers() {
+    match workers {
         (n, WorkerSizing::Given) => tracing::info!(workers = n, "async workers: as set"),
         (n, WorkerSizing::Shared { cores, nodes }) => tracing::info!(
             workers = n,
