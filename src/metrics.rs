@@ -42,8 +42,13 @@ impl Histogram {
             "{name}_bucket{{{labels}{sep}le=\"+Inf\"}} {}",
             self.count
         );
-        let _ = writeln!(out, "{name}_sum{{{labels}}} {}", self.sum_secs);
-        let _ = writeln!(out, "{name}_count{{{labels}}} {}", self.count);
+        // No braces without labels: `name_sum 1.5`, as Prometheus' own clients write it.
+        let set = match labels {
+            "" => String::new(),
+            l => format!("{{{l}}}"),
+        };
+        let _ = writeln!(out, "{name}_sum{set} {}", self.sum_secs);
+        let _ = writeln!(out, "{name}_count{set} {}", self.count);
     }
 
     pub fn observe(&mut self, secs: f64) {
@@ -89,6 +94,27 @@ pub struct Metrics {
     pub tls: std::sync::OnceLock<Vec<Arc<dyn crate::tls::Reload>>>,
     /// What the async runtime's pulse has seen (`runtime::stall`).
     pub runtime_stalls: Arc<StallStats>,
+    /// How long the Raft log's syncs take (`raft::log_store`'s sync thread).
+    pub log_syncs: Arc<SyncStats>,
+}
+
+/// Durations of the Raft log's fdatasync calls: etcd's `etcd_disk_wal_fsync_duration_seconds`,
+/// the first thing to read when writes are slow (a slow or shared disk shows here first).
+#[derive(Debug, Default)]
+pub struct SyncStats {
+    times: Mutex<Histogram>,
+}
+
+impl SyncStats {
+    /// Record one sync that took `took`.
+    pub fn observe(&self, took: Duration) {
+        let mut h = self.times.lock().unwrap_or_else(|p| p.into_inner());
+        h.observe(took.as_secs_f64());
+    }
+
+    fn snapshot(&self) -> Histogram {
+        self.times.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
 }
 
 /// How late the async runtime has run a task that asked to wake (`runtime::stall`).
@@ -103,6 +129,14 @@ pub struct StallStats {
 }
 
 impl Metrics {
+    /// A registry that reports the syncs of this log store.
+    pub fn with_log_syncs(log_syncs: Arc<SyncStats>) -> Self {
+        Metrics {
+            log_syncs,
+            ..Metrics::default()
+        }
+    }
+
     /// Record one finished request.
     pub fn observe_request(&self, method: &str, route: &str, status: u16, elapsed: Duration) {
         let mut table = self.requests.lock().unwrap_or_else(|p| p.into_inner());
@@ -166,6 +200,13 @@ impl Metrics {
              # TYPE leasecore_runtime_stall_max_ms gauge\nleasecore_runtime_stall_max_ms {}",
             self.runtime_stalls.max_late_ms.load(Ordering::Relaxed)
         );
+        let name = "leasecore_raft_log_fsync_duration_seconds";
+        let _ = writeln!(
+            out,
+            "# HELP {name} How long the Raft log's fdatasync calls took (one per group of \
+             appends; an acknowledgement waits for one).\n# TYPE {name} histogram"
+        );
+        self.log_syncs.snapshot().render(&mut out, name, "");
         for (port, stats) in [
             ("client", &self.client_conns),
             ("peer", &self.peer_conns),
@@ -452,5 +493,25 @@ mod tests {
         assert!(text.contains(
             "leasecore_http_request_duration_seconds_count{method=\"GET\",route=\"/v1/kv/{*key}\"} 2"
         ));
+    }
+
+    #[test]
+    fn log_syncs_render_as_a_histogram_without_labels() {
+        let syncs = Arc::new(SyncStats::default());
+        let m = Metrics::with_log_syncs(syncs.clone());
+        syncs.observe(Duration::from_micros(200));
+        syncs.observe(Duration::from_millis(7));
+        let text = m.render(&[]);
+        let name = "leasecore_raft_log_fsync_duration_seconds";
+        for line in [
+            format!("# TYPE {name} histogram\n"),
+            format!("{name}_bucket{{le=\"0.0005\"}} 1\n"),
+            format!("{name}_bucket{{le=\"0.01\"}} 2\n"),
+            format!("{name}_bucket{{le=\"+Inf\"}} 2\n"),
+            format!("{name}_count 2\n"),
+        ] {
+            assert!(text.contains(&line), "{line} in {text}");
+        }
+        assert!(text.contains(&format!("{name}_sum 0.0072")), "{text}");
     }
 }

@@ -79,6 +79,10 @@ async fn health_follows_the_quorum_and_metrics_are_prometheus_text() {
     let v1 = common::metrics_of(&c, leader).await;
     assert_process_metrics(&v1);
     assert!(v1.contains("leasecore_proposals_total"));
+    // The log has synced its first entries: etcd's `etcd_disk_wal_fsync_duration_seconds`.
+    let syncs = sample(&v1, "leasecore_raft_log_fsync_duration_seconds_count");
+    assert!(syncs.is_some_and(|n| n >= 1.0), "{v1}");
+    assert!(v1.contains("# TYPE leasecore_raft_log_fsync_duration_seconds histogram"));
     // The gateway's `GET /version` is still there.
     let (status, _, body) = get(&addr, "/version").await;
     assert_eq!(status, 200, "{body}");

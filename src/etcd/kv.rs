@@ -1,7 +1,8 @@
 //! The `KV` service: Range, Put, DeleteRange, Txn and Compact.
 //!
-//! Writes are one [`Command::Txn`] each, checked (`admit`) and authorized (`guard`) as the
-//! `/v1` writes are, then proposed (followers forward). Reads are linearizable unless the
+//! Writes are one [`Command::Txn`] each (a plain Put is the store's [`Command::Put`]),
+//! checked (`admit`) and authorized (`guard`) as the `/v1` writes are, then proposed
+//! (followers forward). Reads are linearizable unless the
 //! request is `serializable`, and are served from this node's applied state: the current
 //! one, or its MVCC history for a range at a past revision. A Txn that only reads and asks
 //! for a past revision somewhere is a read too ([`ReadTxn`]). In a Txn that writes, such a
@@ -126,6 +127,26 @@ impl Etcd {
         };
         let (revision, mut out) = self.write(req, txn).await?;
         Ok((revision, out.results.pop()))
+    }
+
+    /// A Put that asks for nothing but the write: the store's own [`Command::Put`], which is
+    /// what a one-operation transaction does when it applies, in a smaller log entry and
+    /// without the transaction's checks and results (an etcd client's most common write).
+    async fn put_plain(&self, req: &Request<PutRequest>) -> Result<Revision, EtcdError> {
+        let p = req.get_ref();
+        let caller = self.caller(req)?;
+        let cmd = Command::Put {
+            key: key(p.key.clone())?,
+            value: value_bytes::store(p.value.clone()),
+            lease: (p.lease != 0).then(|| lease_name(p.lease)),
+            prev_revision: None,
+        };
+        admit(&self.state, &cmd)?;
+        let cmd = guard(&self.state, &caller, cmd)?;
+        match propose(&self.state, cmd).await? {
+            Applied::Put { revision } => Ok(revision),
+            other => Err(unexpected(other).into()),
+        }
     }
 
     fn range_response(&self, revision: Revision, r: RangeResult) -> RangeResponse {
@@ -414,6 +435,14 @@ impl Kv for Etcd {
     }
 
     async fn put(&self, req: Request<PutRequest>) -> Result<Response<PutResponse>, Status> {
+        let p = req.get_ref();
+        if !p.prev_kv && !p.ignore_value && !p.ignore_lease {
+            let revision = self.put_plain(&req).await?;
+            return Ok(Response::new(PutResponse {
+                header: self.header_at(revision),
+                prev_kv: None,
+            }));
+        }
         let op = put_op(req.get_ref().clone())?;
         let (revision, result) = self.write_one(&req, op).await?;
         let prev_kv = match result {

@@ -260,6 +260,7 @@ impl Node {
         let log_store = LogStore::open(&db, &cfg.data_dir)?
             .with_node(cfg.id)
             .with_vote_hold(vote_hold.clone());
+        let log_syncs = log_store.sync_stats();
         let committed = log_store.committed_index();
         let storage_use = StorageUse {
             log_bytes: log_store.log_bytes(),
@@ -416,7 +417,7 @@ impl Node {
             flease_peers,
         ));
         tasks.spawn(flease.clone().run_maintenance(cancel.clone()));
-        let metrics = Arc::new(Metrics::default());
+        let metrics = Arc::new(Metrics::with_log_syncs(log_syncs));
         {
             let mut reloadable: Vec<Arc<dyn Reload>> = Vec::new();
             reloadable.extend(client_tls.clone().map(|t| t as Arc<dyn Reload>));

@@ -52,6 +52,7 @@ use super::entry_cache::{self, EntryCache};
 use super::segment_log::{LogFileError, SegmentLog};
 use super::state_machine::AppliedMark;
 use super::{Entry, LogId, NodeId, StorageError, TypeConfig, any_err};
+use crate::metrics::SyncStats;
 use crate::storage::TREE_RAFT;
 
 const ENTRY: u8 = b'e';
@@ -121,6 +122,8 @@ const SYNC_QUEUE: usize = 4096;
 #[derive(Clone)]
 struct Syncer {
     queue: tokio::sync::mpsc::Sender<SyncJob>,
+    /// How long each sync took, for the node's metrics.
+    times: Arc<SyncStats>,
 }
 
 /// One append waiting for its sync.
@@ -135,6 +138,8 @@ struct SyncJob {
 impl Syncer {
     fn start(entries: Arc<SegmentLog>, durability: Durability) -> Result<Syncer, std::io::Error> {
         let (queue, mut waiting) = tokio::sync::mpsc::channel::<SyncJob>(SYNC_QUEUE);
+        let times = Arc::new(SyncStats::default());
+        let observed = times.clone();
         std::thread::Builder::new()
             .name(SYNC_THREAD.into())
             .spawn(move || {
@@ -144,7 +149,11 @@ impl Syncer {
                     while let Ok(more) = waiting.try_recv() {
                         batch.push(more);
                     }
+                    // A measurement for the metrics only: nothing decides on it.
+                    #[allow(clippy::disallowed_methods)]
+                    let started = std::time::Instant::now();
                     let synced = entries.sync();
+                    observed.observe(started.elapsed());
                     match &synced {
                         Ok(()) => {
                             for job in &batch {
@@ -169,7 +178,7 @@ impl Syncer {
                     }
                 }
             })?;
-        Ok(Syncer { queue })
+        Ok(Syncer { queue, times })
     }
 }
 
@@ -236,6 +245,11 @@ impl LogStore {
     pub fn with_applied(mut self, marks: tokio::sync::watch::Receiver<AppliedMark>) -> Self {
         self.applied = Some(marks);
         self
+    }
+
+    /// How long this log's syncs take (`leasecore_raft_log_fsync_duration_seconds`).
+    pub fn sync_stats(&self) -> Arc<SyncStats> {
+        self.syncer.times.clone()
     }
 
     /// Tell `hold` of every membership appended from now on.

@@ -99,6 +99,16 @@ pub fn sync_blobs(dir: &Path) -> Result<(), StorageError> {
         .map_err(io)
 }
 
+/// How often sled writes its buffered changes to its file and syncs it (sled's default is
+/// 500 ms). Nothing waits on this flush: the Raft log is what makes a write durable, and a
+/// restart re-applies the log past the state's last flush. But the flush is a burst of
+/// writes and a sync on the same disk as the log's fdatasync: at 500 ms, several megabytes
+/// under a steady write load, and the log's syncs queued behind it for 2-14 ms twice a
+/// second, which was most of put's p99 at 16 connections. Smaller bursts five times as often
+/// halved that p99 and cost nothing measurable at 1 or 64 connections
+/// (`docs/write-path.md`, sixteenth round).
+pub const STATE_FLUSH_EVERY_MS: u64 = 100;
+
 /// Open (or create) the node's database in `dir`.
 ///
 /// sled holds an exclusive lock on its directory; a process that just dropped the same Db (a
@@ -118,6 +128,7 @@ pub fn open_db(dir: &Path, cache_bytes: u64) -> Result<sled::Db, StorageError> {
             .cache_capacity(cache_bytes)
             .segment_size(segment_size)
             .mode(sled::Mode::HighThroughput)
+            .flush_every_ms(Some(STATE_FLUSH_EVERY_MS))
             .open();
         match res {
             Ok(db) => {
