@@ -2,9 +2,9 @@
 //!
 //! Writes are one [`Command::Txn`] each (a plain Put is the store's [`Command::Put`]),
 //! checked (`admit`) and authorized (`guard`) as the `/v1` writes are, then proposed
-//! (followers forward). Reads are linearizable unless the
-//! request is `serializable`, and are served from this node's applied state: the current
-//! one, or its MVCC history for a range at a past revision. A Txn that only reads and asks
+//! (followers forward). Reads are linearizable unless the request is `serializable`, and
+//! are served from this node's applied state: the current one, or its MVCC history for a
+//! range at a past revision. A Txn that only reads and asks
 //! for a past revision somewhere is a read too ([`ReadTxn`]). In a Txn that writes, such a
 //! range is checked where the txn applies (compacted, future: the txn fails whole, as in
 //! etcd) and read from this member's history once the txn applied here (`read_deferred`):
