@@ -22,19 +22,45 @@ const BUCKETS: [f64; 14] = [
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
 ];
 
+/// Upper bounds of the disk sync buckets, in seconds: finer below a millisecond than
+/// [`BUCKETS`], since a healthy SSD syncs in 0.1-0.3 ms and the first sign of a shared or
+/// failing disk is that figure doubling.
+const SYNC_BUCKETS: [f64; 16] = [
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+    5.0, 10.0,
+];
+
 /// A histogram of seconds.
-#[derive(Default, Clone, Debug)]
+#[derive(Clone, Debug)]
 pub struct Histogram {
-    counts: [u64; BUCKETS.len()],
+    bounds: &'static [f64],
+    counts: Vec<u64>,
     count: u64,
     sum_secs: f64,
 }
 
+impl Default for Histogram {
+    /// Latency buckets ([`BUCKETS`]).
+    fn default() -> Self {
+        Histogram::with_bounds(&BUCKETS)
+    }
+}
+
 impl Histogram {
+    /// A histogram with these bucket upper bounds (ascending).
+    pub fn with_bounds(bounds: &'static [f64]) -> Self {
+        Histogram {
+            bounds,
+            counts: vec![0; bounds.len()],
+            count: 0,
+            sum_secs: 0.0,
+        }
+    }
+
     /// Write this histogram in Prometheus text (without HELP/TYPE lines).
     pub fn render(&self, out: &mut String, name: &str, labels: &str) {
         let sep = if labels.is_empty() { "" } else { "," };
-        for (bound, n) in BUCKETS.iter().zip(self.counts.iter()) {
+        for (bound, n) in self.bounds.iter().zip(self.counts.iter()) {
             let _ = writeln!(out, "{name}_bucket{{{labels}{sep}le=\"{bound}\"}} {n}");
         }
         let _ = writeln!(
@@ -52,7 +78,7 @@ impl Histogram {
     }
 
     pub fn observe(&mut self, secs: f64) {
-        for (i, bound) in BUCKETS.iter().enumerate() {
+        for (i, bound) in self.bounds.iter().enumerate() {
             if secs <= *bound {
                 self.counts[i] += 1;
             }
@@ -100,9 +126,17 @@ pub struct Metrics {
 
 /// Durations of the Raft log's fdatasync calls: etcd's `etcd_disk_wal_fsync_duration_seconds`,
 /// the first thing to read when writes are slow (a slow or shared disk shows here first).
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct SyncStats {
     times: Mutex<Histogram>,
+}
+
+impl Default for SyncStats {
+    fn default() -> Self {
+        SyncStats {
+            times: Mutex::new(Histogram::with_bounds(&SYNC_BUCKETS)),
+        }
+    }
 }
 
 impl SyncStats {
@@ -505,6 +539,8 @@ mod tests {
         let name = "leasecore_raft_log_fsync_duration_seconds";
         for line in [
             format!("# TYPE {name} histogram\n"),
+            format!("{name}_bucket{{le=\"0.0001\"}} 0\n"),
+            format!("{name}_bucket{{le=\"0.00025\"}} 1\n"),
             format!("{name}_bucket{{le=\"0.0005\"}} 1\n"),
             format!("{name}_bucket{{le=\"0.01\"}} 2\n"),
             format!("{name}_bucket{{le=\"+Inf\"}} 2\n"),
