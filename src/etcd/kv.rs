@@ -30,8 +30,8 @@ use crate::domain::txn::{
 };
 use crate::domain::types::Revision;
 use crate::domain::{key_bytes, value_bytes};
-use crate::http::auth::{check, guard};
-use crate::http::kv::{Consistency, admit, propose, read_point, unexpected};
+use crate::http::auth::check;
+use crate::http::kv::{Consistency, admit, read_point, unexpected};
 use crate::raft::state_machine::{HistoryError, StateView};
 
 impl Etcd {
@@ -42,10 +42,7 @@ impl Etcd {
         txn: Txn,
     ) -> Result<(Revision, TxnResult), EtcdError> {
         let caller = self.caller(req)?;
-        let cmd = Command::Txn { txn };
-        admit(&self.state, &cmd)?;
-        let cmd = guard(&self.state, &caller, cmd)?;
-        match propose(&self.state, cmd).await? {
+        match self.submit(&caller, Command::Txn { txn }).await? {
             Applied::Txn { revision, outcome } => Ok((revision, outcome)),
             other => Err(unexpected(other).into()),
         }
@@ -132,18 +129,16 @@ impl Etcd {
     /// A Put that asks for nothing but the write: the store's own [`Command::Put`], which is
     /// what a one-operation transaction does when it applies, in a smaller log entry and
     /// without the transaction's checks and results (an etcd client's most common write).
-    async fn put_plain(&self, req: &Request<PutRequest>) -> Result<Revision, EtcdError> {
-        let p = req.get_ref();
-        let caller = self.caller(req)?;
+    async fn put_plain(&self, req: Request<PutRequest>) -> Result<Revision, EtcdError> {
+        let caller = self.caller(&req)?;
+        let p = req.into_inner();
         let cmd = Command::Put {
-            key: key(p.key.clone())?,
-            value: value_bytes::store(p.value.clone()),
+            key: key(p.key)?,
+            value: value_bytes::store(p.value),
             lease: (p.lease != 0).then(|| lease_name(p.lease)),
             prev_revision: None,
         };
-        admit(&self.state, &cmd)?;
-        let cmd = guard(&self.state, &caller, cmd)?;
-        match propose(&self.state, cmd).await? {
+        match self.submit(&caller, cmd).await? {
             Applied::Put { revision } => Ok(revision),
             other => Err(unexpected(other).into()),
         }
@@ -437,7 +432,7 @@ impl Kv for Etcd {
     async fn put(&self, req: Request<PutRequest>) -> Result<Response<PutResponse>, Status> {
         let p = req.get_ref();
         if !p.prev_kv && !p.ignore_value && !p.ignore_lease {
-            let revision = self.put_plain(&req).await?;
+            let revision = self.put_plain(req).await?;
             return Ok(Response::new(PutResponse {
                 header: self.header_at(revision),
                 prev_kv: None,
@@ -510,11 +505,9 @@ impl Kv for Etcd {
         let cmd = Command::Compact {
             revision: Revision(u64::try_from(r.revision).unwrap_or(0)),
         };
-        admit(&self.state, &cmd).map_err(EtcdError::from)?;
-        let cmd = guard(&self.state, &caller, cmd).map_err(EtcdError::from)?;
         // `physical` (wait until the space is reclaimed) needs no wait here: what compaction
         // drops is unreadable from the moment it applies.
-        match propose(&self.state, cmd).await.map_err(EtcdError::from)? {
+        match self.submit(&caller, cmd).await? {
             Applied::Compacted { .. } => Ok(Response::new(CompactionResponse {
                 header: self.header(),
             })),

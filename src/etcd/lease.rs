@@ -22,8 +22,8 @@ use super::{Etcd, EtcdError, lease_id, lease_name};
 use crate::domain::auth::Access;
 use crate::domain::command::{Command, KvError, Response as Applied};
 use crate::domain::key_bytes;
-use crate::http::auth::{check_lease, guard, lease_allowed};
-use crate::http::kv::{admit, propose, unexpected};
+use crate::http::auth::{check_lease, lease_allowed};
+use crate::http::kv::unexpected;
 use crate::runtime::auth::Caller;
 use crate::runtime::lease::LeaseError;
 
@@ -65,9 +65,7 @@ impl Etcd {
             ttl_ms,
             clock_ms: None,
         };
-        admit(&self.state, &cmd)?;
-        let cmd = guard(&self.state, caller, cmd)?;
-        match propose(&self.state, cmd).await? {
+        match self.submit(caller, cmd).await? {
             Applied::LeaseRegistered { .. } => Ok(true),
             Applied::Rejected {
                 error: KvError::LeaseExists { .. },
@@ -149,8 +147,7 @@ impl Lease for Etcd {
         let cmd = Command::RevokeLease {
             name: lease_name(req.get_ref().id),
         };
-        let cmd = guard(&self.state, &caller, cmd).map_err(EtcdError::from)?;
-        match propose(&self.state, cmd).await.map_err(EtcdError::from)? {
+        match self.submit(&caller, cmd).await? {
             Applied::LeaseRevoked { revision, .. } => Ok(Response::new(LeaseRevokeResponse {
                 header: self.header_at(revision),
             })),

@@ -17,7 +17,7 @@ use tonic::{Request, Response, Status};
 use super::{Etcd, EtcdError, lease_name, text};
 use crate::domain::command::{Command, Response as Applied};
 use crate::domain::recipes::Recipe;
-use crate::http::kv::{admit, propose, unexpected};
+use crate::http::kv::unexpected;
 use crate::http::recipes::{contend, leave};
 use crate::runtime::auth::Caller;
 use leasecore_client::api::{ContendRequest, Standing};
@@ -116,9 +116,7 @@ impl Lock for Etcd {
             key,
             prev_revision: None,
         };
-        admit(&self.state, &cmd).map_err(EtcdError::from)?;
-        let cmd = crate::http::auth::guard(&self.state, &caller, cmd).map_err(EtcdError::from)?;
-        match propose(&self.state, cmd).await.map_err(EtcdError::from)? {
+        match self.submit(&caller, cmd).await? {
             Applied::Delete { revision, .. } => Ok(Response::new(UnlockResponse {
                 header: self.header_at(revision),
             })),

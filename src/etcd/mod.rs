@@ -111,6 +111,18 @@ impl Etcd {
 
     /// Who sent `req`: etcd clients send their token, bare, in the `token` metadata (the
     /// gateway's callers in `Authorization`, bare or as `Bearer <token>`).
+    /// Check `cmd` (`admit`), authorize it for `caller` (`guard`) and propose it: what every
+    /// write through the etcd API goes through, as `/v1`'s do.
+    async fn submit(
+        &self,
+        caller: &Caller,
+        cmd: crate::domain::command::Command,
+    ) -> Result<crate::domain::command::Response, EtcdError> {
+        crate::http::kv::admit(&self.state, &cmd)?;
+        let cmd = crate::http::auth::guard(&self.state, caller, cmd)?;
+        Ok(crate::http::kv::propose(&self.state, cmd).await?)
+    }
+
     fn caller<T>(&self, req: &tonic::Request<T>) -> Result<Caller, EtcdError> {
         let md = req.metadata();
         let header = md
