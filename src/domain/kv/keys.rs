@@ -35,8 +35,13 @@ impl KvState {
                 lease: lease.to_string(),
             });
         }
+        // The key is looked up once: each walk of the map compares long keys along the way.
+        let before = self
+            .keys
+            .get(key)
+            .map(|v| (v.lease.clone(), v.create_revision, v.version));
         // A key belongs to at most one lease: detach it from its old one, attach to the new.
-        let old_lease = self.keys.get(key).and_then(|v| v.lease.clone());
+        let old_lease = before.as_ref().and_then(|(lease, _, _)| lease.clone());
         if old_lease.as_deref() != lease {
             if let Some(old) = old_lease {
                 self.detach(key, &old);
@@ -49,12 +54,12 @@ impl KvState {
             }
         }
         let revision = self.claim_revision();
-        let entry = match self.keys.get(key) {
-            Some(old) => Versioned {
+        let entry = match &before {
+            Some((_, create_revision, version)) => Versioned {
                 value: value.to_string(),
-                create_revision: old.create_revision,
+                create_revision: *create_revision,
                 mod_revision: revision,
-                version: old.version + 1,
+                version: version + 1,
                 lease: lease.map(str::to_string),
             },
             None => Versioned {
@@ -67,9 +72,13 @@ impl KvState {
         };
         let (entry_create, entry_version) = (entry.create_revision, entry.version);
         self.data_bytes += entry_bytes(key, &entry);
-        // An overwrite keeps the key's allocation (the key index shares it).
-        let old = match self.keys.get_mut(key) {
-            Some(slot) => Some(std::mem::replace(slot, entry)),
+        // An overwrite keeps the key's allocation (the key index shares it); a new key is
+        // inserted without looking for it again.
+        let old = match before {
+            Some(_) => self
+                .keys
+                .get_mut(key)
+                .map(|slot| std::mem::replace(slot, entry)),
             None => self.keys.insert(StoredKey::from(key), entry),
         };
         if let Some(old) = old {

@@ -83,11 +83,13 @@ pub fn index_records(
         let Some(last) = part.last() else { continue };
         for e in *part {
             let tombstone = e.kind == EventKind::Delete;
-            index.add_shared(
-                e.key.as_bytes(),
-                || live(&e.key).map_or_else(|| e.key.as_bytes().into(), Into::into),
-                Loc::in_record(e.revision, last.revision, tombstone),
-            );
+            let loc = Loc::in_record(e.revision, last.revision, tombstone);
+            let share = || live(&e.key).map_or_else(|| e.key.as_bytes().into(), Into::into);
+            match e.version {
+                // A put that created its key: seldom in the index yet.
+                Some(1) => index.add_created(share(), loc),
+                _ => index.add_shared(e.key.as_bytes(), share, loc),
+            }
         }
     }
 }

@@ -319,8 +319,9 @@ impl StateMachine {
             if lease_clock != self.written.lease_clock_ms {
                 batch.insert(KEY_LEASE_CLOCK, json(&lease_clock)?);
             }
-            batch.insert(KEY_APPLIED, json(&self.last_applied)?);
-            batch.insert(KEY_REVISION, json(&revision)?);
+            // Marks: every group writes both, so they stay in its intent (`state_writes`).
+            batch.insert_mark(KEY_APPLIED, json(&self.last_applied)?);
+            batch.insert_mark(KEY_REVISION, json(&revision)?);
             // Written while the state is still locked: a reader that sees revision `r` finds
             // the history through `r` (sled writes to memory here, not to the disk).
             // Not flushed here: the log holds every applied entry durably (a purge flushes sled
