@@ -375,6 +375,24 @@ pub fn encode_entry(entry: &Entry) -> Result<Vec<u8>, StorageError> {
     rmp_serde::to_vec_named(entry).map_err(|e| StorageIOError::write_logs(any_err(&e)).into())
 }
 
+/// An entry's stored form, which is also its form inside an append to a follower. With `keep`
+/// (the leader's own entries), the encoding is kept with the entry's command
+/// ([`LogCommand::keep_encoded_entry`](crate::raft::LogCommand::keep_encoded_entry)) for the
+/// appends that send it; an encoding kept already is used as it is.
+pub fn entry_bytes(entry: &Entry, keep: bool) -> Result<bytes::Bytes, StorageError> {
+    let EntryPayload::Normal(cmd) = &entry.payload else {
+        return encode_entry(entry).map(bytes::Bytes::from);
+    };
+    if let Some(bytes) = cmd.encoded_entry(entry.log_id) {
+        return Ok(bytes);
+    }
+    let bytes = bytes::Bytes::from(encode_entry(entry)?);
+    if keep {
+        cmd.keep_encoded_entry(entry.log_id, bytes.clone());
+    }
+    Ok(bytes)
+}
+
 /// An entry back from its stored form.
 pub fn decode_entry(bytes: &[u8]) -> Result<Entry, StorageError> {
     rmp_serde::from_slice(bytes).map_err(|e| StorageIOError::read_logs(any_err(&e)).into())
@@ -498,7 +516,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             if let (EntryPayload::Membership(m), Some(hold)) = (&entry.payload, &self.vote_hold) {
                 hold.stored(index, m);
             }
-            records.push((index, encode_entry(entry)?));
+            records.push((index, entry_bytes(entry, early)?));
         }
         if let (Some(receipts), Some((first, _)), Some((last, _))) =
             (&self.receipts, records.first(), records.last())

@@ -51,14 +51,57 @@ openraft::declare_raft_types!(
 /// replication's once per follower), and a deep copy of a batch of puts (each key and value a
 /// `String`) was about 2% of the leader's CPU under writes. The wire and log encodings are the
 /// command's own.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct LogCommand(std::sync::Arc<Command>);
+///
+/// It also keeps its entry's encoding once the leader's log store has made it
+/// ([`log_store::entry_bytes`]): the appends to the followers send those very bytes instead of
+/// encoding the entry again for each follower (MessagePack is context-free: an entry inside an
+/// append encodes as it does alone).
+#[derive(Clone)]
+pub struct LogCommand(std::sync::Arc<SharedCommand>);
+
+struct SharedCommand {
+    cmd: Command,
+    /// The encoding of the entry at this log id that holds the command.
+    encoded: std::sync::OnceLock<(LogId, bytes::Bytes)>,
+}
 
 impl LogCommand {
     pub fn new(cmd: Command) -> LogCommand {
-        LogCommand(std::sync::Arc::new(cmd))
+        LogCommand(std::sync::Arc::new(SharedCommand {
+            cmd,
+            encoded: std::sync::OnceLock::new(),
+        }))
+    }
+
+    /// The encoding of the entry `at` that holds this command, if one was kept.
+    pub fn encoded_entry(&self, at: LogId) -> Option<bytes::Bytes> {
+        self.0
+            .encoded
+            .get()
+            .filter(|(id, _)| *id == at)
+            .map(|(_, bytes)| bytes.clone())
+    }
+
+    /// Keep `bytes` as the encoding of the entry `at` that holds this command (the first kept
+    /// stays: an entry is encoded the same every time).
+    pub fn keep_encoded_entry(&self, at: LogId, bytes: bytes::Bytes) {
+        let _ = self.0.encoded.set((at, bytes));
     }
 }
+
+impl std::fmt::Debug for LogCommand {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.cmd.fmt(f)
+    }
+}
+
+impl PartialEq for LogCommand {
+    fn eq(&self, other: &LogCommand) -> bool {
+        self.0.cmd == other.0.cmd
+    }
+}
+
+impl Eq for LogCommand {}
 
 impl From<Command> for LogCommand {
     fn from(cmd: Command) -> LogCommand {
@@ -69,13 +112,13 @@ impl From<Command> for LogCommand {
 impl std::ops::Deref for LogCommand {
     type Target = Command;
     fn deref(&self) -> &Command {
-        &self.0
+        &self.0.cmd
     }
 }
 
 impl serde::Serialize for LogCommand {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        self.0.serialize(s)
+        self.0.cmd.serialize(s)
     }
 }
 

@@ -391,7 +391,7 @@ impl SegmentLog {
     /// Write `records` (index, payload), which must follow the last readable entry (or start
     /// anywhere above the purge point when none is readable). Not durable until a later
     /// [`SegmentLog::sync`] returns.
-    pub fn append(&self, records: &[(u64, Vec<u8>)]) -> Result<(), LogFileError> {
+    pub fn append<P: AsRef<[u8]>>(&self, records: &[(u64, P)]) -> Result<(), LogFileError> {
         let Some(&(start, _)) = records.first() else {
             return Ok(());
         };
@@ -437,6 +437,7 @@ impl SegmentLog {
             let mut locs = Vec::new();
             while at < records.len() && base + (buf.len() as u64) < self.segment_bytes {
                 let (index, payload) = &records[at];
+                let payload = payload.as_ref();
                 if *index != start + at as u64 {
                     return Err(LogFileError::Misuse(format!(
                         "records not consecutive at {index}"
