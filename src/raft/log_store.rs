@@ -380,17 +380,22 @@ pub fn encode_entry(entry: &Entry) -> Result<Vec<u8>, StorageError> {
 /// ([`LogCommand::keep_encoded_entry`](crate::raft::LogCommand::keep_encoded_entry)) for the
 /// appends that send it; an encoding kept already is used as it is.
 pub fn entry_bytes(entry: &Entry, keep: bool) -> Result<bytes::Bytes, StorageError> {
-    let EntryPayload::Normal(cmd) = &entry.payload else {
-        return encode_entry(entry).map(bytes::Bytes::from);
-    };
-    if let Some(bytes) = cmd.encoded_entry(entry.log_id) {
+    if let Some(bytes) = kept_entry_bytes(entry) {
         return Ok(bytes);
     }
     let bytes = bytes::Bytes::from(encode_entry(entry)?);
-    if keep {
+    if keep && let EntryPayload::Normal(cmd) = &entry.payload {
         cmd.keep_encoded_entry(entry.log_id, bytes.clone());
     }
     Ok(bytes)
+}
+
+/// The encoding [`entry_bytes`] kept for `entry`, if it kept one.
+pub fn kept_entry_bytes(entry: &Entry) -> Option<bytes::Bytes> {
+    match &entry.payload {
+        EntryPayload::Normal(cmd) => cmd.encoded_entry(entry.log_id),
+        _ => None,
+    }
 }
 
 /// An entry back from its stored form.

@@ -382,11 +382,10 @@ impl Filter {
             }
             Ok(())
         });
-        // A valid `:authority` seen and none rewritten: this connection needs no mending.
-        let decided = !was_rewriting && !bad && !valid.is_empty();
         let out = match decoded {
             Ok(()) if !was_rewriting && !bad => {
-                if decided {
+                // A valid `:authority` seen and none rewritten: no mending on this connection.
+                if !valid.is_empty() {
                     self.mode = Mode::Transparent;
                 }
                 Ok(held.split_to(block.end))

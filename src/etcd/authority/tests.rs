@@ -222,14 +222,8 @@ fn server_view(bytes: &[u8]) -> Vec<Event> {
 /// `events` with every invalid `:authority` replaced as the shim replaces it: the first
 /// header block with an `:authority` decides; if that one is valid, nothing is.
 fn mended(events: Vec<Event>) -> Vec<Event> {
-    let first = events.iter().find_map(|e| match e {
-        Event::Headers { fields, .. } => fields
-            .iter()
-            .find(|(n, _)| n == b":authority")
-            .map(|(_, v)| Authority::try_from(v.as_slice()).is_ok()),
-        Event::Frame { .. } => None,
-    });
-    if first == Some(true) {
+    let first = authorities(&events).into_iter().flatten().next();
+    if first.is_some_and(|a| Authority::try_from(a.as_str()).is_ok()) {
         return events;
     }
     events

@@ -67,7 +67,12 @@ fn write_append(
     rmp::encode::write_str(out, "entries")?;
     rmp::encode::write_array_len(out, entries)?;
     for entry in &rpc.entries {
-        out.extend_from_slice(&log_store::entry_bytes(entry, false)?);
+        // One the log store did not keep (read back from its files, a blank or membership
+        // entry) is encoded in place, as the whole request's encoding would.
+        match log_store::kept_entry_bytes(entry) {
+            Some(bytes) => out.extend_from_slice(&bytes),
+            None => rmp_serde::encode::write_named(out, entry)?,
+        }
     }
     rmp::encode::write_str(out, "leader_commit")?;
     rmp_serde::encode::write_named(out, &rpc.leader_commit)?;
