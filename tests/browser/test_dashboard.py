@@ -79,7 +79,9 @@ def main():
         driver.save_screenshot(os.path.join(SHOTS, "dashboard.png"))
 
         # Revoke: the lease and its key vanish.
-        driver.find_element(By.CSS_SELECTOR, '[data-revoke="worker-1"]').click()
+        # The table re-renders on every lease update, so the button found may be replaced before
+        # the click lands: find it again and retry until a click is delivered.
+        wait.until(lambda d: d.find_element(By.CSS_SELECTOR, '[data-revoke="worker-1"]').click() or True)
         wait.until(lambda d: not d.find_elements(By.CSS_SELECTOR, '#leases tr[data-lease="worker-1"]'))
         wait.until(lambda d: not d.find_elements(By.CSS_SELECTOR, '#key-tree [data-key="locks/job-42"]'))
         wait.until(lambda d: "delete locks/job-42" in text_of(d, "#events li"))
