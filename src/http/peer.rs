@@ -72,8 +72,9 @@ pub async fn append_answer(
     sender: NodeId,
     body: &[u8],
 ) -> Result<AppendAnswer, ApiError> {
-    // MessagePack (see raft::network): values travel as raw bytes.
-    let req: AppendEntriesRequest<TypeConfig> = rmp_serde::from_slice(body)
+    // MessagePack (see raft::network): values travel as raw bytes, and each entry's bytes are
+    // kept for this node's log store, which then writes them as they are.
+    let req: AppendEntriesRequest<TypeConfig> = crate::raft::network::read_append(body)
         .map_err(|e| ApiError::invalid(format!("undecodable append request: {e}")))?;
     let leader = req.vote.leader_id().node_id;
     claim(state, sender, leader, routes::APPEND)?;

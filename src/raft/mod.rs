@@ -55,7 +55,8 @@ openraft::declare_raft_types!(
 /// It also keeps its entry's encoding once the leader's log store has made it
 /// ([`log_store::entry_bytes`]): the appends to the followers send those very bytes instead of
 /// encoding the entry again for each follower (MessagePack is context-free: an entry inside an
-/// append encodes as it does alone).
+/// append encodes as it does alone). A follower keeps the bytes each entry arrived as
+/// (`network::read_append`), and its log store writes them instead of encoding the entry again.
 #[derive(Clone)]
 pub struct LogCommand(std::sync::Arc<SharedCommand>);
 

@@ -33,11 +33,12 @@ use openraft::{AnyError, BasicNode, EntryPayload, OptionalSend, Snapshot, Vote};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
+use super::append_codec::write_append;
 use super::reversion::ReversionGuard;
 use super::{MAX_APPEND_BYTES, MSGPACK, PeerClient, PeerError, encode_snapshot_frame, routes};
 use crate::raft::durability::DurableView;
+use crate::raft::peer_stream;
 use crate::raft::{Entry, NodeId, TypeConfig};
-use crate::raft::{log_store, peer_stream};
 
 /// A cheap estimate of an entry's encoded size.
 fn approx_entry_bytes(entry: &Entry) -> usize {
@@ -47,36 +48,6 @@ fn approx_entry_bytes(entry: &Entry) -> usize {
         EntryPayload::Membership(_) => 8 * OVERHEAD,
         EntryPayload::Blank => OVERHEAD,
     }
-}
-
-/// An append request as `rmp_serde::encode::write_named` writes it (a map of its fields by
-/// name, in their declared order), each entry as the bytes the log store wrote for it (kept
-/// with the entry's command on the leader, [`log_store::entry_bytes`]): MessagePack is
-/// context-free, so they are the bytes the whole-request encoding would give, without encoding
-/// the entries again for each follower (two thirds of the leader's encoding work per put).
-fn write_append(
-    out: &mut Vec<u8>,
-    rpc: &AppendEntriesRequest<TypeConfig>,
-) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
-    let entries = u32::try_from(rpc.entries.len())?;
-    rmp::encode::write_map_len(out, 4)?;
-    rmp::encode::write_str(out, "vote")?;
-    rmp_serde::encode::write_named(out, &rpc.vote)?;
-    rmp::encode::write_str(out, "prev_log_id")?;
-    rmp_serde::encode::write_named(out, &rpc.prev_log_id)?;
-    rmp::encode::write_str(out, "entries")?;
-    rmp::encode::write_array_len(out, entries)?;
-    for entry in &rpc.entries {
-        // One the log store did not keep (read back from its files, a blank or membership
-        // entry) is encoded in place, as the whole request's encoding would.
-        match log_store::kept_entry_bytes(entry) {
-            Some(bytes) => out.extend_from_slice(&bytes),
-            None => rmp_serde::encode::write_named(out, entry)?,
-        }
-    }
-    rmp::encode::write_str(out, "leader_commit")?;
-    rmp_serde::encode::write_named(out, &rpc.leader_commit)?;
-    Ok(())
 }
 
 /// Cut `entries` to the byte budget, keeping at least one. Returns whether anything was cut.
@@ -352,8 +323,8 @@ impl RaftNetwork<TypeConfig> for PeerConnection {
 mod tests {
     use super::*;
     use crate::domain::command::Command;
+    use crate::raft::log_store;
     use openraft::{CommittedLeaderId, LogId, Membership};
-    use proptest::prelude::*;
 
     fn put(key: String, value: String) -> Command {
         Command::Put {
@@ -384,43 +355,6 @@ mod tests {
             ),
         };
         Entry { log_id, payload }
-    }
-
-    proptest! {
-        /// An append written around the entries' own encodings (kept by the log store, or
-        /// made on the spot) is, byte for byte, the whole request's MessagePack encoding: what
-        /// every follower, of this build or an older one, decodes.
-        #[test]
-        fn an_append_is_the_requests_own_encoding(
-            kinds in prop::collection::vec((0u8..4, prop::collection::vec((".{0,12}", ".{0,40}"), 0..5), any::<bool>()), 0..6),
-            prev in prop::option::of(0u64..1 << 40),
-            commit in prop::option::of(0u64..1 << 40),
-        ) {
-            let id = |i| LogId::new(CommittedLeaderId::new(3, 1), i);
-            let entries: Vec<Entry> = kinds
-                .into_iter()
-                .enumerate()
-                .map(|(i, (kind, keys, kept))| {
-                    let e = entry(10 + i as u64, kind, keys);
-                    // Some kept by a leader's log store first, some not.
-                    if kept {
-                        log_store::entry_bytes(&e, true).unwrap();
-                    }
-                    e
-                })
-                .collect();
-            let rpc = AppendEntriesRequest::<TypeConfig> {
-                vote: Vote::new_committed(3, 1),
-                prev_log_id: prev.map(id),
-                entries,
-                leader_commit: commit.map(id),
-            };
-            let mut ours = Vec::new();
-            write_append(&mut ours, &rpc).unwrap();
-            prop_assert_eq!(&ours, &rmp_serde::to_vec_named(&rpc).unwrap());
-            let back: AppendEntriesRequest<TypeConfig> = rmp_serde::from_slice(&ours).unwrap();
-            prop_assert_eq!(back.entries, rpc.entries);
-        }
     }
 
     /// A kept encoding is used only for the entry it was made for.

@@ -32,7 +32,8 @@
 //! # Layout
 //! This file holds the wire's vocabulary: the routes, the append budget, the MessagePack type,
 //! the snapshot frame and [`PeerError`]; `client` the HTTP client ([`PeerClient`]) and its
-//! peer streams, `connection` openraft's `RaftNetwork` ([`PeerConnection`]), `links` the
+//! peer streams, `append_codec` an append's body both ways (around the entries' own
+//! encodings), `connection` openraft's `RaftNetwork` ([`PeerConnection`]), `links` the
 //! contact times and the outage log, `reversion` the leader's guard against a follower whose
 //! log went back (it lost its data), `faults` the tests' fault injection.
 //!
@@ -43,12 +44,14 @@ use openraft::Vote;
 
 use super::{NodeId, SnapshotMeta};
 
+mod append_codec;
 mod client;
 mod connection;
 mod faults;
 mod links;
 pub mod reversion;
 
+pub use append_codec::read_append;
 pub use client::{MAX_ANSWER_BYTES, PeerClient};
 pub use connection::{NetworkFactory, PeerConnection};
 pub use faults::Faults;
