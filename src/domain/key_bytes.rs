@@ -112,6 +112,21 @@ pub fn raw_starts_with(stored: &str, prefix: &[u8]) -> bool {
     }
 }
 
+/// The stored form of the one key `range` holds, when it is a single key (`[k, k NUL)`, as
+/// etcd's point reads are): the one stored key whose raw bytes lie in it, found without
+/// walking [`spans`].
+pub fn single(range: &KeyRange) -> Option<Cow<'_, str>> {
+    let end = range.end.as_deref()?;
+    let (last, head) = end.split_last()?;
+    if *last != 0 || head != range.start.as_slice() {
+        return None;
+    }
+    Some(match std::str::from_utf8(&range.start) {
+        Ok(text) if !text.starts_with(MARK) => Cow::Borrowed(text),
+        _ => Cow::Owned(encode(&range.start)),
+    })
+}
+
 /// The stored keys whose raw bytes lie in `range`: at most two spans of stored keys (as
 /// byte bounds, `end = None` unbounded), the text keys' first, each empty one left out.
 pub fn spans(range: &KeyRange) -> Vec<KeyRange> {
@@ -258,6 +273,25 @@ mod tests {
             prop_assert_eq!(hits == 1, range.contains(&k));
             prop_assert!(hits <= 1);
             prop_assert_eq!(range.contains_stored(&stored), range.contains(&k));
+        }
+
+        /// A single-key range names exactly the stored form of its key; any other range none.
+        #[test]
+        fn a_single_key_range_is_its_keys_stored_form(
+            k in raw_key(), other in raw_key(), e in prop::option::of(raw_bytes(0..5)),
+        ) {
+            let k_nul = [k.as_slice(), &[0]].concat();
+            let point = KeyRange { start: k.clone(), end: Some(k_nul.clone()) };
+            let stored = store(k.clone());
+            let found = single(&point);
+            prop_assert_eq!(found.as_deref(), Some(stored.as_str()));
+            prop_assert!(point.contains_stored(&stored));
+            prop_assert_eq!(point.contains_stored(&store(other.clone())), other == k);
+            let range = KeyRange { start: k.clone(), end: e };
+            if let Some(one) = single(&range) {
+                prop_assert_eq!(range.end.as_deref(), Some(k_nul.as_slice()));
+                prop_assert_eq!(one.as_ref(), stored.as_str());
+            }
         }
 
         #[test]

@@ -90,14 +90,19 @@ impl KvState {
         &'a self,
         range: &KeyRange,
     ) -> impl Iterator<Item = (&'a str, &'a Versioned)> + use<'a> {
+        // A point read (most of them) is one lookup, not two spans walked and merged.
+        if let Some(stored) = key_bytes::single(range) {
+            let found = self.keys.get_key_value(&*stored).map(|(k, v)| (&**k, v));
+            return KeysIn::Single(found.into_iter());
+        }
         let mut spans = key_bytes::spans(range).into_iter();
         let first = spans.next().map(|s| self.span(s));
         let second = spans.next().map(|s| self.span(s));
-        key_bytes::merge(
+        KeysIn::Spans(key_bytes::merge(
             first.into_iter().flatten(),
             second.into_iter().flatten(),
             |(k, _)| k,
-        )
+        ))
     }
 
     /// The stored keys in `span` (stored bytes), in stored order.
@@ -145,5 +150,26 @@ impl KvState {
                 checkpoint_clock_ms: l.checkpoint_clock_ms,
             })
             .collect()
+    }
+}
+
+/// The keys of a range: the one key of a point read, or the merged spans of any other.
+enum KeysIn<S, M> {
+    Single(S),
+    Spans(M),
+}
+
+impl<'a, S, M> Iterator for KeysIn<S, M>
+where
+    S: Iterator<Item = (&'a str, &'a Versioned)>,
+    M: Iterator<Item = (&'a str, &'a Versioned)>,
+{
+    type Item = (&'a str, &'a Versioned);
+
+    fn next(&mut self) -> Option<Self::Item> {
+        match self {
+            KeysIn::Single(one) => one.next(),
+            KeysIn::Spans(merged) => merged.next(),
+        }
     }
 }
