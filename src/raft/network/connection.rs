@@ -33,7 +33,7 @@ use openraft::{AnyError, BasicNode, EntryPayload, OptionalSend, Snapshot, Vote};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use super::append_codec::write_append;
+use super::append_codec::{append_size_hint, write_append};
 use super::reversion::ReversionGuard;
 use super::{MAX_APPEND_BYTES, MSGPACK, PeerClient, PeerError, encode_snapshot_frame, routes};
 use crate::raft::durability::DurableView;
@@ -188,7 +188,7 @@ impl RaftNetwork<TypeConfig> for PeerConnection {
         };
         // The MessagePack body is encoded once, straight into a stream frame; over plain HTTP
         // the same bytes (after the frame's head) are the request body.
-        let estimate = rpc.entries.iter().map(approx_entry_bytes).sum::<usize>() + 64;
+        let estimate = append_size_hint(&rpc, approx_entry_bytes);
         let mut frame = peer_stream::start_frame(peer_stream::KIND_APPEND, estimate);
         write_append(&mut frame, &rpc).map_err(|e| network(&*e))?;
         let frame = peer_stream::finish_frame(frame).map_err(|e| network(&e))?;
