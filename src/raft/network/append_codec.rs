@@ -494,6 +494,26 @@ mod tests {
         assert_eq!(append_size_hint(&rpc, |_| 0), FIELDS_AND_IDS);
     }
 
+    /// A kept encoding is used only for the entry it was made for.
+    #[test]
+    fn a_kept_encoding_is_used_only_at_its_log_id() {
+        let e = entry(7, 2, vec![("k".into(), "v".into())]);
+        let kept = log_store::entry_bytes(&e, true).unwrap();
+        let EntryPayload::Normal(cmd) = &e.payload else {
+            unreachable!()
+        };
+        assert_eq!(cmd.encoded_entry(e.log_id), Some(kept));
+        let moved = Entry {
+            log_id: LogId::new(CommittedLeaderId::new(4, 1), 7),
+            payload: e.payload.clone(),
+        };
+        assert_eq!(cmd.encoded_entry(moved.log_id), None);
+        assert_eq!(
+            &log_store::entry_bytes(&moved, false).unwrap()[..],
+            &rmp_serde::to_vec_named(&moved).unwrap()[..]
+        );
+    }
+
     /// An entry count far beyond the body's size is refused without allocating for it.
     #[test]
     fn a_lying_entry_count_is_refused() {
