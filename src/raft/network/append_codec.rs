@@ -118,40 +118,33 @@ fn entry_spans(body: &[u8], count: usize) -> Option<Vec<std::ops::Range<usize>>>
     None
 }
 
+/// A header read by `read` (rmp's decoders) at `*at`, advanced past it.
+fn header<T>(
+    body: &[u8],
+    at: &mut usize,
+    read: impl FnOnce(&mut &[u8]) -> Result<T, rmp::decode::ValueReadError>,
+) -> Option<T> {
+    let mut rest = body.get(*at..)?;
+    let value = read(&mut rest).ok()?;
+    *at = body.len() - rest.len();
+    Some(value)
+}
+
 /// A map header at `*at` (advanced past it): its number of pairs.
 fn map_len(body: &[u8], at: &mut usize) -> Option<usize> {
-    let (head, n) = match *body.get(*at)? {
-        b @ 0x80..=0x8f => (1, usize::from(b & 0x0f)),
-        0xde => (3, be(body.get(*at + 1..*at + 3)?)),
-        0xdf => (5, be(body.get(*at + 1..*at + 5)?)),
-        _ => return None,
-    };
-    *at += head;
-    Some(n)
+    header(body, at, |rd| rmp::decode::read_map_len(rd)).map(|n| n as usize)
 }
 
 /// An array header at `*at` (advanced past it): its number of elements.
 fn array_len(body: &[u8], at: &mut usize) -> Option<usize> {
-    let (head, n) = match *body.get(*at)? {
-        b @ 0x90..=0x9f => (1, usize::from(b & 0x0f)),
-        0xdc => (3, be(body.get(*at + 1..*at + 3)?)),
-        0xdd => (5, be(body.get(*at + 1..*at + 5)?)),
-        _ => return None,
-    };
-    *at += head;
-    Some(n)
+    header(body, at, |rd| rmp::decode::read_array_len(rd)).map(|n| n as usize)
 }
 
 /// The bytes of the string `value` (one whole MessagePack value), if it is a string.
 fn str_contents(value: &[u8]) -> Option<&[u8]> {
-    let head = match *value.first()? {
-        0xa0..=0xbf => 1,
-        0xd9 => 2,
-        0xda => 3,
-        0xdb => 5,
-        _ => return None,
-    };
-    value.get(head..)
+    let mut at = 0;
+    header(value, &mut at, |rd| rmp::decode::read_str_len(rd))?;
+    value.get(at..)
 }
 
 /// A big-endian length of 1, 2 or 4 bytes.
@@ -162,7 +155,7 @@ fn be(bytes: &[u8]) -> usize {
 /// The length in bytes of the one MessagePack value `buf` starts with; `None` when `buf` does
 /// not hold a whole one. Iterative (a count of values still to pass), so nesting costs no stack,
 /// and a container may not announce more elements than bytes are left (each takes one at least).
-pub(crate) fn value_len(buf: &[u8]) -> Option<usize> {
+fn value_len(buf: &[u8]) -> Option<usize> {
     let mut at = 0usize;
     let mut pending = 1usize;
     while pending > 0 {
