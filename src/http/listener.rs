@@ -61,6 +61,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use super::coalesce::Coalesce;
 use crate::domain::resources::{Admission, ConnId, ConnTable};
 use crate::tls::Reloadable;
 
@@ -394,8 +395,9 @@ impl Conn {
                 .keep_alive_interval(Some(self.header_timeout))
                 .keep_alive_timeout(self.header_timeout);
             // HTTP/2 here is the etcd API's: some etcd clients send an `:authority` h2
-            // refuses, which the shim mends (HTTP/1 passes through it untouched).
-            let stream = crate::etcd::authority::AuthorityShim::new(stream);
+            // refuses, which the shim mends (HTTP/1 passes through it untouched). Its
+            // answers go out in one write each (`coalesce`).
+            let stream = crate::etcd::authority::AuthorityShim::new(Coalesce::new(stream));
             let conn = builder.serve_connection(TokioIo::new(stream), svc);
             tokio::pin!(conn);
             let result = tokio::select! {

@@ -16,6 +16,7 @@
 
 pub mod auth;
 pub mod cluster;
+pub mod coalesce;
 pub mod error;
 pub mod extract;
 pub mod flease;
