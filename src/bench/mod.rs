@@ -14,7 +14,7 @@
 pub mod churn;
 pub mod etcd;
 pub mod experiments;
-pub mod h2_conn;
+pub mod grpc_conn;
 pub mod handover;
 
 use std::fmt;

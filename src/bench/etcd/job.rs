@@ -18,19 +18,21 @@
 
 use std::time::Instant;
 
-use leasecore_etcd_api::etcdserverpb::lease_client::LeaseClient;
 use leasecore_etcd_api::etcdserverpb::{
-    Compare, LeaseGrantRequest, LeaseKeepAliveRequest, LeaseKeepAliveResponse, PutRequest,
-    RangeRequest, RequestOp, TxnRequest, TxnResponse, compare, request_op, response_op,
+    Compare, LeaseGrantRequest, LeaseGrantResponse, LeaseKeepAliveRequest, LeaseKeepAliveResponse,
+    PutRequest, PutResponse, RangeRequest, RangeResponse, RequestOp, TxnRequest, TxnResponse,
+    compare, request_op, response_op,
 };
-use tonic::Streaming;
 
-use super::{
-    EtcdWorkload, LEASE_TTL_S, TIMEOUT, header_revision, key_name, kv_client, lease_client,
-    status_text,
-};
-use crate::bench::h2_conn::H2Conn;
+use super::{EtcdWorkload, LEASE_TTL_S, header_revision, key_name};
+use crate::bench::grpc_conn::{GrpcConn, GrpcStream};
 use crate::bench::value_for;
+
+const PUT: &str = "/etcdserverpb.KV/Put";
+const RANGE: &str = "/etcdserverpb.KV/Range";
+const TXN: &str = "/etcdserverpb.KV/Txn";
+const LEASE_GRANT: &str = "/etcdserverpb.Lease/LeaseGrant";
+const LEASE_KEEP_ALIVE: &str = "/etcdserverpb.Lease/LeaseKeepAlive";
 
 /// One connection's work.
 pub(super) struct Job {
@@ -73,19 +75,11 @@ impl Tally {
     }
 }
 
-/// A keepalive stream: where requests go, and where answers come from.
-type KeepAlive = (
-    tokio::sync::mpsc::Sender<LeaseKeepAliveRequest>,
-    Streaming<LeaseKeepAliveResponse>,
-);
-
 impl Job {
-    pub(super) async fn run(self, ch: H2Conn) -> Tally {
+    pub(super) async fn run(self, mut conn: GrpcConn) -> Tally {
         let mut t = Tally::default();
         // Connections start at different keys so that they do not write one key in lockstep.
         let mut i = self.w.wrapping_mul(7919) % self.keys;
-        let mut kv = kv_client(ch.clone());
-        let mut lease = lease_client(ch);
         // The revision of this connection's last write: each must be above it.
         let mut last = 0i64;
         // put: this connection's writes so far (each to a new key).
@@ -93,7 +87,7 @@ impl Job {
         // txn: this connection's key (new), and its mod revision if known.
         let txn_key = format!("{}{:04}", self.prefix, self.w).into_bytes();
         let mut txn_mod: Option<i64> = Some(0);
-        let mut keepalive: Option<KeepAlive> = None;
+        let mut keepalive: Option<GrpcStream> = None;
         while Instant::now() < self.deadline {
             match self.workload {
                 EtcdWorkload::Put => {
@@ -104,9 +98,9 @@ impl Job {
                         ..PutRequest::default()
                     };
                     let sent = Instant::now();
-                    let checked = match kv.put(req).await {
+                    let checked = match conn.unary::<_, PutResponse>(PUT, &req).await {
                         Ok(r) => {
-                            let rev = header_revision(r.get_ref().header.as_ref());
+                            let rev = header_revision(r.header.as_ref());
                             let checked = if rev > last {
                                 Ok(())
                             } else {
@@ -115,7 +109,7 @@ impl Job {
                             last = last.max(rev);
                             checked
                         }
-                        Err(s) => Err(format!("put: {}", status_text(&s))),
+                        Err(e) => Err(format!("put: {e}")),
                     };
                     t.record(sent, checked);
                 }
@@ -127,9 +121,8 @@ impl Job {
                         ..RangeRequest::default()
                     };
                     let sent = Instant::now();
-                    let checked = match kv.range(req).await {
+                    let checked = match conn.unary::<_, RangeResponse>(RANGE, &req).await {
                         Ok(r) => {
-                            let r = r.get_ref();
                             let found = r.kvs.first();
                             if r.count == 1
                                 && r.kvs.len() == 1
@@ -147,7 +140,7 @@ impl Job {
                                 ))
                             }
                         }
-                        Err(s) => Err(format!("range: {}", status_text(&s))),
+                        Err(e) => Err(format!("range: {e}")),
                     };
                     t.record(sent, checked);
                 }
@@ -156,32 +149,27 @@ impl Job {
                     let Some(expected) = txn_mod else {
                         // Learn the key's mod revision (not timed): at the start, and after a
                         // failure whose outcome is unknown.
-                        match kv
-                            .range(RangeRequest {
-                                key,
-                                ..RangeRequest::default()
-                            })
-                            .await
-                        {
-                            Ok(r) => {
-                                txn_mod =
-                                    Some(r.get_ref().kvs.first().map_or(0, |kv| kv.mod_revision))
-                            }
-                            Err(s) => t.fail(format!("txn's key: {}", status_text(&s))),
+                        let read = RangeRequest {
+                            key,
+                            ..RangeRequest::default()
+                        };
+                        match conn.unary::<_, RangeResponse>(RANGE, &read).await {
+                            Ok(r) => txn_mod = Some(r.kvs.first().map_or(0, |kv| kv.mod_revision)),
+                            Err(e) => t.fail(format!("txn's key: {e}")),
                         }
                         continue;
                     };
                     let req = cas_put(&key, expected, value_for(i, self.value_size));
                     let sent = Instant::now();
-                    let checked = match kv.txn(req).await {
+                    let checked = match conn.unary::<_, TxnResponse>(TXN, &req).await {
                         Ok(r) => {
-                            let (checked, now) = check_cas(r.get_ref(), expected);
+                            let (checked, now) = check_cas(&r, expected);
                             txn_mod = now;
                             checked
                         }
-                        Err(s) => {
+                        Err(e) => {
                             txn_mod = None;
-                            Err(format!("txn: {}", status_text(&s)))
+                            Err(format!("txn: {e}"))
                         }
                     };
                     t.record(sent, checked);
@@ -192,9 +180,9 @@ impl Job {
                         id: 0,
                     };
                     let sent = Instant::now();
-                    let checked = match lease.lease_grant(req).await {
-                        Ok(r) => {
-                            let g = r.get_ref();
+                    let checked = match conn.unary::<_, LeaseGrantResponse>(LEASE_GRANT, &req).await
+                    {
+                        Ok(g) => {
                             if g.id > 0 && g.ttl >= LEASE_TTL_S && g.error.is_empty() {
                                 t.granted.push(g.id);
                                 Ok(())
@@ -205,7 +193,7 @@ impl Job {
                                 ))
                             }
                         }
-                        Err(s) => Err(format!("lease grant: {}", status_text(&s))),
+                        Err(e) => Err(format!("lease grant: {e}")),
                     };
                     t.record(sent, checked);
                 }
@@ -215,16 +203,10 @@ impl Job {
                         return t;
                     };
                     let sent = Instant::now();
-                    let checked = match tokio::time::timeout(
-                        TIMEOUT,
-                        keep_alive_once(&mut lease, &mut keepalive, id),
-                    )
-                    .await
-                    {
-                        Ok(Ok(r)) if r.id == id && r.ttl == LEASE_TTL_S => Ok(()),
-                        Ok(Ok(r)) => Err(format!("keepalive of {id}: id {}, ttl {}", r.id, r.ttl)),
-                        Ok(Err(e)) => Err(e),
-                        Err(_) => Err(format!("keepalive of {id}: no answer within {TIMEOUT:?}")),
+                    let checked = match keep_alive_once(&mut conn, &mut keepalive, id).await {
+                        Ok(r) if r.id == id && r.ttl == LEASE_TTL_S => Ok(()),
+                        Ok(r) => Err(format!("keepalive of {id}: id {}, ttl {}", r.id, r.ttl)),
+                        Err(e) => Err(e),
                     };
                     if checked.is_err() {
                         keepalive = None; // open a new stream
@@ -300,38 +282,21 @@ fn check_cas(r: &TxnResponse, expected: i64) -> (Result<(), String>, Option<i64>
 /// Send one keepalive for `id` on the connection's stream (opened when there is none) and
 /// wait for its answer.
 async fn keep_alive_once(
-    lease: &mut LeaseClient<H2Conn>,
-    stream: &mut Option<KeepAlive>,
+    conn: &mut GrpcConn,
+    stream: &mut Option<GrpcStream>,
     id: i64,
 ) -> Result<LeaseKeepAliveResponse, String> {
-    let req = LeaseKeepAliveRequest { id };
-    let closed = |_| format!("keepalive of {id}: the stream closed");
-    if let Some((tx, inbound)) = stream.as_mut() {
-        tx.send(req).await.map_err(closed)?;
-        return match inbound.message().await {
-            Ok(Some(m)) => Ok(m),
-            Ok(None) => Err(format!("keepalive of {id}: the stream ended")),
-            Err(s) => Err(format!("keepalive of {id}: {}", status_text(&s))),
-        };
-    }
-    // The first request is queued before the call: a server may send the stream's headers only
-    // with its first answer.
-    let (tx, rx) = tokio::sync::mpsc::channel(1);
-    tx.send(req).await.map_err(closed)?;
-    let outbound =
-        futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|m| (m, rx)) });
-    let mut inbound = lease
-        .lease_keep_alive(outbound)
-        .await
-        .map_err(|s| format!("keepalive stream: {}", status_text(&s)))?
-        .into_inner();
-    let first = match inbound.message().await {
-        Ok(Some(m)) => m,
-        Ok(None) => return Err(format!("keepalive of {id}: the stream ended")),
-        Err(s) => return Err(format!("keepalive of {id}: {}", status_text(&s))),
+    let open = match stream {
+        Some(s) => s,
+        None => stream.insert(
+            conn.open_stream(LEASE_KEEP_ALIVE)
+                .await
+                .map_err(|e| format!("keepalive stream: {e}"))?,
+        ),
     };
-    *stream = Some((tx, inbound));
-    Ok(first)
+    conn.exchange(open, &LeaseKeepAliveRequest { id })
+        .await
+        .map_err(|e| format!("keepalive of {id}: {e}"))
 }
 
 #[cfg(test)]

@@ -1,12 +1,14 @@
 //! `leasecore bench --etcd ENDPOINTS WORKLOAD`: closed-loop load through etcd's v3 gRPC API,
-//! with the tonic clients generated in `leasecore-etcd-api`, so that leasecore's etcd API
+//! with the messages generated in `leasecore-etcd-api`, so that leasecore's etcd API
 //! (`serve --etcd-listen`) and etcd itself are driven by the very same client.
 //!
 //! As etcd's own benchmark tool with `--conns N --clients N`: every connection is an HTTP/2
-//! connection of its own with one request in flight (`bench::h2_conn`: no dispatch task
-//! between the client and the connection, which left 5-10% more of the machine to the servers
-//! measured), and connections are spread over the endpoints round-robin. Channels are opened, keys preloaded and leases granted before the
-//! clock starts. Every response is checked; only checked successes count toward throughput and
+//! connection of its own with one request in flight, and connections are spread over the
+//! endpoints round-robin. The measured calls go through `bench::grpc_conn`, a gRPC client
+//! that writes each request in one system call and wakes no other task for it, so that the
+//! generator takes less of the cores the servers run on; setup and checks use tonic's
+//! clients. Connections are opened, keys preloaded and leases granted before the clock
+//! starts. Every response is checked; only checked successes count toward throughput and
 //! latency. After a write workload the writes are looked for in the store (`stored_check`), in
 //! a way other activity on the cluster does not disturb: put writes a new key each under a
 //! run-unique prefix, and the keys found there must number between the acknowledged puts and
@@ -34,7 +36,7 @@ use leasecore_etcd_api::etcdserverpb::kv_client::KvClient;
 use leasecore_etcd_api::etcdserverpb::lease_client::LeaseClient;
 use leasecore_etcd_api::etcdserverpb::maintenance_client::MaintenanceClient;
 
-use super::h2_conn::H2Conn;
+use super::grpc_conn::GrpcConn;
 use super::percentile_ms;
 use crate::client::ClientError;
 
@@ -143,10 +145,10 @@ pub async fn run(opts: &EtcdBenchOptions) -> Result<EtcdBenchResult, ClientError
     }
     let prefix = run_prefix(opts.workload, &super::run_tag());
 
-    // Every connection is open before the clock starts. The measured requests bypass tonic's
-    // channel (see `bench::h2_conn`); setup and checks use it.
+    // Every connection is open before the clock starts. The measured requests go through the
+    // generator's own gRPC client (`bench::grpc_conn`); setup and checks use tonic's.
     let channels = futures::future::try_join_all(
-        (0..connections).map(|w| H2Conn::connect(&urls[w % urls.len()], TIMEOUT)),
+        (0..connections).map(|w| GrpcConn::connect(&urls[w % urls.len()], TIMEOUT)),
     )
     .await
     .map_err(ClientError::Unavailable)?;
