@@ -449,8 +449,9 @@ kept as `bench/results.jsonl`), with `summary.md`,
   unless stored ≥ acknowledged and the excess ≤ the connection count (requests still in flight
   when wrk stopped).
 - **etcd's gRPC API** (its own table): both systems' etcd v3 API (leasecore's `--etcd-listen`)
-  driven by one gRPC client, `leasecore bench --etcd` (tonic clients generated from etcd's
-  protos; a channel per connection, one request in flight each, sent to the leader), fresh
+  driven by one gRPC client, `leasecore bench --etcd` (messages generated from etcd's protos,
+  sent by the generator's own gRPC client on `h2`, one write per request; an HTTP/2
+  connection each, one request in flight each, sent to the leader), fresh
   clusters A B A B; every response checked, and after put, txn and lease-grant every
   acknowledged write must be found in the store (put: a new key each under the run's prefix;
   txn: a compare-and-set of a run-unique key per connection, counted by its version; lease-grant:
