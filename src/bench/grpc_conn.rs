@@ -44,7 +44,8 @@ pub const MAX_MESSAGE: usize = 64 << 20;
 const PREFIX: usize = 5;
 
 /// Receive windows as hyper's client advertises them (2 MiB a stream, 5 MiB the
-/// connection), so that window updates stay rare for either server.
+/// connection), so that window updates stay rare for either server. (Like hyper's client,
+/// this one also refuses server push.)
 const STREAM_WINDOW: u32 = 2 << 20;
 const CONNECTION_WINDOW: u32 = 5 << 20;
 
@@ -111,6 +112,7 @@ impl GrpcConn {
                 .map_err(|e| format!("{url}: {e}"))?;
             tcp.set_nodelay(true).map_err(|e| format!("{url}: {e}"))?;
             h2::client::Builder::new()
+                .enable_push(false)
                 .initial_window_size(STREAM_WINDOW)
                 .initial_connection_window_size(CONNECTION_WINDOW)
                 .handshake::<_, Bytes>(tcp)
@@ -164,6 +166,11 @@ impl GrpcConn {
         within(timeout, call).await
     }
 
+    /// Whether the connection has ended: every call on it fails at once from then on.
+    pub fn is_closed(&self) -> bool {
+        self.driver.conn.is_none()
+    }
+
     /// Open a bidirectional stream of `path`; its messages go with [`GrpcConn::exchange`].
     pub async fn open_stream(&mut self, path: &'static str) -> Result<GrpcStream, CallError> {
         let head = self.head(path);
@@ -175,11 +182,27 @@ impl GrpcConn {
             answer: Some(answer),
             body: None,
             buf: BytesMut::new(),
+            failed: false,
         })
     }
 
     /// Send one message on `stream` and wait for the next message the server sends on it.
+    /// After any failure (a timeout among them) the stream takes no more: a late answer would
+    /// be taken for the next request's.
     pub async fn exchange<Q: Message, R: Message + Default>(
+        &mut self,
+        stream: &mut GrpcStream,
+        req: &Q,
+    ) -> Result<R, CallError> {
+        if stream.failed {
+            return Err(transport("the stream failed before"));
+        }
+        let result = self.exchange_once(stream, req).await;
+        stream.failed = result.is_err();
+        result
+    }
+
+    async fn exchange_once<Q: Message, R: Message + Default>(
         &mut self,
         stream: &mut GrpcStream,
         req: &Q,
@@ -248,6 +271,8 @@ pub struct GrpcStream {
     body: Option<RecvStream>,
     /// Received bytes not yet taken as a message.
     buf: BytesMut,
+    /// An exchange failed: the stream is out of step with its requests.
+    failed: bool,
 }
 
 async fn within<T>(

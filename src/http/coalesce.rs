@@ -11,10 +11,14 @@
 //!
 //! [`Coalesce`] says it does *not* write vectored. `h2` then copies every payload under
 //! 1 KiB into its buffer, trailers and all, and flushes the answer once. A larger payload is
-//! still kept out of `h2`'s buffer and offered as a write of its own. `Coalesce` holds the
-//! write before it (the buffer with the frame's head), and sends both in one `writev`. So
-//! answers under 1 KiB take one system call where they took two, and larger ones take two,
-//! as before.
+//! still kept out of `h2`'s buffer, and offered as a second write after the buffer. The first
+//! write of a flush (the buffer) is held; a second write goes out with it in one `writev`,
+//! without being copied. So answers under 1 KiB take one system call where they took two,
+//! and larger ones take two, as before.
+//!
+//! The same port serves HTTP/1 (the JSON gateway, probes). There hyper, told the socket does
+//! not write vectored, copies a body into its head's buffer (its "flatten" strategy) and
+//! writes once: the same one system call per answer as before.
 //!
 //! # Invariants
 //! - Bytes reach the socket in the order they were written, each exactly once. A write
@@ -23,8 +27,8 @@
 //! - A write is never reported as 0 bytes done (`h2` would take that for a closed socket).
 //!
 //! # What it must not do
-//! Hold bytes across a flush, or hold more than [`HOLD_MAX`]: a larger write goes out at once,
-//! after what is held.
+//! Hold bytes across a flush, hold more than [`HOLD_MAX`], or copy a write that follows one
+//! it holds: that one goes out at once, after what is held.
 
 use std::io;
 use std::pin::Pin;
@@ -32,8 +36,8 @@ use std::task::{Context, Poll, ready};
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
-/// The most a [`Coalesce`] holds between a write and the next write or flush. `h2`'s own
-/// buffer starts at 16 KiB and a HEADERS frame may fill it, so its contents always fit.
+/// The most a [`Coalesce`] holds between a write and the next write or flush. `h2`'s buffer
+/// starts at 16 KiB, so its contents usually fit; a larger write goes out at once.
 pub const HOLD_MAX: usize = 32 * 1024;
 
 /// A capacity kept between answers: a held buffer that grew past it (a large header block)
@@ -101,11 +105,14 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Coalesce<S> {
         if buf.is_empty() {
             return Poll::Ready(Ok(0));
         }
-        if this.held.len() + buf.len() <= HOLD_MAX {
+        if this.sent == this.held.len() && buf.len() <= HOLD_MAX {
+            // The first write since the last flush: held for whatever follows it.
+            this.clear();
             this.held.extend_from_slice(buf);
             return Poll::Ready(Ok(buf.len()));
         }
-        // Too much to hold: what is held and this write go out together.
+        // A second write (a payload `h2` kept out of its buffer), or one too large to hold:
+        // out at once, after what is held, in one call.
         while this.sent < this.held.len() {
             let slices = [
                 io::IoSlice::new(&this.held[this.sent..]),
@@ -123,7 +130,10 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Coalesce<S> {
             this.sent += n;
         }
         this.clear();
-        Pin::new(&mut this.inner).poll_write(cx, buf)
+        match ready!(Pin::new(&mut this.inner).poll_write(cx, buf))? {
+            0 => Poll::Ready(Err(io::ErrorKind::WriteZero.into())),
+            n => Poll::Ready(Ok(n)),
+        }
     }
 
     /// Not vectored: see the module's documentation for why `h2` must not be told otherwise.

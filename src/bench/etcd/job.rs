@@ -14,7 +14,9 @@
 //! - A keepalive stream that failed is dropped; the next keepalive opens a new one.
 //!
 //! # What it must not do
-//! Count a failure as a success, or stop at one: a failure is tallied and the loop goes on.
+//! Count a failure as a success, or stop at one: a failure is tallied and the loop goes on
+//! (after yielding, so that failing calls cannot hold a worker), unless the connection itself
+//! has closed; then the connection's loop ends, having tallied that once.
 
 use std::time::Instant;
 
@@ -88,7 +90,19 @@ impl Job {
         let txn_key = format!("{}{:04}", self.prefix, self.w).into_bytes();
         let mut txn_mod: Option<i64> = Some(0);
         let mut keepalive: Option<GrpcStream> = None;
+        let mut failed_before = 0;
         while Instant::now() < self.deadline {
+            if conn.is_closed() {
+                // Every call would fail at once: one failure says it, and the connection's
+                // work ends.
+                t.fail("the connection closed".into());
+                break;
+            }
+            if t.errors > failed_before {
+                // A call that fails at once never waits, so never yields: let others run.
+                failed_before = t.errors;
+                tokio::task::yield_now().await;
+            }
             match self.workload {
                 EtcdWorkload::Put => {
                     written += 1;

@@ -22,7 +22,8 @@ struct Mock;
 #[tonic::async_trait]
 impl Kv for Mock {
     /// `missing/...` is NotFound with a message that needs percent-encoding; `slow/...` never
-    /// answers; anything else is one key whose value is the key repeated to 2,000 bytes.
+    /// answers; `big/...` is one key of a 3 MiB value; anything else is one key whose value is
+    /// the key repeated to 2,000 bytes.
     async fn range(&self, req: Request<RangeRequest>) -> Result<Response<RangeResponse>, Status> {
         let key = req.into_inner().key;
         if key.starts_with(b"missing/") {
@@ -31,7 +32,12 @@ impl Kv for Mock {
         if key.starts_with(b"slow/") {
             std::future::pending::<()>().await;
         }
-        let value = key.iter().copied().cycle().take(2_000).collect();
+        let len = if key.starts_with(b"big/") {
+            3 << 20
+        } else {
+            2_000
+        };
+        let value = key.iter().copied().cycle().take(len).collect();
         Ok(Response::new(RangeResponse {
             kvs: vec![KeyValue {
                 key,
@@ -154,7 +160,19 @@ async fn unary_calls_get_their_own_answers() {
     let mut conn = GrpcConn::connect(&url, Duration::from_secs(10))
         .await
         .unwrap();
-    // 6 MB of answers: more than the connection's receive window, were it not released.
+    // One answer larger than a stream's receive window (2 MiB): it arrives only if what is
+    // read is released as it is read.
+    let big: RangeResponse = conn
+        .unary(
+            RANGE,
+            &RangeRequest {
+                key: b"big/x".to_vec(),
+                ..RangeRequest::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(big.kvs[0].value.len(), 3 << 20);
     for i in 0..3_000usize {
         let key = format!("key/{i}").into_bytes();
         let r: RangeResponse = conn
@@ -274,7 +292,12 @@ async fn a_stream_exchanges_message_for_message() {
             ..
         }
     ));
-    // A new stream on the same connection works.
+    // A stream that failed takes no more exchanges; a new stream on the same connection works.
+    assert!(
+        conn.exchange::<_, LeaseKeepAliveResponse>(&mut stream, &LeaseKeepAliveRequest { id: 5 })
+            .await
+            .is_err()
+    );
     let mut again = conn.open_stream(path).await.unwrap();
     let r: LeaseKeepAliveResponse = conn
         .exchange(&mut again, &LeaseKeepAliveRequest { id: 9 })
