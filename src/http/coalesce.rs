@@ -105,9 +105,9 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Coalesce<S> {
         if buf.is_empty() {
             return Poll::Ready(Ok(0));
         }
-        if this.sent == this.held.len() && buf.len() <= HOLD_MAX {
+        // `held` is emptied whenever all of it is sent, so empty means nothing is held.
+        if this.held.is_empty() && buf.len() <= HOLD_MAX {
             // The first write since the last flush: held for whatever follows it.
-            this.clear();
             this.held.extend_from_slice(buf);
             return Poll::Ready(Ok(buf.len()));
         }
