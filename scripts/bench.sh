@@ -151,7 +151,11 @@ ETCD_ENDPOINTS="http://127.0.0.1:$ETCD_PORT,http://127.0.0.1:$((ETCD_PORT + 2)),
 LC_DIR="" ETCD_DIR=""   # the running cluster of each system (empty: none)
 LEADER="" FOLLOWER=""   # of the cluster just started
 
-lc_cluster() { LEASECORE_CLUSTER_DIR=$LC_DIR LEASECORE_BASE_PORT=$LC_PORT "$ROOT/scripts/cluster.sh" "$@"; }
+# lease-grant registers 60 s leases at up to 20,000 a second for 10 s: more than the default
+# --max-leases (200,000), whose 429s would be counted as failures. etcd has no such quota, so
+# leasecore runs with one the workload cannot reach.
+LC_MAX_LEASES=2000000
+lc_cluster() { LEASECORE_MAX_LEASES=$LC_MAX_LEASES LEASECORE_CLUSTER_DIR=$LC_DIR LEASECORE_BASE_PORT=$LC_PORT "$ROOT/scripts/cluster.sh" "$@"; }
 # leasecore's etcd API: scripts/cluster.sh puts node i's on client port + 2000 + (i - 1).
 lc_etcd_ports() { echo $((LC_PORT + 2000)) $((LC_PORT + 2002)) $((LC_PORT + 2004)); }
 etcd_api_of() {  # etcd_api_of SYSTEM URL: the etcd API endpoint (host:port) of that node
@@ -269,7 +273,7 @@ note_flags() {  # record each system's command lines once
   flags_noted+=" $1"
   if [ "$1" = leasecore ]; then
     for f in "$LC_DIR"/node-*.pid; do echo "leasecore: $(tr '\0' ' ' <"/proc/$(cat "$f")/cmdline")"; done
-    echo "leasecore: defaults in force: --heartbeat-ms 100 --election-min-ms 400 --election-max-ms 1000 --snapshot-threshold 10000 (see leasecore serve --help)"
+    echo "leasecore: defaults in force: --heartbeat-ms 100 --election-min-ms 400 --election-max-ms 1000 --snapshot-threshold 10000 (see leasecore serve --help); LEASECORE_MAX_LEASES=$LC_MAX_LEASES (--max-leases)"
     grep -h -m1 "async workers" "$LC_DIR"/node-1.log | sed 's/^.*INFO [^ ]* /leasecore: node 1: /' || true
   else
     sed 's/^/etcd /' "$ETCD_DIR/flags"
