@@ -13,7 +13,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds=${1:-1}
 load=${LOAD:-m}
-bin=${LEASECORE_BIN:-target/release/leasecore}
+bin=${LEASECORE_BIN:-${CARGO_TARGET_DIR:-target}/release/leasecore}
 root=.bench/memory
 for tool in etcd etcdctl; do
   command -v "$tool" >/dev/null || { echo "$tool not found (Debian: apt-get install etcd-server etcd-client)" >&2; exit 1; }

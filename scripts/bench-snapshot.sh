@@ -12,7 +12,7 @@
 # in .bench/snap-{large,small} on ports 7401..; loopback only.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bin=$(realpath "${1:-target/release/leasecore}")
+bin=$(realpath "${1:-${CARGO_TARGET_DIR:-target}/release/leasecore}")
 secs=${2:-40}
 keys=${KEYS:-1000000}
 rounds=${ROUNDS:-2}

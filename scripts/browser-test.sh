@@ -28,7 +28,7 @@ cargo build --quiet
 # Selenium Manager must not go online (it fetches driver lists and sends statistics).
 export SE_OFFLINE=true SE_AVOID_STATS=true
 export LEASECORE_SCREENSHOTS=${LEASECORE_SCREENSHOTS:-$PWD/target/screenshots}
-export LEASECORE_BIN=${LEASECORE_BIN:-target/debug/leasecore}
+export LEASECORE_BIN=${LEASECORE_BIN:-${CARGO_TARGET_DIR:-target}/debug/leasecore}
 export LEASECORE_CLUSTER_DIR=${LEASECORE_CLUSTER_DIR:-$(mktemp -d)/cluster}
 export LEASECORE_BASE_PORT=${LEASECORE_BASE_PORT:-7401}
 trap 'scripts/cluster.sh clean >/dev/null 2>&1 || true' EXIT

@@ -24,7 +24,7 @@ LEADER_LIFE_MS=${LEADER_LIFE_MS:-900}
 CHURN=${CHURN:-kill}
 # LEASECORE_BIN runs the servers (e.g. an older build, for a baseline); the bench client is
 # always this checkout's.
-BENCH_BIN=target/$PROFILE/leasecore
+BENCH_BIN=${CARGO_TARGET_DIR:-target}/$PROFILE/leasecore
 rm -rf "$LEASECORE_CLUSTER_DIR"
 scripts/cluster.sh start 3 >/dev/null
 # A paused node must be resumed to stop cleanly.
