@@ -154,6 +154,15 @@ async fn serve() -> String {
 
 const RANGE: &str = "/etcdserverpb.KV/Range";
 
+/// A Range of one key on `conn`.
+async fn range(conn: &mut GrpcConn, key: &[u8]) -> Result<RangeResponse, CallError> {
+    let req = RangeRequest {
+        key: key.to_vec(),
+        ..RangeRequest::default()
+    };
+    conn.unary(RANGE, &req).await
+}
+
 #[tokio::test]
 async fn unary_calls_get_their_own_answers() {
     let url = serve().await;
@@ -162,29 +171,11 @@ async fn unary_calls_get_their_own_answers() {
         .unwrap();
     // One answer larger than a stream's receive window (2 MiB): it arrives only if what is
     // read is released as it is read.
-    let big: RangeResponse = conn
-        .unary(
-            RANGE,
-            &RangeRequest {
-                key: b"big/x".to_vec(),
-                ..RangeRequest::default()
-            },
-        )
-        .await
-        .unwrap();
+    let big = range(&mut conn, b"big/x").await.unwrap();
     assert_eq!(big.kvs[0].value.len(), 3 << 20);
     for i in 0..3_000usize {
         let key = format!("key/{i}").into_bytes();
-        let r: RangeResponse = conn
-            .unary(
-                RANGE,
-                &RangeRequest {
-                    key: key.clone(),
-                    ..RangeRequest::default()
-                },
-            )
-            .await
-            .unwrap();
+        let r = range(&mut conn, &key).await.unwrap();
         assert_eq!(r.kvs[0].key, key);
         assert_eq!(r.kvs[0].value.len(), 2_000);
         let p: PutResponse = conn
@@ -208,14 +199,7 @@ async fn a_status_is_an_error_with_its_code_and_message() {
     let mut conn = GrpcConn::connect(&url, Duration::from_secs(10))
         .await
         .unwrap();
-    let missing = RangeRequest {
-        key: b"missing/x".to_vec(),
-        ..RangeRequest::default()
-    };
-    let err = conn
-        .unary::<_, RangeResponse>(RANGE, &missing)
-        .await
-        .unwrap_err();
+    let err = range(&mut conn, b"missing/x").await.unwrap_err();
     assert_eq!(
         err,
         CallError::Status {
@@ -235,16 +219,7 @@ async fn a_status_is_an_error_with_its_code_and_message() {
         }
     ));
     // The connection goes on after errors.
-    let r: RangeResponse = conn
-        .unary(
-            RANGE,
-            &RangeRequest {
-                key: b"k".to_vec(),
-                ..RangeRequest::default()
-            },
-        )
-        .await
-        .unwrap();
+    let r = range(&mut conn, b"k").await.unwrap();
     assert_eq!(r.count, 1);
 }
 
@@ -254,14 +229,7 @@ async fn a_call_without_an_answer_times_out() {
     let mut conn = GrpcConn::connect(&url, Duration::from_millis(200))
         .await
         .unwrap();
-    let slow = RangeRequest {
-        key: b"slow/x".to_vec(),
-        ..RangeRequest::default()
-    };
-    let err = conn
-        .unary::<_, RangeResponse>(RANGE, &slow)
-        .await
-        .unwrap_err();
+    let err = range(&mut conn, b"slow/x").await.unwrap_err();
     assert_eq!(err, CallError::Timeout(Duration::from_millis(200)));
 }
 
