@@ -13,12 +13,21 @@
 //! - A follower's acknowledged match is recorded with the [`ReversionGuard`]; a conflict below
 //!   it (the follower lost its data) is answered to openraft as "unreachable", never as a
 //!   conflict (openraft 0.9 cannot take a follower's log going back).
+//! - A commit notice (a replication stream's heartbeat that only carries a new commit: see
+//!   [`is_commit_notice`]) is sent without holding openraft's one append in flight for its
+//!   answer, and openraft is told it failed, which it ignores for a heartbeat. So nothing the
+//!   target did not say is ever reported to openraft: no match, and no acknowledgement time
+//!   (the leader's quorum-ack age, which its lease and health rules read, comes only from
+//!   answers). At most one notice per connection is in flight; one answered with anything
+//!   but a match makes the next heartbeat an ordinary one, whose answer openraft hears.
 //!
 //! # What it must not do
 //! Decide. It encodes, sends, maps errors and records contacts; openraft decides what to send,
 //! and when to send it again.
 
 use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use openraft::error::{
@@ -38,7 +47,7 @@ use super::reversion::ReversionGuard;
 use super::{MAX_APPEND_BYTES, MSGPACK, PeerClient, PeerError, encode_snapshot_frame, routes};
 use crate::raft::durability::DurableView;
 use crate::raft::peer_stream;
-use crate::raft::{Entry, NodeId, TypeConfig};
+use crate::raft::{Entry, LogId, NodeId, TypeConfig};
 
 /// A cheap estimate of an entry's encoded size.
 fn approx_entry_bytes(entry: &Entry) -> usize {
@@ -106,6 +115,9 @@ impl RaftNetworkFactory<TypeConfig> for NetworkFactory {
             addr: node.addr.clone(),
             durable: self.durable.clone(),
             reversions: self.reversions.clone(),
+            settled: false,
+            told_commit: None,
+            notice: Arc::default(),
         }
     }
 }
@@ -117,6 +129,23 @@ pub struct PeerConnection {
     addr: String,
     durable: Option<DurableView>,
     reversions: Option<ReversionGuard>,
+    /// Whether this connection's last append was answered with a match: it is a replication
+    /// stream's, in its steady state (openraft makes a fresh connection for every leadership
+    /// round, so those never are).
+    settled: bool,
+    /// The highest commit an append of this connection told the target.
+    told_commit: Option<LogId>,
+    /// This connection's commit notice in flight, and how the last one ended.
+    notice: Arc<NoticeState>,
+}
+
+/// Shared between a connection and the task that awaits its commit notice's answer.
+#[derive(Default)]
+struct NoticeState {
+    in_flight: AtomicBool,
+    /// The last notice was not answered with a match (the target may have a higher vote, or
+    /// have lost its log): the next heartbeat waits for its answer, so openraft hears it.
+    failed: AtomicBool,
 }
 
 impl PeerConnection {
@@ -148,14 +177,6 @@ impl PeerConnection {
         self.client.links.answered(self.target, &self.addr);
     }
 
-    /// A transport failure of this peer's RPC.
-    fn transport(&self, detail: String) -> PeerError {
-        PeerError::Transport {
-            addr: self.addr.clone(),
-            detail,
-        }
-    }
-
     /// An RPC failed: maybe the start of an outage worth a log line; openraft's error.
     fn failed<E: std::error::Error>(&self, e: PeerError) -> RPCError<NodeId, BasicNode, E> {
         self.client.links.failed(self.target, &self.addr, &e);
@@ -171,6 +192,89 @@ fn to_rpc_error<E: std::error::Error>(e: &PeerError) -> RPCError<NodeId, BasicNo
         }
     }
 }
+
+/// Whether `rpc` would only tell a settled replication stream's target a commit it has not
+/// been told: a heartbeat (no entries) whose commit is above the last one sent. openraft 0.9
+/// sends one after every commit that finds no new entry to send, and holds the target's one
+/// append in flight until its answer: proposals that arrive meanwhile wait a round trip more.
+fn is_commit_notice(
+    rpc: &AppendEntriesRequest<TypeConfig>,
+    settled: bool,
+    told_commit: Option<LogId>,
+) -> bool {
+    rpc.entries.is_empty() && settled && rpc.leader_commit > told_commit
+}
+
+/// Send an encoded append frame over a peer stream (plain HTTP where the peer has none) and
+/// read its answer.
+async fn deliver_append(
+    client: &PeerClient,
+    addr: &str,
+    frame: &[u8],
+    ttl: Duration,
+) -> Result<Result<AppendEntriesResponse<NodeId>, RaftError<NodeId>>, PeerError> {
+    let transport = |detail: String| PeerError::Transport {
+        addr: addr.to_string(),
+        detail,
+    };
+    match client
+        .stream_call(addr, frame, ttl, peer_stream::MAX_ANSWER_FRAME)
+        .await?
+    {
+        Some((peer_stream::ANSWERED, body)) => {
+            serde_json::from_slice(&body).map_err(|e| transport(format!("undecodable answer: {e}")))
+        }
+        Some((status, body)) => {
+            let why = String::from_utf8_lossy(&body[..body.len().min(512)]).into_owned();
+            Err(transport(format!(
+                "append refused on the peer stream (status {status}): {why}"
+            )))
+        }
+        None => {
+            client
+                .post_bytes(addr, routes::APPEND, MSGPACK, frame[5..].to_vec(), ttl)
+                .await
+        }
+    }
+}
+
+impl PeerConnection {
+    /// Tell the target a new commit without holding openraft's one append in flight for the
+    /// answer: the append goes out on a task of its own, and openraft is answered at once with
+    /// a network error, which it ignores for a heartbeat (no progress, no acknowledgement time:
+    /// nothing is claimed that the follower did not say). Its answer only records the contact.
+    fn send_commit_notice(
+        &self,
+        frame: Vec<u8>,
+        ttl: Duration,
+    ) -> RPCError<NodeId, BasicNode, RaftError<NodeId>> {
+        let client = self.client.clone();
+        let addr = self.addr.clone();
+        let target = self.target;
+        let notice = self.notice.clone();
+        tokio::spawn(async move {
+            let answer = deliver_append(&client, &addr, &frame, ttl).await;
+            if answer.is_ok() {
+                client.contacts.heard_from(target);
+                client.links.answered(target, &addr);
+            }
+            let matched = matches!(
+                answer,
+                Ok(Ok(
+                    AppendEntriesResponse::Success | AppendEntriesResponse::PartialSuccess(_)
+                ))
+            );
+            if !matched {
+                notice.failed.store(true, Ordering::Release);
+            }
+            notice.in_flight.store(false, Ordering::Release);
+        });
+        RPCError::Network(NetworkError::new(&AnyError::error(COMMIT_NOTICE_SENT)))
+    }
+}
+
+/// What openraft is told for a commit notice (it ignores a heartbeat's error).
+const COMMIT_NOTICE_SENT: &str = "commit notice sent; its answer is not awaited";
 
 impl RaftNetwork<TypeConfig> for PeerConnection {
     async fn append_entries(
@@ -193,31 +297,21 @@ impl RaftNetwork<TypeConfig> for PeerConnection {
         write_append(&mut frame, &rpc).map_err(|e| network(&*e))?;
         let frame = peer_stream::finish_frame(frame).map_err(|e| network(&e))?;
         let ttl = option.hard_ttl();
-        let answer: Result<AppendEntriesResponse<NodeId>, RaftError<NodeId>> = match self
-            .client
-            .stream_call(&self.addr, &frame, ttl, peer_stream::MAX_ANSWER_FRAME)
-            .await
+        if self.notice.failed.swap(false, Ordering::AcqRel) {
+            self.settled = false;
+        }
+        if is_commit_notice(&rpc, self.settled, self.told_commit)
+            && !self.notice.in_flight.swap(true, Ordering::AcqRel)
         {
-            Ok(Some((peer_stream::ANSWERED, body))) => serde_json::from_slice(&body)
-                .map_err(|e| self.failed(self.transport(format!("undecodable answer: {e}"))))?,
-            Ok(Some((status, body))) => {
-                let why = String::from_utf8_lossy(&body[..body.len().min(512)]).into_owned();
-                return Err(self.failed(self.transport(format!(
-                    "append refused on the peer stream (status {status}): {why}"
-                ))));
+            self.told_commit = rpc.leader_commit;
+            return Err(self.send_commit_notice(frame, ttl));
+        }
+        let answer = match deliver_append(&self.client, &self.addr, &frame, ttl).await {
+            Ok(answer) => answer,
+            Err(e) => {
+                self.settled = false;
+                return Err(self.failed(e));
             }
-            Ok(None) => self
-                .client
-                .post_bytes(
-                    &self.addr,
-                    routes::APPEND,
-                    MSGPACK,
-                    frame[5..].to_vec(),
-                    ttl,
-                )
-                .await
-                .map_err(|e| self.failed(e))?,
-            Err(e) => return Err(self.failed(e)),
         };
         self.answered();
         let answer = match answer {
@@ -226,6 +320,13 @@ impl RaftNetwork<TypeConfig> for PeerConnection {
             }
             other => other,
         };
+        self.settled = matches!(
+            answer,
+            Ok(AppendEntriesResponse::Success | AppendEntriesResponse::PartialSuccess(_))
+        );
+        if self.settled {
+            self.told_commit = self.told_commit.max(rpc.leader_commit);
+        }
         if let Some(guard) = &self.reversions {
             let leader = (rpc.vote.leader_id().term, rpc.vote.leader_id().node_id);
             let matched = match &answer {
@@ -316,5 +417,137 @@ impl RaftNetwork<TypeConfig> for PeerConnection {
             .chain(std::iter::repeat(500))
             .map(Duration::from_millis);
         openraft::network::Backoff::new(steps)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicU8;
+
+    /// How the fake follower answers appends.
+    const ANSWER_MATCH: u8 = 0;
+    const ANSWER_NOTHING: u8 = 1;
+    const ANSWER_HIGHER_VOTE: u8 = 2;
+
+    /// A follower on loopback that serves no peer streams (so appends come over plain HTTP)
+    /// and answers each append as `mode` says: a match, a higher vote, or never.
+    async fn follower(mode: Arc<AtomicU8>) -> String {
+        use axum::routing::post;
+        let app = axum::Router::new()
+            .route(
+                routes::APPEND,
+                post(move || {
+                    let mode = mode.load(Ordering::SeqCst);
+                    async move {
+                        let body = match mode {
+                            ANSWER_MATCH => serde_json::json!({"Ok": "Success"}),
+                            ANSWER_HIGHER_VOTE => serde_json::json!({"Ok": {"HigherVote":
+                                Vote::new_committed(9, 3)}}),
+                            _ => {
+                                tokio::time::sleep(Duration::from_secs(60)).await;
+                                serde_json::json!({"Ok": "Success"})
+                            }
+                        };
+                        axum::Json(body)
+                    }
+                }),
+            )
+            .fallback(|| async { (axum::http::StatusCode::NOT_FOUND, "{\"error\":{}}") });
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        let offset = crate::domain::resources::PEER_PORT_OFFSET;
+        format!("127.0.0.1:{}", port - offset)
+    }
+
+    fn log_id(index: u64) -> LogId {
+        LogId::new(openraft::CommittedLeaderId::new(1, 1), index)
+    }
+
+    /// A heartbeat of leader 1 in term 1, matching at index 5, telling commit `commit`.
+    fn heartbeat(commit: u64) -> AppendEntriesRequest<TypeConfig> {
+        AppendEntriesRequest {
+            vote: Vote::new_committed(1, 1),
+            prev_log_id: Some(log_id(5)),
+            leader_commit: Some(log_id(commit)),
+            entries: vec![],
+        }
+    }
+
+    async fn connection(addr: String) -> PeerConnection {
+        let node = BasicNode { addr };
+        NetworkFactory::new(PeerClient::new(1))
+            .new_client(2, &node)
+            .await
+    }
+
+    /// Bounds a call that must not wait for the follower (which, here, never answers).
+    async fn promptly<T>(call: impl Future<Output = T>) -> T {
+        tokio::time::timeout(Duration::from_secs(20), call)
+            .await
+            .expect("waited for an answer that never comes, or for a notice that never ended")
+    }
+
+    #[tokio::test]
+    async fn a_commit_notice_is_not_awaited_and_reports_no_acknowledgement() {
+        let mode = Arc::new(AtomicU8::new(ANSWER_MATCH));
+        let mut conn = connection(follower(mode.clone()).await).await;
+        let long = RPCOption::new(Duration::from_secs(30));
+        let short = RPCOption::new(Duration::from_millis(300));
+
+        // A fresh connection (a leadership round's, or a replication stream's first append)
+        // always waits for the answer, even with a new commit.
+        let first = conn.append_entries(heartbeat(3), long.clone()).await;
+        assert_eq!(first.unwrap(), AppendEntriesResponse::Success);
+
+        // The follower goes silent. A heartbeat with a new commit is sent as a notice: the
+        // call returns at once, and as a failure, so openraft records no match and no
+        // acknowledgement time for it.
+        mode.store(ANSWER_NOTHING, Ordering::SeqCst);
+        let notice = promptly(conn.append_entries(heartbeat(4), long.clone())).await;
+        let err = notice.unwrap_err().to_string();
+        assert!(err.contains(COMMIT_NOTICE_SENT), "{err}");
+
+        // Its answer has not come: the next heartbeat, even with a newer commit, is an
+        // ordinary one and fails when the follower stays silent.
+        let waited = promptly(conn.append_entries(heartbeat(5), short.clone())).await;
+        let err = waited.unwrap_err().to_string();
+        assert!(!err.contains(COMMIT_NOTICE_SENT), "{err}");
+
+        // A heartbeat that tells no new commit is never a notice.
+        mode.store(ANSWER_MATCH, Ordering::SeqCst);
+        let plain = conn.append_entries(heartbeat(4), long.clone()).await;
+        assert_eq!(plain.unwrap(), AppendEntriesResponse::Success);
+    }
+
+    #[tokio::test]
+    async fn a_notice_answered_without_a_match_makes_the_next_heartbeat_ordinary() {
+        let mode = Arc::new(AtomicU8::new(ANSWER_MATCH));
+        let mut conn = connection(follower(mode.clone()).await).await;
+        let option = RPCOption::new(Duration::from_secs(30));
+        assert!(
+            conn.append_entries(heartbeat(3), option.clone())
+                .await
+                .is_ok()
+        );
+
+        mode.store(ANSWER_HIGHER_VOTE, Ordering::SeqCst);
+        let notice = conn.append_entries(heartbeat(4), option.clone()).await;
+        assert!(notice.unwrap_err().to_string().contains(COMMIT_NOTICE_SENT));
+        promptly(async {
+            while conn.notice.in_flight.load(Ordering::Acquire) {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+        .await;
+
+        // openraft hears the higher vote from the next heartbeat, although it tells a new
+        // commit too.
+        let next = conn.append_entries(heartbeat(5), option).await.unwrap();
+        assert_eq!(
+            next,
+            AppendEntriesResponse::HigherVote(Vote::new_committed(9, 3))
+        );
     }
 }
