@@ -151,7 +151,10 @@ impl ServeArgs {
 }
 
 /// The default log filter: leasecore at info; openraft's retries and ignored-message
-/// warnings are noise once leasecore reports peer outages itself.
+/// warnings are noise once leasecore reports peer outages itself. (With openraft's logs on, a
+/// leader under writes also logs every commit notice as a failed heartbeat, "commit notice
+/// sent; its answer is not awaited": that is how openraft is told to record nothing for it,
+/// see `raft::network::connection`.)
 pub const DEFAULT_LOG: &str = "info,openraft=off,sled=warn";
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
