@@ -243,6 +243,8 @@ impl PeerConnection {
     /// answer: the append goes out on a task of its own, and openraft is answered at once with
     /// a network error, which it ignores for a heartbeat (no progress, no acknowledgement time:
     /// nothing is claimed that the follower did not say). Its answer only records the contact.
+    /// The task is not tracked by the node's shutdown: like any append, it ends within the
+    /// append's deadline (`ttl`, openraft's heartbeat interval), answered or not.
     fn send_commit_notice(
         &self,
         frame: Vec<u8>,
