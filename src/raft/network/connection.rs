@@ -173,8 +173,7 @@ impl PeerConnection {
 impl PeerConnection {
     /// The peer answered: a contact for the health rules, maybe the end of an outage.
     fn answered(&self) {
-        self.client.contacts.heard_from(self.target);
-        self.client.links.answered(self.target, &self.addr);
+        record_answer(&self.client, self.target, &self.addr);
     }
 
     /// An RPC failed: maybe the start of an outage worth a log line; openraft's error.
@@ -182,6 +181,12 @@ impl PeerConnection {
         self.client.links.failed(self.target, &self.addr, &e);
         to_rpc_error(&e)
     }
+}
+
+/// `target` (at `addr`) answered: a contact for the health rules, maybe the end of an outage.
+fn record_answer(client: &PeerClient, target: NodeId, addr: &str) {
+    client.contacts.heard_from(target);
+    client.links.answered(target, addr);
 }
 
 fn to_rpc_error<E: std::error::Error>(e: &PeerError) -> RPCError<NodeId, BasicNode, E> {
@@ -257,8 +262,7 @@ impl PeerConnection {
         tokio::spawn(async move {
             let answer = deliver_append(&client, &addr, &frame, ttl).await;
             if answer.is_ok() {
-                client.contacts.heard_from(target);
-                client.links.answered(target, &addr);
+                record_answer(&client, target, &addr);
             }
             let matched = matches!(
                 answer,
@@ -489,6 +493,26 @@ mod tests {
         tokio::time::timeout(Duration::from_secs(20), call)
             .await
             .expect("waited for an answer that never comes, or for a notice that never ended")
+    }
+
+    /// The rule alone: only a settled connection's heartbeat that tells a higher commit.
+    #[test]
+    fn a_notice_is_only_a_settled_streams_heartbeat_with_a_higher_commit() {
+        let beat = heartbeat(4);
+        assert!(is_commit_notice(&beat, true, Some(log_id(3))));
+        assert!(is_commit_notice(&beat, true, None));
+        // A fresh connection (every leadership round's) waits for its answer.
+        assert!(!is_commit_notice(&beat, false, Some(log_id(3))));
+        // Nothing new to tell: the periodic heartbeat, whose answer openraft needs.
+        assert!(!is_commit_notice(&beat, true, Some(log_id(4))));
+        assert!(!is_commit_notice(&beat, true, Some(log_id(5))));
+        // Entries always wait for their answer.
+        let mut append = heartbeat(4);
+        append.entries.push(Entry {
+            log_id: log_id(6),
+            payload: EntryPayload::Blank,
+        });
+        assert!(!is_commit_notice(&append, true, Some(log_id(3))));
     }
 
     #[tokio::test]
