@@ -40,7 +40,6 @@ mod permission;
 mod probes;
 mod reflection;
 pub mod status;
-mod unary;
 mod watch;
 
 use std::sync::Arc;
@@ -149,8 +148,7 @@ impl Etcd {
     }
 }
 
-/// The etcd API's router: the gRPC services (HTTP/2; the busiest unary calls through
-/// [`unary`]'s leaner envelope, in front of tonic's), etcd's JSON gateway (`/v3/...`,
+/// The etcd API's router: the gRPC services (HTTP/2), etcd's JSON gateway (`/v3/...`,
 /// `GET /version`), its plain `GET /health` and `GET /metrics` ([`probes`]), gRPC's health
 /// service ([`grpc_health`]) and server reflection ([`reflection`]), to be served by a
 /// listener that speaks both HTTP/1 and HTTP/2.
@@ -188,7 +186,6 @@ pub fn router(state: AppState) -> Router {
     .add_service(grpc_health::server(etcd.state.clone()));
     reflection::add_to(routes)
         .into_axum_router()
-        .merge(unary::routes(etcd.clone()))
         .merge(gateway::routes(etcd))
         .merge(probes)
         .fallback(gateway::unrouted)

@@ -54,7 +54,7 @@ use axum::body::Body;
 use bytes::Bytes;
 use http_body::{Frame, SizeHint};
 use hyper::body::Incoming;
-use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpListener;
@@ -381,8 +381,7 @@ impl Conn {
             }
         });
         if self.http2 {
-            let exec = super::stream_exec::StreamExec::for_current_runtime();
-            let mut builder = hyper_util::server::conn::auto::Builder::new(exec.clone());
+            let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
             builder
                 .http1()
                 .timer(TokioTimer::new())
@@ -399,13 +398,14 @@ impl Conn {
             // refuses, which the shim mends (HTTP/1 passes through it untouched). Its
             // answers go out in one write each (`coalesce`).
             let stream = crate::etcd::authority::AuthorityShim::new(Coalesce::new(stream));
-            let mut conn = exec.drive(builder.serve_connection(TokioIo::new(stream), svc));
+            let conn = builder.serve_connection(TokioIo::new(stream), svc);
+            tokio::pin!(conn);
             let result = tokio::select! {
-                r = &mut conn => r,
+                r = conn.as_mut() => r,
                 _ = self.close.cancelled() => {
                     if self.shutdown.is_cancelled() {
-                        conn.conn().graceful_shutdown();
-                        tokio::time::timeout(DRAIN, &mut conn).await.unwrap_or(Ok(()))
+                        conn.as_mut().graceful_shutdown();
+                        tokio::time::timeout(DRAIN, conn.as_mut()).await.unwrap_or(Ok(()))
                     } else {
                         Ok(())
                     }

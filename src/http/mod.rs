@@ -29,7 +29,6 @@ pub mod peer_stream;
 pub mod peer_trust;
 pub mod recipes;
 pub mod snapshot;
-pub mod stream_exec;
 pub mod txn;
 pub mod ui;
 pub mod watch;
