@@ -172,6 +172,8 @@ fn main() -> ExitCode {
     };
     if let Some((workers, _)) = sizing {
         runtime.worker_threads(workers);
+    } else {
+        cli::init_client_logging();
     }
     let runtime = runtime.enable_all().build().expect("a tokio runtime");
     let conn = cli.conn;

@@ -141,7 +141,8 @@ fn key_name(i: usize) -> String {
 
 fn value_for(i: usize, size: usize) -> String {
     let mut v = format!("{i:08}");
-    v.extend(std::iter::repeat_n('x', size.saturating_sub(v.len())));
+    // One copy of the filler, not a push per character: this runs once per call.
+    v.push_str(&"x".repeat(size.saturating_sub(v.len())));
     v.truncate(size.max(1));
     v
 }

@@ -29,6 +29,25 @@ use clap::Args;
 use leasecore::client::{Client, ClientError, Waiting};
 use serde::Serialize;
 
+/// A client command's diagnostics: none unless `RUST_LOG` asks (for example
+/// `RUST_LOG=h2=debug leasecore get k`), to stderr.
+///
+/// Why a subscriber at all when the default is silence: without one, every `tracing` span of
+/// the libraries a client runs on (`h2` makes several per call) is still built and handed to
+/// the `log` crate's check (`tracing`'s `log` feature is on through axum), which was about 6%
+/// of `leasecore bench --etcd`'s CPU per call. With a subscriber whose filter is off, the
+/// span macros stop at their level check.
+pub fn init_client_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("off"));
+    // Fails only if a subscriber is already set, which then serves as well.
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .try_init();
+}
+
 /// The connection flags, global: `leasecore --endpoints ... kv get k` and
 /// `leasecore kv get k --endpoints ...` mean the same.
 #[derive(Args, Clone)]
