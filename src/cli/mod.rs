@@ -30,7 +30,7 @@ use leasecore::client::{Client, ClientError, Waiting};
 use serde::Serialize;
 
 /// A client command's diagnostics: none unless `RUST_LOG` asks (for example
-/// `RUST_LOG=h2=debug leasecore get k`), to stderr.
+/// `RUST_LOG=h2=debug leasecore kv get k`), to stderr.
 ///
 /// Why a subscriber at all when the default is silence: without one, every `tracing` span of
 /// the libraries a client runs on (`h2` makes several per call) is still built and handed to
