@@ -170,10 +170,12 @@ fn main() -> ExitCode {
         Command::Serve(args) => Some(args.workers()),
         _ => None,
     };
-    if let Some((workers, _)) = sizing {
-        runtime.worker_threads(workers);
-    } else {
-        cli::init_client_logging();
+    match sizing {
+        Some((workers, _)) => {
+            runtime.worker_threads(workers);
+        }
+        // `serve` sets its own logging from `--log`, once its flags are read.
+        None => cli::init_client_logging(),
     }
     let runtime = runtime.enable_all().build().expect("a tokio runtime");
     let conn = cli.conn;

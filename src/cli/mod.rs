@@ -37,15 +37,17 @@ use serde::Serialize;
 /// the `log` crate's check (`tracing`'s `log` feature is on through axum), which was about 6%
 /// of `leasecore bench --etcd`'s CPU per call. With a subscriber whose filter is off, the
 /// span macros stop at their level check.
+/// A `RUST_LOG` that does not parse is ignored: the command's own output matters more.
 pub fn init_client_logging() {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("off"));
-    // Fails only if a subscriber is already set, which then serves as well.
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(false)
-        .try_init();
+    let asked = std::env::var("RUST_LOG")
+        .ok()
+        .filter(|f| !f.trim().is_empty());
+    let filter = match asked {
+        Some(f) if tracing_subscriber::EnvFilter::try_new(&f).is_ok() => f,
+        _ => "off".to_string(),
+    };
+    // The filter was checked above, so this cannot fail.
+    let _ = serve::init_logging(&filter, serve::LogFormat::Text);
 }
 
 /// The connection flags, global: `leasecore --endpoints ... kv get k` and

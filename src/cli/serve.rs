@@ -163,8 +163,9 @@ pub enum LogFormat {
     Json,
 }
 
-/// Logs go to stderr; colour only when stderr is a terminal and `NO_COLOR` is unset.
-fn init_logging(filter: &str, format: LogFormat) -> Result<(), String> {
+/// Logs go to stderr; colour only when stderr is a terminal and `NO_COLOR` is unset. Set once
+/// per process: by `serve` from `--log`, by the client commands from `RUST_LOG`.
+pub(super) fn init_logging(filter: &str, format: LogFormat) -> Result<(), String> {
     use std::io::IsTerminal;
     let filter = tracing_subscriber::EnvFilter::try_new(filter)
         .map_err(|e| format!("--log {filter:?}: {e}"))?;
