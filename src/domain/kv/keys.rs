@@ -79,7 +79,13 @@ impl KvState {
                 .keys
                 .get_mut(key)
                 .map(|slot| std::mem::replace(slot, entry)),
-            None => self.keys.insert(StoredKey::from(key), entry),
+            None => {
+                let stored = StoredKey::from(key);
+                if self.created.len() < super::CREATED_KEYS_KEPT {
+                    self.created.push(stored.clone());
+                }
+                self.keys.insert(stored, entry)
+            }
         };
         if let Some(old) = old {
             self.data_bytes = self.data_bytes.saturating_sub(entry_bytes(key, &old));

@@ -104,6 +104,10 @@ pub struct KvSnapshot {
     pub compact_revision: Revision,
 }
 
+/// How many created keys [`KvState::take_created_keys`] remembers between two calls: an
+/// applied group's worth, so that a state applied without the call (a replay) holds no more.
+pub const CREATED_KEYS_KEPT: usize = 4096;
+
 /// The replicated key-value state.
 #[derive(Debug, Default)]
 pub struct KvState {
@@ -115,6 +119,10 @@ pub struct KvState {
     leases: LeaseMap,
     /// Leases changed since the last [`KvState::take_dirty_leases`].
     dirty_leases: BTreeSet<String>,
+    /// The allocations of keys created since the last [`KvState::take_created_keys`], in the
+    /// order their puts were applied, at most [`CREATED_KEYS_KEPT`] of them. The key index
+    /// shares them without looking each key up again (a cold walk of the map per new key).
+    created: Vec<StoredKey>,
     /// Users, roles and the auth switch.
     auth: AuthState,
     /// The auth state changed since the last [`KvState::take_dirty_auth`].
@@ -159,6 +167,7 @@ impl KvState {
             keys: snapshot.keys,
             leases: snapshot.leases,
             dirty_leases: BTreeSet::new(),
+            created: Vec::new(),
             auth: snapshot.auth,
             dirty_auth: false,
             lease_clock_ms,
@@ -166,6 +175,13 @@ impl KvState {
             data_bytes,
             request: None,
         }
+    }
+
+    /// The allocations of the keys created since the last call, in the order of their puts
+    /// (at most [`CREATED_KEYS_KEPT`]: beyond that a key is not remembered, and a caller
+    /// that needs its allocation looks it up, [`KvState::stored_key`]).
+    pub fn take_created_keys(&mut self) -> Vec<StoredKey> {
+        std::mem::take(&mut self.created)
     }
 
     /// The leases changed since the last call, with their current record (`None`: removed).

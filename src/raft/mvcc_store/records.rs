@@ -77,8 +77,12 @@ pub fn drop_records_above(tree: &sled::Tree, revision: Revision) -> Result<usize
 pub fn index_records(
     index: &mut KeyIndex,
     records: &[&[Event]],
+    created: &[StoredKey],
     live: impl Fn(&str) -> Option<StoredKey>,
 ) {
+    // The puts that created keys, in order, each with its key's allocation: the events of
+    // version 1 take them in turn, and one that finds another key there looks its key up.
+    let mut created = created.iter().peekable();
     for part in records {
         let Some(last) = part.last() else { continue };
         for e in *part {
@@ -87,7 +91,13 @@ pub fn index_records(
             let share = || live(&e.key).map_or_else(|| e.key.as_bytes().into(), Into::into);
             match e.version {
                 // A put that created its key: seldom in the index yet.
-                Some(1) => index.add_created(share(), loc),
+                Some(1) => {
+                    let key = match created.next_if(|k| ***k == *e.key) {
+                        Some(k) => k.clone().into(),
+                        None => share(),
+                    };
+                    index.add_created(key, loc)
+                }
                 _ => index.add_shared(e.key.as_bytes(), share, loc),
             }
         }

@@ -6,7 +6,7 @@ use super::*;
 use crate::domain::auth::KeyRange;
 use crate::domain::command::{Cause, Event, EventKind};
 use crate::domain::history::KeyFilter;
-use crate::domain::kv::{KeyMap, Versioned};
+use crate::domain::kv::{KeyMap, StoredKey, Versioned};
 use crate::domain::mvcc::{
     EVENT_PREFIX, INDEX_PREFIX, encode_events, encode_version_of, event_key, index_key,
     parse_event_key, parse_index_key,
@@ -95,7 +95,7 @@ fn record_in_batches(h: &History, events: &[Event], chunk: usize, budget: usize)
         let mut b = sled::Batch::default();
         let records = record(&mut b, part, budget);
         h.tree.apply_batch(b).unwrap();
-        index_records(&mut h.index_mut(), &records, |_| None);
+        index_records(&mut h.index_mut(), &records, &[], |_| None);
     }
 }
 
@@ -383,7 +383,7 @@ fn the_key_index_shares_the_states_keys() {
     let h = History::open(tree()).unwrap();
     let mut b = sled::Batch::default();
     let records = record(&mut b, &events, usize::MAX);
-    index_records(&mut h.index_mut(), &records, |k| {
+    index_records(&mut h.index_mut(), &records, &[], |k| {
         state.get_key_value(k).map(|(k, _)| k.clone())
     });
     let (live, _) = state.get_key_value("k0").unwrap();
@@ -393,6 +393,39 @@ fn the_key_index_shares_the_states_keys() {
     *h.index_mut() = base_index(state.iter());
     assert_eq!(std::sync::Arc::strong_count(live), 3);
     assert_eq!(h.index().keys(), 1);
+}
+
+/// The keys a group created are shared in the order of their puts, without a lookup each; a
+/// list that does not match the group's creations is not trusted: those keys are looked up.
+#[test]
+fn created_keys_are_shared_without_a_lookup() {
+    // k0 created, k1 created, k0 overwritten, k1 deleted, k1 created again.
+    let (events, _) = history(&[(0, false), (1, false), (0, false), (1, true), (1, false)]);
+    let index_with = |created: &[StoredKey]| {
+        let h = History::open(tree()).unwrap();
+        let mut b = sled::Batch::default();
+        let records = record(&mut b, &events, usize::MAX);
+        let looked_up = std::cell::RefCell::new(Vec::new());
+        index_records(&mut h.index_mut(), &records, created, |k| {
+            looked_up.borrow_mut().push(k.to_string());
+            None
+        });
+        assert_eq!((h.index().keys(), h.index().versions()), (2, 5));
+        (h, looked_up.into_inner())
+    };
+    let (k0, k1, k1_again): (StoredKey, StoredKey, StoredKey) =
+        ("k0".into(), "k1".into(), "k1".into());
+    let (held, looked_up) = index_with(&[k0.clone(), k1.clone(), k1_again.clone()]);
+    assert!(looked_up.is_empty(), "{looked_up:?}");
+    // The index holds k0's and k1's first allocation; k1 created again found k1 there.
+    assert_eq!(std::sync::Arc::strong_count(&k0), 2);
+    assert_eq!(std::sync::Arc::strong_count(&k1), 2);
+    assert_eq!(std::sync::Arc::strong_count(&k1_again), 1);
+    drop(held);
+    let stranger: StoredKey = "zz".into();
+    let (_held, looked_up) = index_with(&[stranger, k0.clone()]);
+    assert_eq!(looked_up, ["k0", "k1", "k1"]);
+    assert_eq!(std::sync::Arc::strong_count(&k0), 1);
 }
 
 /// Records above the store's revision (a group cut before its intent) go on open; those at

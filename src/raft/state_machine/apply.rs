@@ -262,6 +262,8 @@ impl StateMachine {
                 };
                 responses.push(response);
             }
+            // Taken at once, so that a group that fails below leaves none for the next.
+            let created = kv.take_created_keys();
             // The group's lease changes: one journal record, not a base record each.
             let dirty = kv.take_dirty_leases();
             let mut added = lease_journal::Size::default();
@@ -340,7 +342,7 @@ impl StateMachine {
                 crate::storage::sync_blobs(&self.dir).map_err(write_err)?;
             }
             if !records.is_empty() {
-                mvcc_store::index_records(&mut self.history.index_mut(), &records, |k| {
+                mvcc_store::index_records(&mut self.history.index_mut(), &records, &created, |k| {
                     kv.stored_key(k)
                 });
             }
