@@ -591,3 +591,23 @@ proptest! {
         prop_assert_eq!(KvState::from_snapshot(kv.snapshot()).encode(), kv.encode());
     }
 }
+
+/// The puts that create keys leave their allocations for the key index, in order, the state's
+/// own (shared, not copied), at most `CREATED_KEYS_KEPT` between two takes; an overwrite
+/// creates nothing.
+#[test]
+fn created_keys_are_the_states_own_allocations_in_order() {
+    let mut kv = KvState::new();
+    kv.apply(&put("b", "1"));
+    kv.apply(&put("a", "1"));
+    kv.apply(&put("b", "2"));
+    let created = kv.take_created_keys();
+    assert_eq!(created.iter().map(|k| &**k).collect::<Vec<_>>(), ["b", "a"]);
+    let own = kv.stored_key("b").unwrap();
+    assert!(std::sync::Arc::ptr_eq(&own, &created[0]));
+    assert!(kv.take_created_keys().is_empty(), "taken once");
+    for i in 0..CREATED_KEYS_KEPT + 10 {
+        kv.apply(&put(&format!("k{i}"), "v"));
+    }
+    assert_eq!(kv.take_created_keys().len(), CREATED_KEYS_KEPT);
+}
