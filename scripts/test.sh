@@ -86,7 +86,8 @@ else
   echo "clippy not installed: skipping lints"
 fi
 
-cargo test --locked --workspace --all-targets
+# Every test binary runs even after one fails, so that one failure does not hide the others.
+cargo test --locked --workspace --all-targets --no-fail-fast
 
 # The dashboard in a real browser (skips with a message where Chromium cannot be installed).
 scripts/browser-test.sh
