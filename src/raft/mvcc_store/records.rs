@@ -73,7 +73,9 @@ pub fn drop_records_above(tree: &sled::Tree, revision: Revision) -> Result<usize
 }
 
 /// Index the versions of event records written by [`record`]. `live` gives the state's
-/// allocation of a live key, which a key new to the index shares.
+/// allocation of a live key, which a key new to the index shares; `created` gives, in the
+/// order of their puts, the allocations of keys the records' group created
+/// (`KvState::take_created_keys`), so that those need no lookup.
 pub fn index_records(
     index: &mut KeyIndex,
     records: &[&[Event]],
