@@ -42,12 +42,13 @@ pub fn init_client_logging() {
     let asked = std::env::var("RUST_LOG")
         .ok()
         .filter(|f| !f.trim().is_empty());
-    let filter = match asked {
-        Some(f) if tracing_subscriber::EnvFilter::try_new(&f).is_ok() => f,
-        _ => "off".to_string(),
-    };
-    // The filter was checked above, so this cannot fail.
-    let _ = serve::init_logging(&filter, serve::LogFormat::Text);
+    // `init_logging` refuses a filter that does not parse before it sets anything.
+    if let Some(f) = asked
+        && serve::init_logging(&f, serve::LogFormat::Text).is_ok()
+    {
+        return;
+    }
+    let _ = serve::init_logging("off", serve::LogFormat::Text);
 }
 
 /// The connection flags, global: `leasecore --endpoints ... kv get k` and

@@ -26,7 +26,8 @@
 //!
 //! # Layout
 //! - here: the state and its types, snapshots, the canonical encoding, and what the storage
-//!   adapter takes after each apply (the dirty leases and auth state).
+//!   adapter takes after each apply (the dirty leases and auth state, the created keys'
+//!   allocations for the key index).
 //! - `apply`: [`KvState::apply`], one command at a time, and the commands made of several
 //!   changes (compaction, member registration, batches, guarded commands).
 //! - `keys`: puts and deletes, with the key's lease attachment and counters.
@@ -104,8 +105,9 @@ pub struct KvSnapshot {
     pub compact_revision: Revision,
 }
 
-/// How many created keys [`KvState::take_created_keys`] remembers between two calls: an
-/// applied group's worth, so that a state applied without the call (a replay) holds no more.
+/// How many created keys [`KvState::take_created_keys`] remembers between two calls: more than
+/// an applied group of puts usually creates, and a bound for a caller that never takes them
+/// (the domain's own tests apply without taking).
 pub const CREATED_KEYS_KEPT: usize = 4096;
 
 /// The replicated key-value state.
