@@ -347,6 +347,11 @@ async fn malformed_peer_messages_are_refused_without_harming_the_node() {
             ("/raft/propose_batch", b"{\"op\": \"explode\"}".to_vec()),
             ("/raft/propose_batch", b"[{\"op\": \"explode\"}]".to_vec()),
             ("/raft/propose_batch", b"[]".to_vec()),
+            (
+                "/raft/propose_batch_applied",
+                b"[{\"op\": \"explode\"}]".to_vec(),
+            ),
+            ("/raft/propose_batch_applied", b"[]".to_vec()),
             ("/raft/admin", b"{\"op\": \"add_node\"}".to_vec()),
             ("/raft/add_learner", b"{\"id\": 7}".to_vec()),
             (

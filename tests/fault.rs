@@ -786,13 +786,6 @@ async fn a_write_in_flight_when_the_leader_shuts_down_is_never_answered_as_not_d
 /// is missing or may not trace (no ptrace permission).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn writes_commit_while_the_followers_disks_sync_slower_than_the_append_timeout() {
-    use std::io::{BufRead, BufReader};
-    use std::process::Stdio;
-
-    if Command::new("strace").arg("-V").output().is_err() {
-        eprintln!("SKIPPED: strace is not installed (apt-get install strace)");
-        return;
-    }
     let mut c = Cluster::new();
     for id in 1..=NODES {
         c.start(id, "slow follower disks");
@@ -800,38 +793,16 @@ async fn writes_commit_while_the_followers_disks_sync_slower_than_the_append_tim
     let leader = c.wait_healthy("a healthy cluster").await;
     let term_before = c.view(leader).await.expect("the leader answers").term;
 
-    // One tracer per follower; each says "attached" on stderr once it holds the process.
     let mut tracers = Vec::new();
     for id in (1..=NODES).filter(|i| *i != leader) {
-        let mut tracer = Command::new("strace")
-            .args(["-f", "-e", "trace=fdatasync"])
-            .args(["-e", "inject=fdatasync:delay_exit=150000"])
-            .args(["-o", "/dev/null", "-p", &c.pid(id)])
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn strace");
-        let stderr = tracer.stderr.take().unwrap();
-        let said = tokio::task::spawn_blocking(move || {
-            let mut lines = BufReader::new(stderr).lines();
-            let first = lines.next().and_then(Result::ok).unwrap_or_default();
-            // Keep draining, so that strace never blocks on a full pipe.
-            std::thread::spawn(move || lines.for_each(drop));
-            first
-        });
-        let first = tokio::time::timeout(WAIT, said)
-            .await
-            .expect("strace says something")
-            .unwrap();
-        if !first.contains("attached") {
-            for mut t in tracers.into_iter().chain([tracer]) {
-                let _ = t.kill();
-                let _ = t.wait();
+        match hold_syncs(&c, id, 150_000).await {
+            Ok(tracer) => tracers.push(tracer),
+            Err(why) => {
+                release_syncs(tracers);
+                eprintln!("SKIPPED: {why}");
+                return;
             }
-            eprintln!("SKIPPED: strace cannot trace here: {first}");
-            return;
         }
-        tracers.push(tracer);
     }
 
     // Four writers, each putting its own keys one after another: the acknowledged ones must
@@ -871,13 +842,7 @@ async fn writes_commit_while_the_followers_disks_sync_slower_than_the_append_tim
         .into_iter()
         .flatten()
         .collect();
-    for mut t in tracers {
-        // SIGTERM: strace detaches, and the follower syncs at full speed again.
-        let _ = Command::new("kill")
-            .args(["-TERM", &t.id().to_string()])
-            .status();
-        let _ = t.wait();
-    }
+    release_syncs(tracers);
     assert_eq!(acked.len(), 4 * EACH);
     let term_after = c.view(leader).await.map(|v| v.term);
     eprintln!("term before the slow syncs {term_before}, after {term_after:?}");
@@ -902,4 +867,103 @@ async fn writes_commit_while_the_followers_disks_sync_slower_than_the_append_tim
             .await;
         assert!(listing.len() >= acked.len());
     }
+}
+
+/// Hold every `fdatasync` of node `id` back by `delay_us` with strace's fault injection (a slow
+/// disk), once strace says it holds the process. `Err` says why it cannot (strace missing, no
+/// ptrace permission): the caller skips.
+async fn hold_syncs(c: &Cluster, id: usize, delay_us: u64) -> Result<Child, String> {
+    use std::io::{BufRead, BufReader};
+    use std::process::Stdio;
+
+    if Command::new("strace").arg("-V").output().is_err() {
+        return Err("strace is not installed (apt-get install strace)".into());
+    }
+    let mut tracer = Command::new("strace")
+        .args(["-f", "-e", "trace=fdatasync"])
+        .args(["-e", &format!("inject=fdatasync:delay_exit={delay_us}")])
+        .args(["-o", "/dev/null", "-p", &c.pid(id)])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn strace");
+    let stderr = tracer.stderr.take().unwrap();
+    let said = tokio::task::spawn_blocking(move || {
+        let mut lines = BufReader::new(stderr).lines();
+        let first = lines.next().and_then(Result::ok).unwrap_or_default();
+        // Keep draining, so that strace never blocks on a full pipe.
+        std::thread::spawn(move || lines.for_each(drop));
+        first
+    });
+    let first = tokio::time::timeout(WAIT, said)
+        .await
+        .expect("strace says something")
+        .unwrap();
+    if !first.contains("attached") {
+        release_syncs(vec![tracer]);
+        return Err(format!("strace cannot trace here: {first}"));
+    }
+    Ok(tracer)
+}
+
+/// Stop the tracers: on SIGTERM strace detaches, and the node syncs at full speed again.
+fn release_syncs(tracers: Vec<Child>) {
+    for mut t in tracers {
+        let _ = Command::new("kill")
+            .args(["-TERM", &t.id().to_string()])
+            .status();
+        let _ = t.wait();
+    }
+}
+
+/// A write answered through a follower is in that follower's applied state when the answer
+/// comes, as etcd's are (it waits for its own apply): a `consistency=local` read there, or
+/// anything the node decides from its state (an etcd auth check after `auth disable`), sees
+/// it. The follower's syncs are held back 200 ms each, so that its apply lags the quorum's
+/// commit (the leader and the other follower) by that much: without the wait, the read after
+/// the put found the key missing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_write_answered_through_a_follower_is_applied_there() {
+    let mut c = Cluster::new();
+    for id in 1..=NODES {
+        c.start(id, "read your writes on a follower");
+    }
+    let leader = c.wait_healthy("a healthy cluster").await;
+    let follower = (1..=NODES).find(|i| *i != leader).unwrap();
+    let tracer = match hold_syncs(&c, follower, 200_000).await {
+        Ok(tracer) => tracer,
+        Err(why) => {
+            eprintln!("SKIPPED: {why}");
+            return;
+        }
+    };
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(10))
+        .build()
+        .unwrap();
+    let base = c.url(follower);
+    let mut stale = Vec::new();
+    for i in 0..5 {
+        let key = format!("w/ryw-{i}");
+        let put = http
+            .put(format!("{base}/v1/kv/{key}"))
+            .json(&serde_json::json!({ "value": format!("v{i}") }))
+            .send()
+            .await
+            .expect("the follower answers the put");
+        assert_eq!(put.status(), 200, "put {key}: {:?}", put.text().await);
+        let got = http
+            .get(format!("{base}/v1/kv/{key}?consistency=local"))
+            .send()
+            .await
+            .expect("the follower answers the read");
+        if got.status() != 200 {
+            stale.push(format!("{key}: {}", got.status()));
+        }
+    }
+    release_syncs(vec![tracer]);
+    assert!(
+        stale.is_empty(),
+        "node {follower} answered writes it had not applied yet; its own reads then missed: {stale:?}"
+    );
 }

@@ -514,7 +514,8 @@ async fn forged_flease_writes_are_refused_and_the_holder_keeps_its_lease() {
     c.shutdown().await;
 }
 
-/// Forwarded batches (`/raft/propose_batch`): checked command by command as a single
+/// Forwarded batches (`/raft/propose_batch`, and `/raft/propose_batch_applied`, which also
+/// says how far the leader had applied): checked command by command as a single
 /// forwarded command is (one bad command refuses the whole batch, nothing applied), bounded
 /// in size, answered in order with each command's own result; and under load through a
 /// follower every put is answered once with a revision of its own.
@@ -533,20 +534,10 @@ async fn forwarded_batches_are_checked_command_by_command_and_answered_in_order(
             prev_revision: None,
         }),
     };
-    let batch = |cmds: Vec<Command>| {
+    let batch_on = |route: &'static str, cmds: Vec<Command>| {
         let body = serde_json::to_vec(&cmds).unwrap();
         let (c, member) = (&c, member.clone());
-        async move {
-            peer_post(
-                c,
-                leader,
-                "/raft/propose_batch",
-                Some(&member),
-                "application/json",
-                body,
-            )
-            .await
-        }
+        async move { peer_post(c, leader, route, Some(&member), "application/json", body).await }
     };
     let before = settled(&c).await;
     let bare = Command::Put {
@@ -555,17 +546,49 @@ async fn forwarded_batches_are_checked_command_by_command_and_answered_in_order(
         lease: None,
         prev_revision: None,
     };
-    for (what, cmds) in [
-        ("a bare command among guarded ones", vec![put("a"), bare]),
-        ("an empty batch", Vec::new()),
-        ("too many commands", vec![put("many"); 257]),
-    ] {
-        let (status, body) = batch(cmds).await;
-        assert_eq!(status, 400, "{what}: {}", String::from_utf8_lossy(&body));
+    for route in ["/raft/propose_batch", "/raft/propose_batch_applied"] {
+        for (what, cmds) in [
+            (
+                "a bare command among guarded ones",
+                vec![put("a"), bare.clone()],
+            ),
+            ("an empty batch", Vec::new()),
+            ("too many commands", vec![put("many"); 257]),
+        ] {
+            let (status, body) = batch_on(route, cmds).await;
+            assert_eq!(
+                status,
+                400,
+                "{route}, {what}: {}",
+                String::from_utf8_lossy(&body)
+            );
+        }
     }
     assert_eq!(fingerprint(&c), before, "nothing applied");
 
-    let (status, body) = batch(vec![put("one"), put("two"), put("three")]).await;
+    // The newer route says how far the leader had applied: at least as far as the batch.
+    let (status, body) = batch_on(
+        "/raft/propose_batch_applied",
+        vec![put("four"), put("five")],
+    )
+    .await;
+    assert_eq!(status, 200);
+    let doc: Value = serde_json::from_slice(&body).unwrap();
+    let answers = doc["Ok"]["results"]
+        .as_array()
+        .expect("one answer per command");
+    assert_eq!(answers.len(), 2, "{doc}");
+    assert!(answers.iter().all(|a| a.get("Ok").is_some()), "{doc}");
+    let applied = doc["Ok"]["applied_index"]
+        .as_u64()
+        .expect("an applied index");
+    assert!(applied >= 1, "{doc}");
+
+    let (status, body) = batch_on(
+        "/raft/propose_batch",
+        vec![put("one"), put("two"), put("three")],
+    )
+    .await;
     assert_eq!(status, 200);
     let doc: Value = serde_json::from_slice(&body).unwrap();
     let answers = doc["Ok"].as_array().expect("one answer per command");

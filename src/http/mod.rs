@@ -336,6 +336,12 @@ pub fn route_table() -> Vec<RouteSpec> {
             Peer,
             post(peer::propose_batch),
         ),
+        spec(
+            "POST",
+            routes::PROPOSE_BATCH_APPLIED,
+            Peer,
+            post(peer::propose_batch_applied),
+        ),
         spec("POST", routes::READ_INDEX, Peer, post(peer::read_index)),
         spec("POST", routes::ADMIN, Peer, post(peer::admin)),
         spec("POST", routes::MOVE_LEADER, Peer, post(peer::move_leader)),

@@ -30,8 +30,8 @@ use crate::domain::command::{Command, Response};
 use crate::domain::history_fill::{HistoryReach, PageAnswer, PageAsk};
 use crate::domain::peer_trust::{Refusal, check_claim, disruptive_vote};
 use crate::raft::consensus::{
-    AdminOutcome, AdminRequest, ClusterView, ConsensusError, PreVoteAnswer, PreVoteRequest,
-    TransferAnswer, TransferRequest,
+    AdminOutcome, AdminRequest, ClusterView, ConsensusError, ForwardedAnswers, PreVoteAnswer,
+    PreVoteRequest, TransferAnswer, TransferRequest,
 };
 use crate::raft::network::{decode_snapshot_frame, routes};
 use crate::raft::{NodeId, TypeConfig};
@@ -201,25 +201,47 @@ pub async fn propose(
 }
 
 /// Several forwarded proposals (`raft::consensus::forward`), each checked as [`propose`] checks
-/// one, answered in order.
+/// one, answered in order. (The route of older builds: [`propose_batch_applied`] replaces it.)
 pub async fn propose_batch(
     State(state): State<AppState>,
     Extension(PeerSender(sender)): Extension<PeerSender>,
     ApiJson(cmds): ApiJson<Vec<Command>>,
 ) -> Result<Json<Result<Vec<Result<Response, ConsensusError>>, ConsensusError>>, ApiError> {
+    check_forwarded(&state, sender, routes::PROPOSE_BATCH, &cmds)?;
+    Ok(Json(state.consensus.propose_batch_here(cmds).await))
+}
+
+/// [`propose_batch`], answered with how far this leader had applied when it answered.
+pub async fn propose_batch_applied(
+    State(state): State<AppState>,
+    Extension(PeerSender(sender)): Extension<PeerSender>,
+    ApiJson(cmds): ApiJson<Vec<Command>>,
+) -> Result<Json<Result<ForwardedAnswers, ConsensusError>>, ApiError> {
+    check_forwarded(&state, sender, routes::PROPOSE_BATCH_APPLIED, &cmds)?;
+    Ok(Json(state.consensus.propose_batch_for_peer(cmds).await))
+}
+
+/// A forwarded batch holds 1 to `MAX_FORWARD_COMMANDS` commands, each guarded and admitted as
+/// [`propose`] checks one.
+fn check_forwarded(
+    state: &AppState,
+    sender: NodeId,
+    route: &str,
+    cmds: &[Command],
+) -> Result<(), ApiError> {
     let max = crate::raft::consensus::MAX_FORWARD_COMMANDS;
     if cmds.is_empty() || cmds.len() > max {
         let e = ApiError::invalid(format!("a forwarded batch holds 1 to {max} commands"));
-        return Err(invalid(&state, sender, routes::PROPOSE_BATCH, e));
+        return Err(invalid(state, sender, route, e));
     }
-    for cmd in &cmds {
+    for cmd in cmds {
         if !matches!(cmd, Command::Guarded { .. }) {
             let e = ApiError::invalid("a forwarded command must be guarded (on behalf of a user)");
-            return Err(invalid(&state, sender, routes::PROPOSE_BATCH, e));
+            return Err(invalid(state, sender, route, e));
         }
-        admit(&state, cmd).map_err(|e| invalid(&state, sender, routes::PROPOSE_BATCH, e))?;
+        admit(state, cmd).map_err(|e| invalid(state, sender, route, e))?;
     }
-    Ok(Json(state.consensus.propose_batch_here(cmds).await))
+    Ok(())
 }
 
 pub async fn read_index(State(state): State<AppState>) -> Json<Result<u64, ConsensusError>> {

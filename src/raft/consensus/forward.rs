@@ -16,8 +16,16 @@
 //! - At most [`FORWARDS_IN_FLIGHT`] batches are in flight, each of at most
 //!   [`MAX_FORWARD_COMMANDS`] proposals and about [`MAX_FORWARD_BYTES`]; the queue in front of
 //!   them is bounded ([`FORWARD_QUEUE`]): a full queue makes proposers wait.
-//! - A leader of an older build, which has no batch route, gets the proposals one by one as
-//!   before (its 404 means it did nothing).
+//! - A write the leader answered is in this node's applied state before its answer goes back
+//!   (as etcd's are): the leader says how far it had applied when it answered
+//!   ([`ForwardedAnswers`]), and this node waits, bounded by [`APPLY_WAIT`], until it has applied
+//!   as far. Otherwise a read here (`consistency=local`, an etcd serializable range), or a
+//!   decision this node takes from its state (an etcd auth check), could miss the caller's own
+//!   acknowledged write. A wait that runs out still answers the leader's answer: the write is
+//!   committed, only late here.
+//! - A leader of an older build, which has no such route, gets the batch on its older route
+//!   (no applied index: no wait), or, older still, the proposals one by one (its 404 means it
+//!   did nothing).
 //!
 //! # What it must not do
 //! Decide anything about a proposal: the leader does; this only carries them.
@@ -31,6 +39,17 @@ pub const MAX_FORWARD_COMMANDS: usize = 256;
 const MAX_FORWARD_BYTES: usize = 1 << 20;
 /// Proposals waiting for a batch before proposers wait.
 const FORWARD_QUEUE: usize = 8192;
+/// The longest a forwarded write's answer waits for this node to apply it. A follower that
+/// lags further than this is sick (its disk, usually); its callers get their answers anyway.
+pub const APPLY_WAIT: Duration = Duration::from_secs(2);
+
+/// The leader's answers to a forwarded batch, and how far it had applied when it gave them
+/// (at least as far as every write among them).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ForwardedAnswers {
+    pub applied_index: u64,
+    pub results: Vec<Result<Response, ConsensusError>>,
+}
 
 impl Consensus {
     /// Send `cmd` to the leader with the other proposals waiting to go there.
@@ -66,8 +85,76 @@ impl Consensus {
         Ok(futures::future::join_all(proposed).await)
     }
 
-    /// One batch to the leader, and each proposal's answer.
+    /// [`propose_batch_here`](Self::propose_batch_here) for a forwarding node: with the
+    /// applied index it must reach before it answers (read after the answers, so at least
+    /// every answered write's: a write's answer is given once it is applied).
+    pub async fn propose_batch_for_peer(
+        &self,
+        cmds: Vec<Command>,
+    ) -> Result<ForwardedAnswers, ConsensusError> {
+        let results = self.propose_batch_here(cmds).await?;
+        Ok(ForwardedAnswers {
+            applied_index: self.inner.view.applied().log_index,
+            results,
+        })
+    }
+
+    /// One batch to the leader, and each proposal's answer, once this node applied as far as
+    /// the leader had when it answered (see the module docs).
     async fn forward_batch(&self, cmds: Vec<Command>) -> Vec<Result<Response, ConsensusError>> {
+        let n = cmds.len();
+        let t = self.inner.timeouts.request;
+        let sent = self.on_leader(
+            routes::PROPOSE_BATCH_APPLIED,
+            &cmds,
+            Delivery::AtMostOnce,
+            || self.propose_batch_for_peer(cmds.clone()),
+        );
+        let answer = match tokio::time::timeout(t, sent).await {
+            Ok(answer) => answer,
+            Err(_) => Err(ConsensusError::Timeout {
+                ms: t.as_millis() as u64,
+            }),
+        };
+        match answer {
+            Ok(answers) if answers.results.len() == n => {
+                if answers.results.iter().any(Result::is_ok)
+                    && !self
+                        .inner
+                        .view
+                        .wait_applied(answers.applied_index, APPLY_WAIT)
+                        .await
+                {
+                    tracing::warn!(
+                        index = answers.applied_index,
+                        applied = self.inner.view.applied().log_index,
+                        "answering forwarded writes this node has not applied yet: it lags the \
+                         leader by more than {APPLY_WAIT:?}"
+                    );
+                }
+                answers.results.into_iter().map(taken).collect()
+            }
+            Ok(answers) => {
+                let e = ConsensusError::OutcomeUnknown {
+                    detail: format!(
+                        "the leader answered {} of {n} proposals",
+                        answers.results.len()
+                    ),
+                };
+                vec![Err(e); n]
+            }
+            // A leader of an older build: nothing was done.
+            Err(ConsensusError::Unsupported { .. }) => self.forward_batch_unmarked(cmds).await,
+            Err(e) => vec![Err(no_leader_for_clients(e)); n],
+        }
+    }
+
+    /// One batch to a leader of an older build, on its batch route (its answers say nothing of
+    /// how far it applied), or older still, one request each.
+    async fn forward_batch_unmarked(
+        &self,
+        cmds: Vec<Command>,
+    ) -> Vec<Result<Response, ConsensusError>> {
         let n = cmds.len();
         let t = self.inner.timeouts.request;
         let sent = self.on_leader(routes::PROPOSE_BATCH, &cmds, Delivery::AtMostOnce, || {

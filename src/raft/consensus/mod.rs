@@ -78,7 +78,7 @@ mod status;
 mod transfer;
 
 pub use error::ConsensusError;
-pub use forward::MAX_FORWARD_COMMANDS;
+pub use forward::{APPLY_WAIT, ForwardedAnswers, MAX_FORWARD_COMMANDS};
 pub use leader::{Delivery, Forwardable};
 pub use queue::ProposalQueue;
 pub use transfer::{MAX_HOLD, TransferAnswer, TransferRequest};

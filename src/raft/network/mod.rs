@@ -74,6 +74,9 @@ pub mod routes {
     pub const PROPOSE: &str = "/raft/propose";
     /// Several forwarded proposals in one request (`raft::consensus::forward`).
     pub const PROPOSE_BATCH: &str = "/raft/propose_batch";
+    /// The same, answered with how far the leader had applied (the forwarding node waits to
+    /// apply as far before it answers its callers).
+    pub const PROPOSE_BATCH_APPLIED: &str = "/raft/propose_batch_applied";
     pub const READ_INDEX: &str = "/raft/read_index";
     pub const ADMIN: &str = "/raft/admin";
     pub const LEASE_REFRESH: &str = "/raft/lease_refresh";
