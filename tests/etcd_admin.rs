@@ -1028,3 +1028,81 @@ async fn observe_streams_the_leader_and_each_change() {
     assert_eq!((next_line().await, next_line().await), (key2, "two".into()));
     c.shutdown().await;
 }
+
+/// A member added with the address of a server that answers, but not as a peer does (here a
+/// 404 with a body, as an etcd port answers an unknown path), is retried with a backoff, as an
+/// unreachable one is: the leader resent to it thousands of times a second, a whole core,
+/// until the member was removed. Counted at the fake peer over two seconds once the first
+/// request came: a backoff's pace is a few a second, the loop's was thousands.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_member_at_a_foreign_server_is_retried_with_a_backoff() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use tokio::io::AsyncWriteExt;
+
+    if !have_etcdctl() {
+        return;
+    }
+    let c = etcd_cluster().await;
+    let e1 = endpoint(&c, 1);
+    let (client, peer) = bind_pair().await;
+    let url = peer_url_of(&client.local_addr().unwrap().to_string());
+    drop(client);
+    // Every request on every connection: read it, answer 404 with a body, keep the
+    // connection (as an HTTP/1.1 server does).
+    let requests = Arc::new(AtomicU64::new(0));
+    let counted = requests.clone();
+    let server = tokio::spawn(async move {
+        loop {
+            let Ok((mut sock, _)) = peer.accept().await else {
+                return;
+            };
+            let counted = counted.clone();
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 1 << 16];
+                loop {
+                    match tokio::time::timeout(
+                        Duration::from_secs(30),
+                        tokio::io::AsyncReadExt::read(&mut sock, &mut buf),
+                    )
+                    .await
+                    {
+                        Ok(Ok(n)) if n > 0 => {}
+                        _ => return,
+                    }
+                    counted.fetch_add(1, Ordering::Relaxed);
+                    let body = "{\"error\":\"not found\"}";
+                    let answer = format!(
+                        "HTTP/1.1 404 Not Found\r\ncontent-type: application/json\r\n\
+                         content-length: {}\r\n\r\n{body}",
+                        body.len()
+                    );
+                    if sock.write_all(answer.as_bytes()).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    let out = add_learner(&e1, "foreign", &url).await;
+    let id = added_id(&out);
+    eventually(
+        Duration::from_secs(20),
+        "the leader reaches the member",
+        || {
+            let requests = requests.clone();
+            async move { (requests.load(Ordering::Relaxed) > 0).then_some(()) }
+        },
+    )
+    .await;
+    let before = requests.load(Ordering::Relaxed);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let sent = requests.load(Ordering::Relaxed) - before;
+    ok(&e1, &["member", "remove", &format!("{id:x}")]).await;
+    server.abort();
+    assert!(
+        sent < 100,
+        "the leader sent {sent} requests in 2 s to a member that answers 404"
+    );
+    c.shutdown().await;
+}

@@ -971,3 +971,74 @@ async fn etcdctl_is_told_a_too_long_key_makes_the_request_too_large() {
     );
     c.shutdown().await;
 }
+
+/// Past the storage quota an etcd client gets etcd's own error for a write that grows the
+/// store (`ResourceExhausted`, "etcdserver: mvcc: database space exceeded", which clientv3
+/// knows as `ErrNoSpace`), and can still delete and read, as the error tells it to: `etcdctl
+/// del` and a read-only `txn` were refused (`Internal`, and HTTP 500 on the gateway) because
+/// every transaction counted as growing the store.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn past_the_quota_etcd_clients_get_no_space_and_can_still_delete_and_read() {
+    use leasecore_etcd_api::etcdserverpb::PutRequest;
+    use leasecore_etcd_api::etcdserverpb::kv_client::KvClient;
+
+    if !have_etcdctl() {
+        return;
+    }
+    let c = common::etcdctl::etcd_cluster_tweaked(|cfg| {
+        cfg.quota = leasecore::domain::resources::Quota {
+            max_bytes: 64 << 10,
+        };
+        cfg.snapshot_log_bytes = 16 << 10;
+    })
+    .await;
+    let (e1, e2) = (endpoint(&c, 1), endpoint(&c, 2));
+    let mut kv = KvClient::connect(format!("http://{e1}")).await.unwrap();
+    let mut written = Vec::new();
+    let mut refused = None;
+    for i in 0..1000 {
+        let key = format!("q/{i:04}");
+        let put = PutRequest {
+            key: key.clone().into_bytes(),
+            value: vec![b'x'; 1024],
+            ..Default::default()
+        };
+        match kv.put(put).await {
+            Ok(_) => written.push(key),
+            Err(status) => {
+                refused = Some(status);
+                break;
+            }
+        }
+    }
+    let status = refused.expect("the quota never refused a put");
+    assert_eq!(
+        (status.code(), status.message()),
+        (
+            tonic::Code::ResourceExhausted,
+            "etcdserver: mvcc: database space exceeded"
+        )
+    );
+    let err = common::etcdctl::fails(&e2, &["put", "q/more", "x"]).await;
+    assert!(err.contains("database space exceeded"), "{err}");
+    // A read-only transaction (a get in the success branch) is answered.
+    let out = etcdctl_in(&e2, &["txn", "-i"], &format!("\nget {}\n\n\n", written[0])).await;
+    assert!(
+        out.status.success(),
+        "read-only txn: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains(&written[0]));
+    // Deletes work, through any node, until the store is back under its quota.
+    assert_eq!(ok(&e2, &["del", &written[0]]).await.trim(), "1");
+    assert_eq!(
+        ok(&e1, &["del", "q/", "--prefix"]).await.trim(),
+        (written.len() - 1).to_string()
+    );
+    eventually(Duration::from_secs(20), "puts accepted again", || async {
+        let out = etcdctl_in(&e1, &["put", "q/again", "x"], "").await;
+        out.status.success().then_some(())
+    })
+    .await;
+    c.shutdown().await;
+}

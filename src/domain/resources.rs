@@ -208,10 +208,12 @@ impl Quota {
 /// Whether a command can add stored bytes (anything but removals).
 fn grows(cmd: &Command) -> bool {
     match cmd {
-        Command::Put { .. }
-        | Command::Txn { .. }
-        | Command::RegisterLease { .. }
-        | Command::RegisterMember { .. } => true,
+        Command::Put { .. } | Command::RegisterLease { .. } | Command::RegisterMember { .. } => {
+            true
+        }
+        // Only a put can grow the store: a transaction that cannot run one (deletes and reads,
+        // as an etcd client's DeleteRange and read-only Txn are) is what frees the space.
+        Command::Txn { txn } => txn_may_put(txn),
         Command::Delete { .. }
         | Command::RevokeLease { .. }
         | Command::ExpireLeases { .. }
@@ -222,6 +224,17 @@ fn grows(cmd: &Command) -> bool {
         Command::Guarded { command, .. } => grows(command),
         Command::Auth { .. } => true,
     }
+}
+
+/// Whether either branch of `txn`, or of a transaction nested in it, holds a put.
+fn txn_may_put(txn: &crate::domain::txn::Txn) -> bool {
+    txn.success.iter().chain(&txn.failure).any(|op| match op {
+        crate::domain::txn::TxnOp::Put { .. } => true,
+        crate::domain::txn::TxnOp::Txn { txn } => txn_may_put(txn),
+        crate::domain::txn::TxnOp::DeleteRange { .. } | crate::domain::txn::TxnOp::Range { .. } => {
+            false
+        }
+    })
 }
 
 /// What the log's size calls for.
@@ -389,6 +402,65 @@ mod tests {
             )
             .is_ok()
         );
+    }
+
+    /// A transaction grows the store only if a put may run: one that only deletes or reads
+    /// (an etcd client's DeleteRange, a read-only Txn) is what a full store needs to recover.
+    #[test]
+    fn the_quota_admits_a_txn_that_cannot_put() {
+        use crate::domain::auth::perm::KeyRange;
+        use crate::domain::txn::{Txn, TxnOp};
+        let q = Quota { max_bytes: 100 };
+        let delete = TxnOp::DeleteRange {
+            range: KeyRange::key("k"),
+            prev_kv: false,
+        };
+        let read = TxnOp::Range {
+            spec: serde_json::from_value(serde_json::json!({"range": KeyRange::key("k")})).unwrap(),
+            at: None,
+        };
+        let put = TxnOp::Put {
+            key: "k".into(),
+            value: "v".into(),
+            lease: None,
+            ignore_value: false,
+            ignore_lease: false,
+            prev_kv: false,
+        };
+        let txn = |success: Vec<TxnOp>, failure: Vec<TxnOp>| Command::Txn {
+            txn: Txn {
+                compares: Vec::new(),
+                success,
+                failure,
+            },
+        };
+        let nested = |ops: Vec<TxnOp>| TxnOp::Txn {
+            txn: Txn {
+                compares: Vec::new(),
+                success: ops,
+                failure: Vec::new(),
+            },
+        };
+        let guarded = |cmd: Command| Command::Guarded {
+            user: String::new(),
+            command: Box::new(cmd),
+        };
+        for admitted in [
+            txn(vec![delete.clone()], vec![]),
+            txn(vec![read.clone()], vec![read.clone()]),
+            txn(vec![nested(vec![delete.clone(), read.clone()])], vec![]),
+            guarded(txn(vec![delete.clone()], vec![])),
+        ] {
+            assert!(q.admit(&admitted, 1000).is_ok(), "{admitted:?}");
+        }
+        for refused in [
+            txn(vec![delete.clone(), put.clone()], vec![]),
+            txn(vec![read.clone()], vec![put.clone()]),
+            txn(vec![nested(vec![nested(vec![put.clone()])])], vec![]),
+            guarded(txn(vec![], vec![put])),
+        ] {
+            assert!(q.admit(&refused, 1000).is_err(), "{refused:?}");
+        }
     }
 
     fn standing(log: u64, state: u64, applied: u64, snap: u64, purged: u64) -> LogStanding {

@@ -95,7 +95,7 @@ fn from_api(e: ApiError) -> Status {
             Code::FailedPrecondition,
             "authentication is not enabled".into(),
         ),
-        "over_quota" | "insufficient_storage" => (
+        "quota_exceeded" | "over_quota" | "insufficient_storage" => (
             Code::ResourceExhausted,
             "mvcc: database space exceeded".into(),
         ),
@@ -105,7 +105,10 @@ fn from_api(e: ApiError) -> Status {
         "too_many_requests" | "too_many_leases" => {
             (Code::ResourceExhausted, "too many requests".into())
         }
-        "no_leader" => (Code::Unavailable, "no leader".into()),
+        // etcd's ErrNoLeader, also where leasecore knows more (a lost quorum, with how many
+        // voters this node hears): clientv3 recognises its errors by their text.
+        "no_leader" | "no_quorum" => (Code::Unavailable, "no leader".into()),
+        "shutting_down" => (Code::Unavailable, "server stopped".into()),
         "bad_leader_transferee" => (Code::FailedPrecondition, "bad leader transferee".into()),
         "leader_transfer_failed" => (
             Code::Unavailable,
@@ -113,7 +116,6 @@ fn from_api(e: ApiError) -> Status {
         ),
         // etcd's ErrTimeout: the request may or may not have taken effect.
         "outcome_unknown" | "timeout" => (Code::Unavailable, "request timed out".into()),
-        "no_quorum" | "shutting_down" => (Code::Unavailable, e.message),
         "user_not_found" => (Code::FailedPrecondition, "user name not found".into()),
         "user_exists" => (Code::FailedPrecondition, "user name already exists".into()),
         "role_not_found" => (Code::FailedPrecondition, "role name not found".into()),
@@ -140,6 +142,7 @@ fn from_api(e: ApiError) -> Status {
 mod tests {
     use super::*;
     use crate::domain::command::KvError;
+    use crate::raft::consensus::ConsensusError;
 
     #[test]
     fn etcd_messages_for_what_clients_match_on() {
@@ -159,6 +162,45 @@ mod tests {
                 "etcdserver: mvcc: required revision has been compacted"
             )
         );
+        // etcd's ErrNoSpace, ErrNoLeader and ErrStopped, which clientv3 recognises by their
+        // text, whatever detail leasecore's own error carries.
+        for (e, code, message) in [
+            (
+                ConsensusError::QuotaExceeded {
+                    used_bytes: 2,
+                    quota_bytes: 1,
+                },
+                Code::ResourceExhausted,
+                "etcdserver: mvcc: database space exceeded",
+            ),
+            (
+                ConsensusError::QuorumLost {
+                    heard: 1,
+                    voters: 3,
+                    needed: 2,
+                },
+                Code::Unavailable,
+                "etcdserver: no leader",
+            ),
+            (
+                ConsensusError::NoQuorum,
+                Code::Unavailable,
+                "etcdserver: no leader",
+            ),
+            (
+                ConsensusError::NoLeader,
+                Code::Unavailable,
+                "etcdserver: no leader",
+            ),
+            (
+                ConsensusError::ShuttingDown,
+                Code::Unavailable,
+                "etcdserver: server stopped",
+            ),
+        ] {
+            let s: Status = EtcdError::from(ApiError::from(e)).into();
+            assert_eq!((s.code(), s.message()), (code, message));
+        }
         let long = crate::domain::limits::InvalidInput::KeyTooLong("key is 1025 bytes".into());
         let s: Status = EtcdError::from(long).into();
         assert_eq!(

@@ -27,7 +27,7 @@
 
 use std::future::Future;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::Duration;
 
 use openraft::error::{
@@ -118,6 +118,7 @@ impl RaftNetworkFactory<TypeConfig> for NetworkFactory {
             settled: false,
             told_commit: None,
             notice: Arc::default(),
+            failures_in_a_row: AtomicU32::new(0),
         }
     }
 }
@@ -137,6 +138,8 @@ pub struct PeerConnection {
     told_commit: Option<LogId>,
     /// This connection's commit notice in flight, and how the last one ended.
     notice: Arc<NoticeState>,
+    /// RPCs that failed in a row since the target last answered.
+    failures_in_a_row: AtomicU32,
 }
 
 /// Shared between a connection and the task that awaits its commit notice's answer.
@@ -173,12 +176,24 @@ impl PeerConnection {
 impl PeerConnection {
     /// The peer answered: a contact for the health rules, maybe the end of an outage.
     fn answered(&self) {
+        self.failures_in_a_row.store(0, Ordering::Relaxed);
         record_answer(&self.client, self.target, &self.addr);
     }
 
     /// An RPC failed: maybe the start of an outage worth a log line; openraft's error.
+    ///
+    /// A second failure in a row is reported as `Unreachable` whatever its cause: openraft
+    /// 0.9 backs off ([`RaftNetwork::backoff`]) only after that error, and retries at once
+    /// after any other. A target that answers, but not as a peer does (a member added with
+    /// another server's address, whose 404 or 500 comes back in microseconds), had the
+    /// leader resend to it in a loop that took a whole core. One failure alone is still
+    /// retried at once: a peer stream cut by a restart comes back on the next try.
     fn failed<E: std::error::Error>(&self, e: PeerError) -> RPCError<NodeId, BasicNode, E> {
         self.client.links.failed(self.target, &self.addr, &e);
+        let in_a_row = self.failures_in_a_row.fetch_add(1, Ordering::Relaxed) + 1;
+        if in_a_row >= 2 && !matches!(e, PeerError::Unreachable { .. }) {
+            return RPCError::Unreachable(Unreachable::new(&e));
+        }
         to_rpc_error(&e)
     }
 }
@@ -435,6 +450,8 @@ mod tests {
     const ANSWER_MATCH: u8 = 0;
     const ANSWER_NOTHING: u8 = 1;
     const ANSWER_HIGHER_VOTE: u8 = 2;
+    /// Not as a peer does: a 404 with a body, as another server (an etcd port) answers.
+    const ANSWER_FOREIGN: u8 = 3;
 
     /// A follower on loopback that serves no peer streams (so appends come over plain HTTP)
     /// and answers each append as `mode` says: a match, a higher vote, or never.
@@ -446,7 +463,12 @@ mod tests {
                 post(move || {
                     let mode = mode.load(Ordering::SeqCst);
                     async move {
+                        use axum::response::IntoResponse;
                         let body = match mode {
+                            ANSWER_FOREIGN => {
+                                return (axum::http::StatusCode::NOT_FOUND, "{\"error\":{}}")
+                                    .into_response();
+                            }
                             ANSWER_MATCH => serde_json::json!({"Ok": "Success"}),
                             ANSWER_HIGHER_VOTE => serde_json::json!({"Ok": {"HigherVote":
                                 Vote::new_committed(9, 3)}}),
@@ -455,7 +477,7 @@ mod tests {
                                 serde_json::json!({"Ok": "Success"})
                             }
                         };
-                        axum::Json(body)
+                        axum::Json(body).into_response()
                     }
                 }),
             )
@@ -493,6 +515,32 @@ mod tests {
         tokio::time::timeout(Duration::from_secs(20), call)
             .await
             .expect("waited for an answer that never comes, or for a notice that never ended")
+    }
+
+    /// A target that keeps failing is `Unreachable` from its second failure in a row, whatever
+    /// the failure, so that openraft backs off: a member added with the address of a server
+    /// that answers 404 had the leader resend to it thousands of times a second.
+    #[tokio::test]
+    async fn a_target_failing_twice_in_a_row_is_unreachable_so_openraft_backs_off() {
+        let mode = Arc::new(AtomicU8::new(ANSWER_FOREIGN));
+        let mut conn = connection(follower(mode.clone()).await).await;
+        let option = RPCOption::new(Duration::from_secs(30));
+        let first = conn.append_entries(heartbeat(3), option.clone()).await;
+        assert!(
+            matches!(first, Err(RPCError::Network(_))),
+            "one failure is retried at once: {first:?}"
+        );
+        for _ in 0..3 {
+            let again = conn.append_entries(heartbeat(3), option.clone()).await;
+            assert!(matches!(again, Err(RPCError::Unreachable(_))), "{again:?}");
+        }
+        // An answer ends the run: the next failure is retried at once again.
+        mode.store(ANSWER_MATCH, Ordering::SeqCst);
+        let answered = conn.append_entries(heartbeat(3), option.clone()).await;
+        assert_eq!(answered.unwrap(), AppendEntriesResponse::Success);
+        mode.store(ANSWER_FOREIGN, Ordering::SeqCst);
+        let after = conn.append_entries(heartbeat(3), option.clone()).await;
+        assert!(matches!(after, Err(RPCError::Network(_))), "{after:?}");
     }
 
     /// The rule alone: only a settled connection's heartbeat that tells a higher commit.
