@@ -476,3 +476,52 @@ async fn a_range_at_a_past_revision_over_the_budget_is_refused_and_narrowed_is_a
     assert_eq!(three.kvs.len(), 3);
     c.shutdown().await;
 }
+
+/// A watch whose range ends at or before its start is refused as etcd refuses it (created,
+/// canceled, watch id -1, "mvcc: watcher range is empty"): it was accepted, and never fired.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_empty_watch_range_is_refused_as_etcd_refuses_it() {
+    let c = etcd_cluster().await;
+    let addr = endpoint(&c, 1);
+    let mut client = WatchClient::new(channel(&addr).await);
+    for (key, end) in [("wz", "wa"), ("same", "same")] {
+        let create = WatchCreateRequest {
+            key: key.as_bytes().to_vec(),
+            range_end: end.as_bytes().to_vec(),
+            ..Default::default()
+        };
+        let request = WatchRequest {
+            request_union: Some(watch_request::RequestUnion::CreateRequest(create)),
+        };
+        let requests = futures::stream::iter([request]).chain(futures::stream::pending());
+        let mut stream = client.watch(requests).await.unwrap().into_inner();
+        let resp = tokio::time::timeout(WAIT, stream.next())
+            .await
+            .expect("an answer to the create")
+            .expect("the stream stays open")
+            .unwrap();
+        assert!(resp.created && resp.canceled, "[{key}, {end}): {resp:?}");
+        assert_eq!(resp.watch_id, -1);
+        assert_eq!(resp.cancel_reason, "mvcc: watcher range is empty");
+    }
+    // "\0" as the end still means every key from the start.
+    let mut kv = kv_client(&addr).await;
+    let put = kv
+        .put(PutRequest {
+            key: b"wzz".to_vec(),
+            value: b"v".to_vec(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let from_key = WatchCreateRequest {
+        key: b"wz".to_vec(),
+        range_end: vec![0],
+        start_revision: put.header.unwrap().revision,
+        ..Default::default()
+    };
+    let got = raw_watch(&addr, from_key, |got| events_in(got) > 0).await;
+    assert_eq!(got[0].events[0].kv.as_ref().unwrap().key, b"wzz");
+    c.shutdown().await;
+}

@@ -358,6 +358,13 @@ impl Session {
             // the smallest key (`watch --prefix ""` sends "\0" itself).
             c.key = vec![0];
         }
+        // As etcd: a range that ends at or before its start ("\0" alone means "from the key")
+        // is refused at once, not followed by a watch that could never fire.
+        if !c.range_end.is_empty() && c.range_end != [0] && c.key >= c.range_end {
+            return self
+                .send(self.refused(-1, "mvcc: watcher range is empty"))
+                .await;
+        }
         let range = KeyRange::from_etcd(&c.key, &c.range_end);
         let id = if c.watch_id != 0 {
             c.watch_id
