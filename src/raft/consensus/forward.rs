@@ -103,20 +103,13 @@ impl Consensus {
     /// the leader had when it answered (see the module docs).
     async fn forward_batch(&self, cmds: Vec<Command>) -> Vec<Result<Response, ConsensusError>> {
         let n = cmds.len();
-        let t = self.inner.timeouts.request;
         let sent = self.on_leader(
             routes::PROPOSE_BATCH_APPLIED,
             &cmds,
             Delivery::AtMostOnce,
             || self.propose_batch_for_peer(cmds.clone()),
         );
-        let answer = match tokio::time::timeout(t, sent).await {
-            Ok(answer) => answer,
-            Err(_) => Err(ConsensusError::Timeout {
-                ms: t.as_millis() as u64,
-            }),
-        };
-        match answer {
+        match self.within_request_deadline(sent).await {
             Ok(answers) if answers.results.len() == n => {
                 if answers.results.iter().any(Result::is_ok)
                     && !self
@@ -156,17 +149,10 @@ impl Consensus {
         cmds: Vec<Command>,
     ) -> Vec<Result<Response, ConsensusError>> {
         let n = cmds.len();
-        let t = self.inner.timeouts.request;
         let sent = self.on_leader(routes::PROPOSE_BATCH, &cmds, Delivery::AtMostOnce, || {
             self.propose_batch_here(cmds.clone())
         });
-        let answer = match tokio::time::timeout(t, sent).await {
-            Ok(answer) => answer,
-            Err(_) => Err(ConsensusError::Timeout {
-                ms: t.as_millis() as u64,
-            }),
-        };
-        match answer {
+        match self.within_request_deadline(sent).await {
             Ok(results) if results.len() == n => results.into_iter().map(taken).collect(),
             Ok(results) => {
                 let e = ConsensusError::OutcomeUnknown {
@@ -184,6 +170,22 @@ impl Consensus {
                 futures::future::join_all(single).await
             }
             Err(e) => vec![Err(no_leader_for_clients(e)); n],
+        }
+    }
+}
+
+impl Consensus {
+    /// `sent`'s answer, or `Timeout` once the request deadline passed.
+    async fn within_request_deadline<T>(
+        &self,
+        sent: impl Future<Output = Result<T, ConsensusError>>,
+    ) -> Result<T, ConsensusError> {
+        let t = self.inner.timeouts.request;
+        match tokio::time::timeout(t, sent).await {
+            Ok(answer) => answer,
+            Err(_) => Err(ConsensusError::Timeout {
+                ms: t.as_millis() as u64,
+            }),
         }
     }
 }
