@@ -621,7 +621,17 @@ async fn etcdctl_lock_and_elect() {
         .await
         .unwrap();
     let key = b64(&locked["key"]);
-    assert!(key.starts_with("locks/svc/"), "{locked}");
+    // etcd's mutex layout: `<name>/<lease id in hex>`.
+    let id: i64 = grant["ID"].as_str().unwrap().parse().unwrap();
+    assert_eq!(key, format!("svc/{id:x}"), "{locked}");
+    // It excludes etcd's client-side mutex on the same name (`etcdctl lock`), as etcd's
+    // Lock service does: both held at once under leasecore's own layout.
+    let mut waiter = etcdctl_lock(&e1, "svc", &["--", "echo", "acquired"]);
+    let waited = tokio::time::timeout(Duration::from_secs(2), waiter.wait()).await;
+    assert!(
+        waited.is_err(),
+        "etcdctl lock got a lock the Lock service holds"
+    );
     let r = http
         .post(format!("{base}/v3/lock/unlock"))
         .json(&serde_json::json!({"key": locked["key"]}))
@@ -629,8 +639,67 @@ async fn etcdctl_lock_and_elect() {
         .await
         .unwrap();
     assert_eq!(r.status(), 200);
+    let out = tokio::time::timeout(Duration::from_secs(20), waiter.wait_with_output())
+        .await
+        .expect("etcdctl lock acquires once unlocked")
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("acquired"),
+        "{out:?}"
+    );
     assert_eq!(ok(&e1, &["get", &key]).await, "");
+
+    // The other way: a lock `etcdctl lock` holds keeps the Lock service waiting.
+    let mut holder = etcdctl_lock(&e1, "svc2", &[]);
+    let mut lines = BufReader::new(holder.stdout.take().unwrap()).lines();
+    let held = tokio::time::timeout(Duration::from_secs(10), lines.next_line())
+        .await
+        .expect("etcdctl lock holds")
+        .unwrap()
+        .unwrap();
+    assert!(held.starts_with("svc2/"), "{held}");
+    let lock_svc2 = |timeout: Duration| {
+        http.post(format!("{base}/v3/lock/lock"))
+            .timeout(timeout)
+            .json(&serde_json::json!({
+                "name": base64::engine::general_purpose::STANDARD.encode("svc2"),
+                "lease": grant["ID"],
+            }))
+            .send()
+    };
+    assert!(
+        lock_svc2(Duration::from_secs(2)).await.is_err(),
+        "the Lock service granted a lock etcdctl holds"
+    );
+    // SIGINT: etcdctl closes its session, which revokes its lease and frees the lock.
+    let pid = holder.id().unwrap().to_string();
+    assert!(
+        Command::new("kill")
+            .args(["-INT", &pid])
+            .status()
+            .await
+            .unwrap()
+            .success()
+    );
+    let r = lock_svc2(Duration::from_secs(20))
+        .await
+        .expect("locked once etcdctl let go");
+    assert_eq!(r.status(), 200);
     c.shutdown().await;
+}
+
+/// `etcdctl lock NAME ARGS...` on `ep`, running (killed when dropped).
+fn etcdctl_lock(ep: &str, name: &str, args: &[&str]) -> tokio::process::Child {
+    Command::new("etcdctl")
+        .env("ETCDCTL_API", "3")
+        .arg(format!("--endpoints={ep}"))
+        .args(["lock", name])
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap()
 }
 
 /// With leasecore's auth on, `etcdctl --user` authenticates through etcd's `Authenticate` and

@@ -31,6 +31,11 @@ pub const ELECTIONS: &str = "elections/";
 pub enum Recipe {
     Lock,
     Election,
+    /// etcd's mutex (`concurrency.Mutex`, which etcd's own Lock service, `etcdctl lock` and
+    /// Go's clients use): the queue is `<name>/`, the name as the client gave it, and a
+    /// contender's key is `<name>/<lease id in hex>`, so that leasecore's Lock service and
+    /// etcd's client-side mutex on the same name exclude each other.
+    EtcdLock,
 }
 
 impl Recipe {
@@ -38,17 +43,45 @@ impl Recipe {
         match self {
             Recipe::Lock => LOCKS,
             Recipe::Election => ELECTIONS,
+            Recipe::EtcdLock => "",
         }
     }
 
-    /// The prefix of `name`'s contenders: `locks/<name>/`.
+    /// The prefix of `name`'s contenders: `locks/<name>/` (etcd's mutex: `<name>/`).
     pub fn queue(self, name: &str) -> String {
         format!("{}{name}/", self.root())
     }
 
     /// The key a contender holding `lease` owns in `name`'s queue.
     pub fn key(self, name: &str, lease: &str) -> String {
-        format!("{}{lease}", self.queue(name))
+        match self {
+            Recipe::EtcdLock => format!("{}{}", self.queue(name), etcd_key_suffix(lease)),
+            _ => format!("{}{lease}", self.queue(name)),
+        }
+    }
+
+    /// Why `name` is refused as this recipe's name. leasecore's own recipes refuse a `/`
+    /// (one queue's prefix would hold another's keys); etcd's mutex takes any name, as
+    /// etcd does, and with it etcd's rule that `a/` holds `a/b/`'s keys too.
+    pub fn check_name(self, what: &str, name: &str) -> Result<(), String> {
+        match self {
+            Recipe::EtcdLock if name.is_empty() => Err(format!("{what} must not be empty")),
+            Recipe::EtcdLock => Ok(()),
+            _ => check_name(what, name),
+        }
+    }
+}
+
+/// The part of an etcd mutex key after the name: the lease id in lowercase hex without
+/// leading zeros (etcd's `%x`), for a lease of the etcd API (`etcd-` and 16 hex digits);
+/// any other lease name as it is.
+fn etcd_key_suffix(lease: &str) -> String {
+    match lease.strip_prefix("etcd-") {
+        Some(hex) if hex.len() == 16 && hex.bytes().all(|b| b.is_ascii_hexdigit()) => {
+            let trimmed = hex.trim_start_matches('0');
+            if trimmed.is_empty() { "0" } else { trimmed }.to_ascii_lowercase()
+        }
+        _ => lease.to_string(),
     }
 }
 
@@ -117,6 +150,19 @@ mod tests {
         assert!(check_name("lock name", "db").is_ok());
         assert!(check_name("lock name", "").is_err());
         assert!(check_name("lock name", "a/b").is_err());
+        // etcd's mutex: `<name>/<lease id in hex>`, any non-empty name.
+        assert_eq!(
+            Recipe::EtcdLock.key("mylock", "etcd-694d7b1c0ba7a204"),
+            "mylock/694d7b1c0ba7a204"
+        );
+        assert_eq!(
+            Recipe::EtcdLock.key("/jobs/a", "etcd-000000000000002a"),
+            "/jobs/a/2a"
+        );
+        assert_eq!(Recipe::EtcdLock.key("x", "w1"), "x/w1");
+        assert!(Recipe::EtcdLock.check_name("lock name", "a/b").is_ok());
+        assert!(Recipe::EtcdLock.check_name("lock name", "").is_err());
+        assert!(Recipe::Lock.check_name("lock name", "a/b").is_err());
     }
 
     #[test]

@@ -1,6 +1,10 @@
-//! The `Lock` service (etcd's v3lock), mapped onto leasecore's lock recipe: `Lock` queues the
-//! caller's key (`locks/<name>/etcd-<lease>`, attached to the lease) and waits, as long as the
-//! client does, until it holds; `Unlock` deletes the key.
+//! The `Lock` service (etcd's v3lock), on leasecore's lock recipe with etcd's mutex layout
+//! (`Recipe::EtcdLock`): `Lock` queues the caller's key (`<name>/<lease id in hex>`, attached
+//! to the lease) and waits, as long as the client does, until it holds; `Unlock` deletes the
+//! key. The layout is etcd's own mutex's (`concurrency.Mutex`, what `etcdctl lock` and Go's
+//! clients run client-side), so that a lock taken here and one taken by such a client on the
+//! same name exclude each other, as in etcd. (They did not, under `locks/<name>/`, until
+//! 2026-11-29: both holders held at once.)
 //!
 //! # Invariants
 //! - A `Lock` call that ends before it holds (the client cancelled, or went away) leaves the
@@ -98,7 +102,7 @@ impl Lock for Etcd {
         let r = req.into_inner();
         let name = text("lock name", r.name)?;
         let standing = self
-            .hold(&caller, Recipe::Lock, &name, &lease_name(r.lease), "")
+            .hold(&caller, Recipe::EtcdLock, &name, &lease_name(r.lease), "")
             .await?;
         Ok(Response::new(LockResponse {
             header: self.header(),

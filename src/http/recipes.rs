@@ -181,10 +181,10 @@ fn checked_key(
     lease: &str,
 ) -> Result<String, ApiError> {
     let what = match recipe {
-        Recipe::Lock => "lock name",
+        Recipe::Lock | Recipe::EtcdLock => "lock name",
         Recipe::Election => "election name",
     };
-    recipes::check_name(what, name).map_err(ApiError::invalid)?;
+    recipe.check_name(what, name).map_err(ApiError::invalid)?;
     recipes::check_name("lease", lease).map_err(ApiError::invalid)?;
     let key = recipe.key(name, lease);
     state.limits.check_key(&key)?;
@@ -427,7 +427,7 @@ fn standing(
 
 fn gone(recipe: Recipe, name: &str, key: &str) -> ApiError {
     let what = match recipe {
-        Recipe::Lock => "lock",
+        Recipe::Lock | Recipe::EtcdLock => "lock",
         Recipe::Election => "election",
     };
     ApiError::new(
