@@ -141,7 +141,53 @@ fn parse<T: DeserializeOwned + Default>(body: &[u8]) -> Result<T, Status> {
     if body.iter().all(u8::is_ascii_whitespace) {
         return Ok(T::default());
     }
-    serde_json::from_slice(body).map_err(|e| Status::invalid_argument(e.to_string()))
+    let value: serde_json::Value =
+        serde_json::from_slice(body).map_err(|e| Status::invalid_argument(e.to_string()))?;
+    message(value)
+}
+
+/// The request messages of a streamed route's body: one or more JSON messages one after
+/// another, as etcd's gateway reads them (a watch's create and then its progress or cancel
+/// requests, several keepalives); an empty body is one default message. At most
+/// [`MAX_STREAMED_MESSAGES`].
+fn parse_all<T: DeserializeOwned + Default>(body: &[u8]) -> Result<Vec<T>, Status> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(vec![T::default()]);
+    }
+    let mut messages = Vec::new();
+    for value in serde_json::Deserializer::from_slice(body).into_iter::<serde_json::Value>() {
+        if messages.len() == MAX_STREAMED_MESSAGES {
+            return Err(Status::invalid_argument(format!(
+                "a request body holds at most {MAX_STREAMED_MESSAGES} messages"
+            )));
+        }
+        let value = value.map_err(|e| Status::invalid_argument(e.to_string()))?;
+        messages.push(message(value)?);
+    }
+    Ok(messages)
+}
+
+/// The most messages one streamed request body may hold.
+const MAX_STREAMED_MESSAGES: usize = 1024;
+
+/// A message from its JSON. A `null` field is the field's default, as proto3's JSON mapping
+/// says and etcd's gateway reads it (clients whose serialisers write unset fields as `null`
+/// were refused).
+fn message<T: DeserializeOwned>(mut value: serde_json::Value) -> Result<T, Status> {
+    drop_nulls(&mut value);
+    serde_json::from_value(value).map_err(|e| Status::invalid_argument(e.to_string()))
+}
+
+/// Remove every `null` member of every object in `value`.
+fn drop_nulls(value: &mut serde_json::Value) {
+    match value {
+        serde_json::Value::Object(members) => {
+            members.retain(|_, v| !v.is_null());
+            members.values_mut().for_each(drop_nulls);
+        }
+        serde_json::Value::Array(items) => items.iter_mut().for_each(drop_nulls),
+        _ => {}
+    }
 }
 
 /// A gRPC request carrying the HTTP caller's token.
@@ -174,15 +220,15 @@ where
     }
 }
 
-/// The caller and the first request of a streamed route (or the error answer).
+/// The caller and the requests of a streamed route's body (or the error answer).
 fn opening<Req: DeserializeOwned + Default>(
     etcd: &Etcd,
     headers: &HeaderMap,
     body: &[u8],
-) -> Result<(crate::runtime::auth::Caller, Req), Status> {
-    let req = parse::<Req>(body)?;
+) -> Result<(crate::runtime::auth::Caller, Vec<Req>), Status> {
+    let reqs = parse_all::<Req>(body)?;
     let caller = etcd.caller(&request(headers, ()))?;
-    Ok((caller, req))
+    Ok((caller, reqs))
 }
 
 /// One streamed message as its `{"result": ...}` (or `{"error": ...}`) line.
@@ -337,13 +383,13 @@ pub fn routes(etcd: Etcd) -> Router {
                   GatewayBody(body): GatewayBody| {
                 let e = e.clone();
                 async move {
-                    let (caller, req) = match opening::<WatchRequest>(&e, &headers, &body) {
+                    let (caller, reqs) = match opening::<WatchRequest>(&e, &headers, &body) {
                         Ok(v) => v,
                         Err(s) => return error(s),
                     };
-                    // The body's one request, then the stream stays open (as etcd's gateway
+                    // The body's requests, then the stream stays open (as etcd's gateway
                     // does) until the client goes.
-                    let inbound = futures::stream::once(async move { Ok(req) })
+                    let inbound = futures::stream::iter(reqs.into_iter().map(Ok))
                         .chain(futures::stream::pending());
                     ndjson(e.watch_session(caller, conn.map(|c| c.0), Box::pin(inbound))).await
                 }
@@ -390,11 +436,11 @@ pub fn routes(etcd: Etcd) -> Router {
         post(move |headers: HeaderMap, GatewayBody(body): GatewayBody| {
             let e = e.clone();
             async move {
-                let (caller, req) = match opening::<LeaseKeepAliveRequest>(&e, &headers, &body) {
+                let (caller, reqs) = match opening::<LeaseKeepAliveRequest>(&e, &headers, &body) {
                     Ok(v) => v,
                     Err(s) => return error(s),
                 };
-                let inbound = futures::stream::once(async move { Ok(req) });
+                let inbound = futures::stream::iter(reqs.into_iter().map(Ok));
                 ndjson(e.keep_alive_stream(caller, Box::pin(inbound))).await
             }
         }),
