@@ -814,6 +814,15 @@ async fn member_list_names_every_members_client_url() {
 
 /// The next answer of an Observe stream, within a deadline.
 async fn next_leader(stream: &mut tonic::Streaming<LeaderResponse>) -> (String, String, i64) {
+    let (key, value, revision, _) = next_leader_version(stream).await;
+    (key, value, revision)
+}
+
+/// The same, with the key's version (etcd's answer carries it: 1, then one more per
+/// proclamation).
+async fn next_leader_version(
+    stream: &mut tonic::Streaming<LeaderResponse>,
+) -> (String, String, i64, i64) {
     let resp = tokio::time::timeout(Duration::from_secs(10), stream.message())
         .await
         .expect("an Observe answer within 10 s")
@@ -824,6 +833,7 @@ async fn next_leader(stream: &mut tonic::Streaming<LeaderResponse>) -> (String, 
         String::from_utf8(kv.key).unwrap(),
         String::from_utf8(kv.value).unwrap(),
         kv.create_revision,
+        kv.version,
     )
 }
 
@@ -881,8 +891,8 @@ async fn observe_streams_the_leader_and_each_change() {
         .into_inner()
         .leader
         .unwrap();
-    let (key_a, value, rev_a) = next_leader(&mut stream).await;
-    assert_eq!((value.as_str(), rev_a), ("alpha", led.rev));
+    let (key_a, value, rev_a, version) = next_leader_version(&mut stream).await;
+    assert_eq!((value.as_str(), rev_a, version), ("alpha", led.rev, 1));
     assert!(key_a.starts_with("elections/pick/"), "{key_a}");
 
     // A second observer gets the current leader at once.
@@ -915,8 +925,11 @@ async fn observe_streams_the_leader_and_each_change() {
         })
         .await
         .unwrap();
-    let (key, value, _) = next_leader(&mut stream).await;
-    assert_eq!((key.as_str(), value.as_str()), (key_a.as_str(), "alpha-2"));
+    let (key, value, _, version) = next_leader_version(&mut stream).await;
+    assert_eq!(
+        (key.as_str(), value.as_str(), version),
+        (key_a.as_str(), "alpha-2", 2)
+    );
 
     // The leader resigns: the queued candidate leads, and the stream says so.
     candidates

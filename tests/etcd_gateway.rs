@@ -494,7 +494,9 @@ async fn the_gateway_reads_nulls_and_several_messages_per_stream_body() {
         )
         .await;
     assert_eq!(unb64(&got["kvs"][0]["value"]), "1");
-    let grant = g.ok("/v3/lease/grant", json!({"TTL": "30", "ID": null})).await;
+    let grant = g
+        .ok("/v3/lease/grant", json!({"TTL": "30", "ID": null}))
+        .await;
     let id = grant["ID"].clone();
     let txn = g
         .ok(

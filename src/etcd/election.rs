@@ -199,13 +199,21 @@ impl Etcd {
     }
 
     fn leader_response(&self, l: Leadership) -> LeaderResponse {
+        // The key's version, as etcd's answer carries it (clients read a proclamation's
+        // count from it): from this node's state, where the key is still the one read.
+        let version = match self.state.consensus.view().get(&l.key).1 {
+            Some(v) if v.create_revision == l.revision && v.mod_revision == l.mod_revision => {
+                v.version as i64
+            }
+            _ => 0,
+        };
         LeaderResponse {
             header: self.header_at(l.store_revision),
             kv: Some(mvccpb::KeyValue {
                 key: l.key.into_bytes(),
                 create_revision: l.revision.0 as i64,
                 mod_revision: l.mod_revision.0 as i64,
-                version: 0,
+                version,
                 value: value_bytes::bytes(&l.value).into_owned(),
                 lease: lease_id(&l.lease),
             }),
