@@ -893,7 +893,8 @@ async fn observe_streams_the_leader_and_each_change() {
         .unwrap();
     let (key_a, value, rev_a, version) = next_leader_version(&mut stream).await;
     assert_eq!((value.as_str(), rev_a, version), ("alpha", led.rev, 1));
-    assert!(key_a.starts_with("elections/pick/"), "{key_a}");
+    // etcd's layout: `<name>/<lease id in hex>`.
+    assert_eq!(key_a, format!("pick/{:x}", led.lease), "{key_a}");
 
     // A second observer gets the current leader at once.
     let mut late = ElectionClient::connect(format!("http://{e3}"))
@@ -948,11 +949,9 @@ async fn observe_streams_the_leader_and_each_change() {
     }
     assert_eq!(value, "beta");
 
-    // A bad name is the call's own error.
+    // A bad name (an empty one: etcd's layout takes any other) is the call's own error.
     let err = watcher
-        .observe(LeaderRequest {
-            name: b"a/b".to_vec(),
-        })
+        .observe(LeaderRequest { name: Vec::new() })
         .await
         .unwrap_err();
     assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err:?}");

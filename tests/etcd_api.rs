@@ -597,11 +597,44 @@ async fn etcdctl_lock_and_elect() {
     assert!(key.starts_with("pick/"), "{key}");
     let seen = ok(&e2, &["get", "pick/", "--prefix"]).await;
     assert!(seen.contains("alpha"), "{seen}");
+    // The Election service sees etcdctl's leader, and a campaign through it waits: one
+    // leadership per name, whichever client campaigns, as in etcd.
+    let http = reqwest::Client::new();
+    let base = format!("http://{e2}");
+    let pick = base64::engine::general_purpose::STANDARD.encode("pick");
+    let leader_of: Value = http
+        .post(format!("{base}/v3/election/leader"))
+        .json(&serde_json::json!({"name": pick}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(b64(&leader_of["kv"]["value"]), "alpha", "{leader_of}");
+    assert_eq!(b64(&leader_of["kv"]["key"]), key, "{leader_of}");
+    let grant: Value = http
+        .post(format!("{base}/v3/lease/grant"))
+        .json(&serde_json::json!({"TTL": "30"}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let campaign = http
+        .post(format!("{base}/v3/election/campaign"))
+        .timeout(Duration::from_secs(2))
+        .json(&serde_json::json!({"name": pick, "lease": grant["ID"], "value": b64_of("beta")}))
+        .send()
+        .await;
+    assert!(
+        campaign.is_err(),
+        "a second leader was elected: {campaign:?}"
+    );
     drop(leader);
 
     // The Lock service (v3lock) through the JSON gateway: lock, then unlock, by key.
-    let http = reqwest::Client::new();
-    let base = format!("http://{e2}");
     let grant: Value = http
         .post(format!("{base}/v3/lease/grant"))
         .json(&serde_json::json!({"TTL": "30"}))
@@ -686,6 +719,11 @@ async fn etcdctl_lock_and_elect() {
         .expect("locked once etcdctl let go");
     assert_eq!(r.status(), 200);
     c.shutdown().await;
+}
+
+/// `text`'s base64, as the gateway's bytes fields carry it.
+fn b64_of(text: &str) -> String {
+    base64::engine::general_purpose::STANDARD.encode(text)
 }
 
 /// `etcdctl lock NAME ARGS...` on `ep`, running (killed when dropped).

@@ -36,6 +36,10 @@ pub enum Recipe {
     /// contender's key is `<name>/<lease id in hex>`, so that leasecore's Lock service and
     /// etcd's client-side mutex on the same name exclude each other.
     EtcdLock,
+    /// etcd's election (`concurrency.Election`: etcd's Election service, `etcdctl elect`), in
+    /// the same layout as [`Recipe::EtcdLock`], for the same reason: one leader per name,
+    /// whichever client campaigns.
+    EtcdElection,
 }
 
 impl Recipe {
@@ -43,7 +47,7 @@ impl Recipe {
         match self {
             Recipe::Lock => LOCKS,
             Recipe::Election => ELECTIONS,
-            Recipe::EtcdLock => "",
+            Recipe::EtcdLock | Recipe::EtcdElection => "",
         }
     }
 
@@ -55,7 +59,9 @@ impl Recipe {
     /// The key a contender holding `lease` owns in `name`'s queue.
     pub fn key(self, name: &str, lease: &str) -> String {
         match self {
-            Recipe::EtcdLock => format!("{}{}", self.queue(name), etcd_key_suffix(lease)),
+            Recipe::EtcdLock | Recipe::EtcdElection => {
+                format!("{}{}", self.queue(name), etcd_key_suffix(lease))
+            }
             _ => format!("{}{lease}", self.queue(name)),
         }
     }
@@ -65,8 +71,10 @@ impl Recipe {
     /// etcd does, and with it etcd's rule that `a/` holds `a/b/`'s keys too.
     pub fn check_name(self, what: &str, name: &str) -> Result<(), String> {
         match self {
-            Recipe::EtcdLock if name.is_empty() => Err(format!("{what} must not be empty")),
-            Recipe::EtcdLock => Ok(()),
+            Recipe::EtcdLock | Recipe::EtcdElection if name.is_empty() => {
+                Err(format!("{what} must not be empty"))
+            }
+            Recipe::EtcdLock | Recipe::EtcdElection => Ok(()),
             _ => check_name(what, name),
         }
     }
@@ -163,6 +171,10 @@ mod tests {
         assert!(Recipe::EtcdLock.check_name("lock name", "a/b").is_ok());
         assert!(Recipe::EtcdLock.check_name("lock name", "").is_err());
         assert!(Recipe::Lock.check_name("lock name", "a/b").is_err());
+        assert_eq!(
+            Recipe::EtcdElection.key("pick", "etcd-00000000000000ff"),
+            "pick/ff"
+        );
     }
 
     #[test]

@@ -1,6 +1,6 @@
-//! The `Election` service (etcd's v3election), mapped onto leasecore's election recipe:
-//! `Campaign` queues the caller's key (`elections/<name>/etcd-<lease>`, holding its value)
-//! and waits until it leads; `Proclaim` changes the leader's value (only the leader's);
+//! The `Election` service (etcd's v3election), on leasecore's election recipe with etcd's
+//! layout (`Recipe::EtcdElection`): `Campaign` queues the caller's key (`<name>/<lease id in
+//! hex>`, holding its value) and waits until it leads; `Proclaim` changes the leader's value (only the leader's);
 //! `Leader` reads the leader; `Resign` leaves.
 //!
 //! `Observe` streams the leader as etcd's does: the current one at once (if there is one),
@@ -11,9 +11,10 @@
 //! and mod revision). So it never misses a change (the wait starts right after the read's
 //! revision), and it may skip a leader that came and went between two reads (as etcd's may).
 //!
-//! (`etcdctl elect` and `elect -l` do not use this service: they are etcd's client-side
-//! recipe over KV and Watch, on the prefix `<name>/`; this service's keys are leasecore's
-//! `elections/<name>/...`.)
+//! `etcdctl elect` and `elect -l` do not call this service: they are etcd's client-side
+//! recipe over KV and Watch, on the prefix `<name>/`. The layout is theirs, so that a
+//! campaign here and one of theirs on the same name compete for one leadership, as in etcd.
+//! (Under leasecore's `elections/<name>/`, until 2026-11-29, each side had a leader.)
 //!
 //! # Invariants
 //! - A `Campaign` that ends before it leads (the client cancelled) leaves the queue.
@@ -28,7 +29,6 @@
 use std::time::Duration;
 
 use axum::Json;
-use axum::extract::State;
 use leasecore_etcd_api::mvccpb;
 use leasecore_etcd_api::v3electionpb::election_server::Election;
 use leasecore_etcd_api::v3electionpb::{
@@ -43,7 +43,6 @@ use crate::domain::recipes::Recipe;
 use crate::domain::types::Revision;
 use crate::domain::value_bytes;
 use crate::domain::watch_batch::BatchLimit;
-use crate::http::extract::ApiPath;
 use crate::http::recipes::{self, leave};
 use crate::runtime::auth::Caller;
 use crate::wire::Leadership;
@@ -77,7 +76,7 @@ impl Election for Etcd {
         let standing = self
             .hold(
                 &caller,
-                Recipe::Election,
+                Recipe::EtcdElection,
                 &name,
                 &lease_name(r.lease),
                 &value,
@@ -105,6 +104,7 @@ impl Election for Etcd {
         let done = recipes::proclaim_value(
             &self.state,
             &caller,
+            Recipe::EtcdElection,
             name,
             leasecore_client::api::ProclaimRequest { lease, value },
         )
@@ -158,7 +158,7 @@ impl Election for Etcd {
     ) -> Result<Response<ResignResponse>, Status> {
         let caller = self.caller(&req)?;
         let (name, lease) = leader_key(req.into_inner().leader)?;
-        let Json(released) = leave(&self.state, &caller, Recipe::Election, &name, &lease)
+        let Json(released) = leave(&self.state, &caller, Recipe::EtcdElection, &name, &lease)
             .await
             .map_err(EtcdError::from)?;
         Ok(Response::new(ResignResponse {
@@ -175,14 +175,10 @@ impl Etcd {
         caller: &Caller,
         name: &str,
     ) -> Result<(Option<Leadership>, Revision), Status> {
-        let read = recipes::leader(
-            State(self.state.clone()),
-            caller.clone(),
-            ApiPath(name.to_string()),
-        )
-        .await;
+        let read =
+            recipes::leadership(&self.state, caller, Recipe::EtcdElection, name.to_string()).await;
         match read {
-            Ok(Json(l)) => {
+            Ok(l) => {
                 let revision = l.store_revision;
                 Ok((Some(l), revision))
             }
@@ -232,7 +228,7 @@ struct Observer {
 impl Observer {
     async fn run(self, first: Option<Leadership>, read_at: Revision) {
         let hub = self.etcd.state.watch.clone();
-        let filter = KeyFilter::Prefix(Recipe::Election.queue(&self.name));
+        let filter = KeyFilter::Prefix(Recipe::EtcdElection.queue(&self.name));
         // The leader last sent, by key and mod revision.
         let mut sent: Option<(String, Revision)> = None;
         let mut leader = first;

@@ -101,7 +101,9 @@ pub async fn proclaim(
     ApiJson(req): ApiJson<ProclaimRequest>,
 ) -> Result<Json<Proclaimed>, ApiError> {
     Limits::check_text_value(&req.value)?;
-    proclaim_value(&state, &caller, name, req).await.map(Json)
+    proclaim_value(&state, &caller, Recipe::Election, name, req)
+        .await
+        .map(Json)
 }
 
 /// Change the leader's value: only the leader, only while it leads (the put is conditional on
@@ -110,17 +112,18 @@ pub async fn proclaim(
 pub(crate) async fn proclaim_value(
     state: &AppState,
     caller: &Caller,
+    recipe: Recipe,
     name: String,
     req: ProclaimRequest,
 ) -> Result<Proclaimed, ApiError> {
-    let key = checked_key(state, Recipe::Election, &name, &req.lease)?;
-    let (queue, _) = list_queue(state, caller, Recipe::Election, &name).await?;
+    let key = checked_key(state, recipe, &name, &req.lease)?;
+    let (queue, _) = list_queue(state, caller, recipe, &name).await?;
     let mine = match recipes::position(&queue.order, &key) {
         Position::Holder => queue.entry(&key).expect("the holder is listed"),
         Position::After { .. } => {
             return Err(not_leader(&name, &key));
         }
-        Position::Gone => return Err(gone(Recipe::Election, &name, &key)),
+        Position::Gone => return Err(gone(recipe, &name, &key)),
     };
     let cmd = Command::Put {
         key: key.clone(),
@@ -151,8 +154,23 @@ pub async fn leader(
     caller: Caller,
     ApiPath(name): ApiPath<String>,
 ) -> Result<Json<Leadership>, ApiError> {
-    recipes::check_name("election name", &name).map_err(ApiError::invalid)?;
-    let (queue, store_revision) = list_queue(&state, &caller, Recipe::Election, &name).await?;
+    leadership(&state, &caller, Recipe::Election, name)
+        .await
+        .map(Json)
+}
+
+/// The leader of `recipe`'s election `name` and its value (404 `no_leader_elected` while
+/// there is none; the etcd API's Leader and Observe read it too).
+pub(crate) async fn leadership(
+    state: &AppState,
+    caller: &Caller,
+    recipe: Recipe,
+    name: String,
+) -> Result<Leadership, ApiError> {
+    recipe
+        .check_name("election name", &name)
+        .map_err(ApiError::invalid)?;
+    let (queue, store_revision) = list_queue(state, caller, recipe, &name).await?;
     let Some((key, _)) = recipes::holder(&queue.order) else {
         return Err(ApiError::not_found(
             "no_leader_elected",
@@ -162,7 +180,7 @@ pub async fn leader(
         .with("revision", store_revision.0));
     };
     let entry = queue.entry(key).expect("the holder is listed");
-    Ok(Json(Leadership {
+    Ok(Leadership {
         name,
         key: key.clone(),
         lease: entry.lease.clone().unwrap_or_default(),
@@ -170,7 +188,7 @@ pub async fn leader(
         revision: entry.create_revision,
         mod_revision: entry.mod_revision,
         store_revision,
-    }))
+    })
 }
 
 /// The contender key of `lease` in `name`'s queue, after checking both names.
@@ -182,7 +200,7 @@ fn checked_key(
 ) -> Result<String, ApiError> {
     let what = match recipe {
         Recipe::Lock | Recipe::EtcdLock => "lock name",
-        Recipe::Election => "election name",
+        Recipe::Election | Recipe::EtcdElection => "election name",
     };
     recipe.check_name(what, name).map_err(ApiError::invalid)?;
     recipes::check_name("lease", lease).map_err(ApiError::invalid)?;
@@ -428,7 +446,7 @@ fn standing(
 fn gone(recipe: Recipe, name: &str, key: &str) -> ApiError {
     let what = match recipe {
         Recipe::Lock | Recipe::EtcdLock => "lock",
-        Recipe::Election => "election",
+        Recipe::Election | Recipe::EtcdElection => "election",
     };
     ApiError::new(
         StatusCode::CONFLICT,
