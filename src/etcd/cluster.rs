@@ -71,6 +71,7 @@ use crate::http::AppState;
 use crate::http::auth::require_root;
 use crate::raft::NodeId;
 use crate::raft::consensus::{AdminOutcome, AdminRequest, ClusterView, ConsensusError};
+use leasecore_client::api::NotReady;
 
 /// How long a voter added by `MemberAdd` is waited for (to start and catch up) before it is
 /// left a learner.
@@ -521,8 +522,13 @@ impl Maintenance for Etcd {
         // Public, as etcd's (and `GET /v1/cluster`): `etcdctl endpoint status` in monitoring.
         let view = self.state.consensus.cluster_view();
         let mut errors = Vec::new();
-        if let Some(why) = &view.not_ready {
-            errors.push(format!("not ready: {why:?}"));
+        match &view.not_ready {
+            // etcd's own words for a member without a leader, which monitoring matches on.
+            Some(NotReady::NoLeader | NotReady::NoQuorum { .. }) => {
+                errors.push("etcdserver: no leader".to_string())
+            }
+            Some(why) => errors.push(format!("not ready: {why:?}")),
+            None => {}
         }
         let is_learner = view.nodes.iter().any(|n| n.id == view.node_id && !n.voter);
         Ok(Response::new(StatusResponse {
@@ -534,7 +540,11 @@ impl Maintenance for Etcd {
             raft_term: view.term,
             raft_applied_index: view.applied_index,
             errors,
-            db_size_in_use: self.state.consensus.view().data_bytes() as i64,
+            // All of it: leasecore has nothing for a defragmentation to reclaim (the Raft
+            // log's part goes with log compaction, on its own). etcd's monitoring reads
+            // `1 - in_use / size` as fragmentation and defragments past a threshold; live
+            // data alone here read as 99% fragmented, and Defragment (a no-op) never helped.
+            db_size_in_use: self.state.consensus.storage_used() as i64,
             is_learner,
         }))
     }

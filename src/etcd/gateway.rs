@@ -170,10 +170,13 @@ fn parse_all<T: DeserializeOwned + Default>(body: &[u8]) -> Result<Vec<T>, Statu
 /// The most messages one streamed request body may hold.
 const MAX_STREAMED_MESSAGES: usize = 1024;
 
-/// A message from its JSON. A `null` field is the field's default, as proto3's JSON mapping
-/// says and etcd's gateway reads it (clients whose serialisers write unset fields as `null`
-/// were refused).
-fn message<T: DeserializeOwned>(mut value: serde_json::Value) -> Result<T, Status> {
+/// A message from its JSON. A `null` field is the field's default, and a `null` message the
+/// default message, as proto3's JSON mapping says and etcd's gateway reads them (clients
+/// whose serialisers write unset fields as `null` were refused).
+fn message<T: DeserializeOwned + Default>(mut value: serde_json::Value) -> Result<T, Status> {
+    if value.is_null() {
+        return Ok(T::default());
+    }
     drop_nulls(&mut value);
     serde_json::from_value(value).map_err(|e| Status::invalid_argument(e.to_string()))
 }
