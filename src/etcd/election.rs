@@ -1,7 +1,7 @@
 //! The `Election` service (etcd's v3election), on leasecore's election recipe with etcd's
 //! layout (`Recipe::EtcdElection`): `Campaign` queues the caller's key (`<name>/<lease id in
-//! hex>`, holding its value) and waits until it leads; `Proclaim` changes the leader's value (only the leader's);
-//! `Leader` reads the leader; `Resign` leaves.
+//! hex>`, holding its value) and waits until it leads; `Proclaim` changes the leader's value
+//! (only the leader's); `Leader` reads the leader; `Resign` leaves.
 //!
 //! `Observe` streams the leader as etcd's does: the current one at once (if there is one),
 //! then one answer per change, a new leader or the leader's new value (`Proclaim`). Nothing is
