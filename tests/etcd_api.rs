@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use base64::Engine;
 use common::etcdctl::{b64, endpoint, endpoints, etcd_cluster, etcdctl_in, have_etcdctl, json, ok};
 use common::{TestCluster, eventually};
-use serde_json::Value;
+use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::Command;
 
@@ -580,20 +580,8 @@ async fn etcdctl_lock_and_elect() {
         );
     }
 
-    let mut leader = Command::new("etcdctl")
-        .env("ETCDCTL_API", "3")
-        .arg(format!("--endpoints={e1}"))
-        .args(["elect", "pick", "alpha"])
-        .stdout(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(leader.stdout.take().unwrap()).lines();
-    let key = tokio::time::timeout(Duration::from_secs(10), lines.next_line())
-        .await
-        .expect("elected")
-        .unwrap()
-        .unwrap();
+    let mut leader = etcdctl_spawn(&e1, &["elect", "pick", "alpha"]);
+    let key = first_line(&mut leader, "elected").await;
     assert!(key.starts_with("pick/"), "{key}");
     let seen = ok(&e2, &["get", "pick/", "--prefix"]).await;
     assert!(seen.contains("alpha"), "{seen}");
@@ -601,78 +589,57 @@ async fn etcdctl_lock_and_elect() {
     // leadership per name, whichever client campaigns, as in etcd.
     let http = reqwest::Client::new();
     let base = format!("http://{e2}");
-    let pick = base64::engine::general_purpose::STANDARD.encode("pick");
-    let leader_of: Value = http
-        .post(format!("{base}/v3/election/leader"))
-        .json(&serde_json::json!({"name": pick}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let post = |path: &str, body: Value, timeout: Duration| {
+        http.post(format!("{base}{path}"))
+            .timeout(timeout)
+            .json(&body)
+            .send()
+    };
+    let long = Duration::from_secs(20);
+    let answer = |r: Result<reqwest::Response, reqwest::Error>| async move {
+        r.expect("answered").json::<Value>().await.unwrap()
+    };
+    let leader_of =
+        answer(post("/v3/election/leader", json!({"name": b64_of("pick")}), long).await).await;
     assert_eq!(b64(&leader_of["kv"]["value"]), "alpha", "{leader_of}");
     assert_eq!(b64(&leader_of["kv"]["key"]), key, "{leader_of}");
-    let grant: Value = http
-        .post(format!("{base}/v3/lease/grant"))
-        .json(&serde_json::json!({"TTL": "30"}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let campaign = http
-        .post(format!("{base}/v3/election/campaign"))
-        .timeout(Duration::from_secs(2))
-        .json(&serde_json::json!({"name": pick, "lease": grant["ID"], "value": b64_of("beta")}))
-        .send()
-        .await;
+    let grant = answer(post("/v3/lease/grant", json!({"TTL": "30"}), long).await).await;
+    let lease = grant["ID"].clone();
+    let campaign = json!({"name": b64_of("pick"), "lease": lease, "value": b64_of("beta")});
+    let campaign = post("/v3/election/campaign", campaign, Duration::from_secs(2)).await;
     assert!(
         campaign.is_err(),
         "a second leader was elected: {campaign:?}"
     );
     drop(leader);
 
-    // The Lock service (v3lock) through the JSON gateway: lock, then unlock, by key.
-    let grant: Value = http
-        .post(format!("{base}/v3/lease/grant"))
-        .json(&serde_json::json!({"TTL": "30"}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let locked: Value = http
-        .post(format!("{base}/v3/lock/lock"))
-        .json(&serde_json::json!({"name": base64::engine::general_purpose::STANDARD.encode("svc"), "lease": grant["ID"]}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    // The Lock service (v3lock) through the JSON gateway: lock, then unlock, by key. (The
+    // campaign above left its queue when its call ended: the lease is free to use.)
+    let lock = |name: &str, lease: &Value, timeout: Duration| {
+        post(
+            "/v3/lock/lock",
+            json!({"name": b64_of(name), "lease": lease}),
+            timeout,
+        )
+    };
+    let locked = answer(lock("svc", &lease, long).await).await;
     let key = b64(&locked["key"]);
     // etcd's mutex layout: `<name>/<lease id in hex>`.
-    let id: i64 = grant["ID"].as_str().unwrap().parse().unwrap();
+    let id: i64 = lease.as_str().unwrap().parse().unwrap();
     assert_eq!(key, format!("svc/{id:x}"), "{locked}");
     // It excludes etcd's client-side mutex on the same name (`etcdctl lock`), as etcd's
     // Lock service does: both held at once under leasecore's own layout.
-    let mut waiter = etcdctl_lock(&e1, "svc", &["--", "echo", "acquired"]);
+    let mut waiter = etcdctl_spawn(&e1, &["lock", "svc", "--", "echo", "acquired"]);
     let waited = tokio::time::timeout(Duration::from_secs(2), waiter.wait()).await;
     assert!(
         waited.is_err(),
         "etcdctl lock got a lock the Lock service holds"
     );
-    let r = http
-        .post(format!("{base}/v3/lock/unlock"))
-        .json(&serde_json::json!({"key": locked["key"]}))
-        .send()
+    let r = post("/v3/lock/unlock", json!({"key": locked["key"]}), long)
         .await
         .unwrap();
     assert_eq!(r.status(), 200);
-    let out = tokio::time::timeout(Duration::from_secs(20), waiter.wait_with_output())
+    let out = tokio::time::timeout(long, waiter.wait_with_output())
         .await
         .expect("etcdctl lock acquires once unlocked")
         .unwrap();
@@ -683,25 +650,11 @@ async fn etcdctl_lock_and_elect() {
     assert_eq!(ok(&e1, &["get", &key]).await, "");
 
     // The other way: a lock `etcdctl lock` holds keeps the Lock service waiting.
-    let mut holder = etcdctl_lock(&e1, "svc2", &[]);
-    let mut lines = BufReader::new(holder.stdout.take().unwrap()).lines();
-    let held = tokio::time::timeout(Duration::from_secs(10), lines.next_line())
-        .await
-        .expect("etcdctl lock holds")
-        .unwrap()
-        .unwrap();
+    let mut holder = etcdctl_spawn(&e1, &["lock", "svc2"]);
+    let held = first_line(&mut holder, "etcdctl lock holds").await;
     assert!(held.starts_with("svc2/"), "{held}");
-    let lock_svc2 = |timeout: Duration| {
-        http.post(format!("{base}/v3/lock/lock"))
-            .timeout(timeout)
-            .json(&serde_json::json!({
-                "name": base64::engine::general_purpose::STANDARD.encode("svc2"),
-                "lease": grant["ID"],
-            }))
-            .send()
-    };
     assert!(
-        lock_svc2(Duration::from_secs(2)).await.is_err(),
+        lock("svc2", &lease, Duration::from_secs(2)).await.is_err(),
         "the Lock service granted a lock etcdctl holds"
     );
     // SIGINT: etcdctl closes its session, which revokes its lease and frees the lock.
@@ -714,7 +667,10 @@ async fn etcdctl_lock_and_elect() {
             .unwrap()
             .success()
     );
-    let r = lock_svc2(Duration::from_secs(20))
+    // Another lease: the call that timed out leaves its queue (its key deleted) when it
+    // ends, which could delete the same lease's key again after a new call reused it.
+    let other = answer(post("/v3/lease/grant", json!({"TTL": "30"}), long).await).await;
+    let r = lock("svc2", &other["ID"], long)
         .await
         .expect("locked once etcdctl let go");
     assert_eq!(r.status(), 200);
@@ -726,18 +682,27 @@ fn b64_of(text: &str) -> String {
     base64::engine::general_purpose::STANDARD.encode(text)
 }
 
-/// `etcdctl lock NAME ARGS...` on `ep`, running (killed when dropped).
-fn etcdctl_lock(ep: &str, name: &str, args: &[&str]) -> tokio::process::Child {
+/// `etcdctl ARGS...` on `ep`, running, its output piped (killed when dropped).
+fn etcdctl_spawn(ep: &str, args: &[&str]) -> tokio::process::Child {
     Command::new("etcdctl")
         .env("ETCDCTL_API", "3")
         .arg(format!("--endpoints={ep}"))
-        .args(["lock", name])
         .args(args)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .kill_on_drop(true)
         .spawn()
         .unwrap()
+}
+
+/// The first line a running etcdctl prints (within 10 s).
+async fn first_line(child: &mut tokio::process::Child, what: &str) -> String {
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    tokio::time::timeout(Duration::from_secs(10), lines.next_line())
+        .await
+        .unwrap_or_else(|_| panic!("{what}: nothing within 10 s"))
+        .unwrap()
+        .unwrap_or_else(|| panic!("{what}: etcdctl ended"))
 }
 
 /// With leasecore's auth on, `etcdctl --user` authenticates through etcd's `Authenticate` and

@@ -213,7 +213,7 @@ fn grows(cmd: &Command) -> bool {
         }
         // Only a put can grow the store: a transaction that cannot run one (deletes and reads,
         // as an etcd client's DeleteRange and read-only Txn are) is what frees the space.
-        Command::Txn { txn } => txn_may_put(txn),
+        Command::Txn { txn } => txn.may_put(),
         Command::Delete { .. }
         | Command::RevokeLease { .. }
         | Command::ExpireLeases { .. }
@@ -224,17 +224,6 @@ fn grows(cmd: &Command) -> bool {
         Command::Guarded { command, .. } => grows(command),
         Command::Auth { .. } => true,
     }
-}
-
-/// Whether either branch of `txn`, or of a transaction nested in it, holds a put.
-fn txn_may_put(txn: &crate::domain::txn::Txn) -> bool {
-    txn.success.iter().chain(&txn.failure).any(|op| match op {
-        crate::domain::txn::TxnOp::Put { .. } => true,
-        crate::domain::txn::TxnOp::Txn { txn } => txn_may_put(txn),
-        crate::domain::txn::TxnOp::DeleteRange { .. } | crate::domain::txn::TxnOp::Range { .. } => {
-            false
-        }
-    })
 }
 
 /// What the log's size calls for.

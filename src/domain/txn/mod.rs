@@ -251,6 +251,16 @@ impl Txn {
             })
     }
 
+    /// Whether either branch may run a put (nested transactions too): the only operation
+    /// that can grow the store, so the one a full storage quota refuses.
+    pub fn may_put(&self) -> bool {
+        self.success.iter().chain(&self.failure).any(|op| match op {
+            TxnOp::Put { .. } => true,
+            TxnOp::Txn { txn } => txn.may_put(),
+            TxnOp::DeleteRange { .. } | TxnOp::Range { .. } => false,
+        })
+    }
+
     /// The operations a path runs.
     fn branch(&self, succeeded: bool) -> &[TxnOp] {
         if succeeded {

@@ -127,15 +127,7 @@ impl Consensus {
                 }
                 answers.results.into_iter().map(taken).collect()
             }
-            Ok(answers) => {
-                let e = ConsensusError::OutcomeUnknown {
-                    detail: format!(
-                        "the leader answered {} of {n} proposals",
-                        answers.results.len()
-                    ),
-                };
-                vec![Err(e); n]
-            }
+            Ok(answers) => cut_short(answers.results.len(), n),
             // A leader of an older build: nothing was done.
             Err(ConsensusError::Unsupported { .. }) => self.forward_batch_unmarked(cmds).await,
             Err(e) => vec![Err(no_leader_for_clients(e)); n],
@@ -154,12 +146,7 @@ impl Consensus {
         });
         match self.within_request_deadline(sent).await {
             Ok(results) if results.len() == n => results.into_iter().map(taken).collect(),
-            Ok(results) => {
-                let e = ConsensusError::OutcomeUnknown {
-                    detail: format!("the leader answered {} of {n} proposals", results.len()),
-                };
-                vec![Err(e); n]
-            }
+            Ok(results) => cut_short(results.len(), n),
             Err(ConsensusError::Unsupported { .. }) => {
                 // An older leader: nothing was done; one request each, as it knows.
                 let single = cmds.into_iter().map(|cmd| async move {
@@ -188,6 +175,15 @@ impl Consensus {
             }),
         }
     }
+}
+
+/// A leader's answer to `sent` proposals that holds only `answered` answers: which of them
+/// it did is unknown.
+fn cut_short(answered: usize, sent: usize) -> Vec<Result<Response, ConsensusError>> {
+    let e = ConsensusError::OutcomeUnknown {
+        detail: format!("the leader answered {answered} of {sent} proposals"),
+    };
+    vec![Err(e); sent]
 }
 
 /// A proposal the leader did not take was not done: to the client, there is no leader.
