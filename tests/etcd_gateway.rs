@@ -512,6 +512,38 @@ async fn the_gateway_reads_nulls_and_several_messages_per_stream_body() {
         .await;
     assert_eq!(txn["succeeded"], true);
 
+    // Each operation's header holds the revision it saw and nothing else, as etcd's applier
+    // writes them: a read before the transaction's put the revision before, everything after
+    // it the transaction's own; a nested transaction's answer has no header at all.
+    g.ok("/v3/kv/put", json!({"key": b64("hx"), "value": b64("1")}))
+        .await;
+    let range = |key: &str| json!({"request_range": {"key": b64(key)}});
+    let t = g
+        .ok(
+            "/v3/kv/txn",
+            json!({"success": [
+                range("hx"),
+                {"request_put": {"key": b64("hx"), "value": b64("2")}},
+                range("hx"),
+                {"request_txn": {"success": [range("hx")]}},
+            ]}),
+        )
+        .await;
+    let rev: i64 = t["header"]["revision"].as_str().unwrap().parse().unwrap();
+    let only = |r: i64| json!({"revision": r.to_string()});
+    let ops = &t["responses"];
+    assert_eq!(ops[0]["response_range"]["header"], only(rev - 1), "{t}");
+    assert_eq!(ops[0]["response_range"]["kvs"][0]["value"], b64("1"));
+    assert_eq!(ops[1]["response_put"]["header"], only(rev), "{t}");
+    assert_eq!(ops[2]["response_range"]["header"], only(rev), "{t}");
+    assert_eq!(ops[2]["response_range"]["kvs"][0]["value"], b64("2"));
+    let nested = &ops[3]["response_txn"];
+    assert!(nested.get("header").is_none(), "{t}");
+    assert_eq!(
+        nested["responses"][0]["response_range"]["header"],
+        only(rev)
+    );
+
     // Two creates in one watch body: two watches, each created and each told of its key.
     let body = format!(
         "{}\n{}",
@@ -556,5 +588,15 @@ async fn the_gateway_reads_nulls_and_several_messages_per_stream_body() {
         let r = next_result(&mut alive, &mut buf).await;
         assert_eq!(r["ID"], id, "{r}");
     }
+    // An empty keepalive body is no request: the stream ends at once with nothing in it, as
+    // etcd's does (it answered for lease 0).
+    let empty = g
+        .http
+        .post(format!("{}/v3/lease/keepalive", g.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(empty.status(), 200);
+    assert_eq!(empty.text().await.unwrap(), "");
     c.shutdown().await;
 }

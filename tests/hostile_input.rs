@@ -8,7 +8,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::etcdctl::{endpoint, etcd_cluster};
+use common::etcdctl::{endpoint, etcd_cluster_tweaked};
 use leasecore_etcd_api::etcdserverpb::kv_client::KvClient;
 use leasecore_etcd_api::etcdserverpb::{
     PutRequest, RangeRequest, RequestOp, TxnRequest, request_op,
@@ -66,7 +66,9 @@ fn op_put(key: &str, value: &str) -> RequestOp {
 /// narrowed (a limit, keys only) they are answered.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn answers_larger_than_the_result_limit_are_refused_before_anything_is_done() {
-    let c = etcd_cluster().await;
+    // A read's budget at its least, 4 MiB, as a write's (a node's default lets a read
+    // answer 256 MiB, which Kubernetes' lists need).
+    let c = etcd_cluster_tweaked(|cfg| cfg.limits.max_read_answer_bytes = 4 << 20).await;
     let mut kv = kv_client(&endpoint(&c, 1)).await;
     for i in 0..BIG_VALUES {
         kv.put(PutRequest {

@@ -13,14 +13,14 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use common::TestCluster;
-use common::etcdctl::{endpoint, etcd_cluster};
+use common::etcdctl::{endpoint, etcd_cluster, etcd_cluster_tweaked};
 use etcd_client::{Client, WatchOptions};
 use futures::StreamExt;
 use leasecore_etcd_api::etcdserverpb::kv_client::KvClient;
 use leasecore_etcd_api::etcdserverpb::watch_client::WatchClient;
 use leasecore_etcd_api::etcdserverpb::{
-    PutRequest, RangeRequest, RequestOp, TxnRequest, WatchCreateRequest, WatchRequest,
-    WatchResponse, request_op, watch_request,
+    PutRequest, RangeRequest, RequestOp, TxnRequest, WatchCancelRequest, WatchCreateRequest,
+    WatchRequest, WatchResponse, request_op, watch_request,
 };
 use serde_json::Value;
 use tonic::Code;
@@ -198,6 +198,15 @@ async fn raw_watch(
     got
 }
 
+/// A watch stream's next answer, which must come within [`WAIT`].
+async fn next_answer(stream: &mut tonic::Streaming<WatchResponse>) -> WatchResponse {
+    tokio::time::timeout(WAIT, stream.next())
+        .await
+        .expect("an answer")
+        .expect("the stream stays open")
+        .unwrap()
+}
+
 fn events_in(responses: &[WatchResponse]) -> usize {
     responses.iter().map(|r| r.events.len()).sum()
 }
@@ -209,6 +218,18 @@ async fn prev_kv_of_large_versions_is_bounded_too() {
     let c = etcd_cluster().await;
     let mut kv = kv_client(&endpoint(&c, 1)).await;
     write_big_values(&mut kv).await;
+    // A read answers more than a message of 4 MiB, as etcd's does (Kubernetes lists pages
+    // of tens of MiB): the 12 MiB range whole, at a node's default limit.
+    let all = kv
+        .range(RangeRequest {
+            key: b"big/".to_vec(),
+            range_end: b"big0".to_vec(),
+            ..Default::default()
+        })
+        .await
+        .expect("a 12 MiB range is answered")
+        .into_inner();
+    assert_eq!((all.kvs.len(), all.more), (BIG_VALUES, false));
     let mut small = Vec::new();
     for i in 0..BIG_VALUES {
         let resp = kv
@@ -411,7 +432,8 @@ async fn the_gateway_answers_a_body_over_its_limit_in_json() {
 /// once over the budget); narrowed it is answered, as a Range of the present is.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_range_at_a_past_revision_over_the_budget_is_refused_and_narrowed_is_answered() {
-    let c = etcd_cluster().await;
+    // A read's budget of 4 MiB (the least it may be), below the 12 MiB written.
+    let c = etcd_cluster_tweaked(|cfg| cfg.limits.max_read_answer_bytes = 4 << 20).await;
     let mut kv = kv_client(&endpoint(&c, 1)).await;
     let revisions = write_big_values(&mut kv).await;
     // Move on, so that the range reads the history.
@@ -523,5 +545,171 @@ async fn an_empty_watch_range_is_refused_as_etcd_refuses_it() {
     };
     let got = raw_watch(&addr, from_key, |got| events_in(got) > 0).await;
     assert_eq!(got[0].events[0].kv.as_ref().unwrap().key, b"wzz");
+
+    // A cancel of an id the stream does not hold gets no answer, as in etcd; a cancel of one
+    // it holds is answered. So the answer after both cancels is the second's.
+    let (send, requests) = futures::channel::mpsc::unbounded();
+    let mut stream = client.watch(requests).await.unwrap().into_inner();
+    let union = watch_request::RequestUnion::CreateRequest(WatchCreateRequest {
+        key: b"wc".to_vec(),
+        ..Default::default()
+    });
+    send.unbounded_send(WatchRequest {
+        request_union: Some(union),
+    })
+    .unwrap();
+    let created = next_answer(&mut stream).await;
+    assert!(created.created, "{created:?}");
+    for id in [created.watch_id + 99, created.watch_id] {
+        let cancel =
+            watch_request::RequestUnion::CancelRequest(WatchCancelRequest { watch_id: id });
+        send.unbounded_send(WatchRequest {
+            request_union: Some(cancel),
+        })
+        .unwrap();
+    }
+    let canceled = next_answer(&mut stream).await;
+    assert!(canceled.canceled, "{canceled:?}");
+    assert_eq!(canceled.watch_id, created.watch_id, "{canceled:?}");
     c.shutdown().await;
+}
+
+/// A progress request is answered with the store's current revision once every watcher of
+/// the stream has delivered through it, as etcd answers it, also when one watcher follows keys
+/// nobody writes. It answered the lowest revision any watcher had delivered, which a watcher
+/// on idle keys held at its creation: below events the stream had already sent, so that
+/// Kubernetes' consistent reads from its watch cache never saw the cache fresh.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_progress_request_answers_the_current_revision_past_idle_watchers() {
+    let c = etcd_cluster().await;
+    let addr = endpoint(&c, 1);
+    let mut kv = kv_client(&addr).await;
+    let mut put = async |key: &str| {
+        kv.put(PutRequest {
+            key: key.as_bytes().to_vec(),
+            value: b"v".to_vec(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .header
+        .unwrap()
+        .revision
+    };
+    let mut client = WatchClient::new(channel(&addr).await);
+    let (send, requests) = futures::channel::mpsc::unbounded();
+    let mut stream = client.watch(requests).await.unwrap().into_inner();
+    for prefix in ["idle/", "busy/"] {
+        let create = WatchCreateRequest {
+            key: prefix.as_bytes().to_vec(),
+            range_end: prefix_end(prefix),
+            ..Default::default()
+        };
+        send.unbounded_send(WatchRequest {
+            request_union: Some(watch_request::RequestUnion::CreateRequest(create)),
+        })
+        .unwrap();
+        assert!(next_answer(&mut stream).await.created);
+    }
+    let mut busy = 0;
+    for i in 0..3 {
+        put(&format!("busy/{i}")).await;
+    }
+    while busy < 3 {
+        let r = next_answer(&mut stream).await;
+        assert_eq!(r.watch_id, 1, "only the busy watcher has events: {r:?}");
+        busy += r.events.len();
+    }
+    let mut current = 0;
+    for i in 0..3 {
+        current = put(&format!("other/{i}")).await;
+    }
+    let progress = watch_request::RequestUnion::ProgressRequest(Default::default());
+    send.unbounded_send(WatchRequest {
+        request_union: Some(progress),
+    })
+    .unwrap();
+    let answer = next_answer(&mut stream).await;
+    assert_eq!(answer.watch_id, -1, "{answer:?}");
+    assert!(answer.events.is_empty(), "{answer:?}");
+    assert_eq!(answer.header.unwrap().revision, current);
+    c.shutdown().await;
+}
+
+/// `prefix`'s etcd range end: the prefix with its last byte raised.
+fn prefix_end(prefix: &str) -> Vec<u8> {
+    let mut end = prefix.as_bytes().to_vec();
+    *end.last_mut().unwrap() += 1;
+    end
+}
+
+/// etcd's `hasleader` metadata (Go's `WithRequireLeader`, on every Kubernetes watch): a watch
+/// stream opened with it on a member that loses its leader ends with `Unavailable`
+/// `etcdserver: no leader`, so that the client reconnects to another member and resumes, and
+/// a call with it on that member is refused at once. The metadata was ignored: such a watch
+/// stayed open and silent while the majority went on writing without it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn hasleader_watches_end_and_calls_are_refused_on_a_member_without_a_leader() {
+    let mut c = etcd_cluster().await;
+    let leader = c.leader().await;
+    let survivor = (1..=3).find(|id| *id != leader).unwrap();
+    let addr = endpoint(&c, survivor);
+    let mut client = WatchClient::new(channel(&addr).await);
+    let (send, requests) = futures::channel::mpsc::unbounded();
+    let mut stream = client
+        .watch(requiring_a_leader(tonic::Request::new(requests)))
+        .await
+        .unwrap()
+        .into_inner();
+    let create = WatchCreateRequest {
+        key: b"hl/".to_vec(),
+        range_end: b"hl0".to_vec(),
+        ..Default::default()
+    };
+    send.unbounded_send(WatchRequest {
+        request_union: Some(watch_request::RequestUnion::CreateRequest(create)),
+    })
+    .unwrap();
+    assert!(next_answer(&mut stream).await.created);
+
+    for id in (1..=3).filter(|id| *id != survivor) {
+        c.stop(id).await;
+    }
+    let ended = tokio::time::timeout(Duration::from_secs(30), async {
+        loop {
+            match stream.next().await {
+                Some(Ok(_)) => continue,
+                Some(Err(status)) => return Some(status),
+                None => return None,
+            }
+        }
+    })
+    .await
+    .expect("the hasleader watch ends once its member has no leader");
+    let status = ended.expect("with an error, not a clean end");
+    assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+    assert_eq!(status.message(), "etcdserver: no leader");
+
+    // A call with the metadata is refused within a short deadline (a linearizable read
+    // without it waits for its own request timeout).
+    let mut kv = kv_client(&addr).await;
+    let mut range = requiring_a_leader(tonic::Request::new(RangeRequest {
+        key: b"hl/a".to_vec(),
+        ..Default::default()
+    }));
+    range.set_timeout(Duration::from_secs(1));
+    let err = kv.range(range).await.unwrap_err();
+    assert_eq!(
+        (err.code(), err.message()),
+        (Code::Unavailable, "etcdserver: no leader")
+    );
+    c.shutdown().await;
+}
+
+/// `req` with etcd's `hasleader: true` metadata.
+fn requiring_a_leader<T>(mut req: tonic::Request<T>) -> tonic::Request<T> {
+    req.metadata_mut()
+        .insert("hasleader", "true".parse().unwrap());
+    req
 }

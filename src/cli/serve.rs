@@ -42,6 +42,12 @@ pub struct ServeArgs {
     /// The most compares, or operations per branch, of one transaction (etcd's --max-txn-ops).
     #[arg(long, env = "LEASECORE_MAX_TXN_OPS", default_value_t = leasecore::domain::txn::DEFAULT_MAX_TXN_OPS)]
     pub max_txn_ops: usize,
+    /// The most bytes one read's answer may hold through the etcd API (a Range, or a txn that
+    /// only reads); larger ones are refused before they are built. etcd sets no limit; lower
+    /// it on a small machine. A txn that writes answers at most 4 MiB.
+    #[arg(long, env = "LEASECORE_ETCD_MAX_READ_ANSWER_BYTES",
+          default_value_t = leasecore::domain::limits::DEFAULT_MAX_READ_ANSWER_BYTES)]
+    pub etcd_max_read_answer_bytes: usize,
     /// Automatic compaction of the MVCC history (etcd's flag): `periodic` keeps the history
     /// of the last --auto-compaction-retention, `revision` that many revisions.
     #[arg(long, env = "LEASECORE_AUTO_COMPACTION_MODE", default_value = "periodic",
@@ -237,6 +243,10 @@ pub async fn run(args: ServeArgs, workers: (usize, WorkerSizing)) -> ExitCode {
     cfg.limits.max_value_bytes = args.max_value_bytes;
     cfg.limits.max_leases = args.max_leases;
     cfg.limits.max_txn_ops = args.max_txn_ops.max(1);
+    // Never below what a transaction that writes may answer.
+    cfg.limits.max_read_answer_bytes = args
+        .etcd_max_read_answer_bytes
+        .max(leasecore::domain::range::MAX_RESULT_BYTES);
     cfg.etcd_listen = args.etcd_listen;
     cfg.auto_compaction = match leasecore::domain::auto_compact::Retention::parse(
         &args.auto_compaction_mode,

@@ -36,7 +36,17 @@ pub struct Limits {
     /// The most compares, or operations per branch, of one transaction (etcd's
     /// `--max-txn-ops`).
     pub max_txn_ops: usize,
+    /// The most a read's answer through the etcd API may hold (a Range, or a transaction that
+    /// only reads), in [`super::range::ResultBudget`]'s count.
+    pub max_read_answer_bytes: usize,
 }
+
+/// The default of [`Limits::max_read_answer_bytes`]. etcd sets no limit on its answers (its
+/// clients take up to 2 GiB), and Kubernetes lists in pages of 500 to 10,000 objects, which
+/// pass 4 MiB as soon as its objects are a few KiB. A transaction that writes keeps
+/// [`super::range::MAX_RESULT_BYTES`] for its answer: every replica checks that bound when it
+/// applies, so it must be one constant for all of them.
+pub const DEFAULT_MAX_READ_ANSWER_BYTES: usize = 256 << 20;
 
 impl Default for Limits {
     fn default() -> Self {
@@ -44,6 +54,7 @@ impl Default for Limits {
             max_value_bytes: DEFAULT_MAX_VALUE_BYTES,
             max_leases: DEFAULT_MAX_LEASES,
             max_txn_ops: super::txn::DEFAULT_MAX_TXN_OPS,
+            max_read_answer_bytes: DEFAULT_MAX_READ_ANSWER_BYTES,
         }
     }
 }

@@ -169,8 +169,17 @@ fn member_not_found() -> Status {
     Status::not_found("etcdserver: member not found")
 }
 
+/// A peer URL list etcd itself would refuse: etcd's exact text (Go's clientv3 maps it to
+/// `rpctypes.ErrMemberBadURLs` by that text, so nothing may follow it); the reason goes to
+/// the log. Refusals of URLs etcd would take (leasecore's own limits) keep their reasons.
 fn bad_urls(why: impl std::fmt::Display) -> Status {
-    Status::invalid_argument(format!("etcdserver: given member URLs are invalid: {why}"))
+    tracing::info!(%why, "member add or update refused: bad peer URLs");
+    Status::invalid_argument("etcdserver: given member URLs are invalid")
+}
+
+/// A refusal of URLs etcd would accept but leasecore cannot serve: said in full.
+fn unservable_urls(why: impl std::fmt::Display) -> Status {
+    EtcdError::invalid(why.to_string()).into()
 }
 
 /// Whether `url` is a bare `http(s)://host[:port][/]`: no user, path, query or fragment.
@@ -187,7 +196,10 @@ pub(super) fn is_bare(url: &reqwest::Url) -> bool {
 /// URLs are `urls`: exactly one `http(s)://host:port`, the port being the client port + 1000.
 pub fn client_address(urls: &[String]) -> Result<String, Status> {
     let [url] = urls else {
-        return Err(bad_urls(format!(
+        if urls.is_empty() {
+            return Err(bad_urls("no peer URL"));
+        }
+        return Err(unservable_urls(format!(
             "a leasecore node has exactly one peer URL, not {}",
             urls.len()
         )));
@@ -203,7 +215,7 @@ pub fn client_address(urls: &[String]) -> Result<String, Status> {
         .checked_sub(PEER_PORT_OFFSET)
         .filter(|p| *p > 0)
         .ok_or_else(|| {
-            EtcdError::invalid(format!(
+            unservable_urls(format!(
                 "{url:?}: a leasecore node serves its peers on its client port + \
                  {PEER_PORT_OFFSET}, so a peer port must be above {PEER_PORT_OFFSET}"
             ))
@@ -703,16 +715,10 @@ mod tests {
     #[test]
     fn peer_urls_leasecore_cannot_use_are_refused_clearly() {
         for (urls, why) in [
-            (&[][..], "exactly one peer URL"),
             (
                 &["http://a:8001", "http://b:8001"][..],
                 "exactly one peer URL",
             ),
-            (&["not a url"][..], "given member URLs are invalid"),
-            (&["http://a"][..], "with the port"),
-            (&["ftp://a:8001"][..], "with the port"),
-            (&["http://a:8001/path"][..], "with the port"),
-            (&["http://user@a:8001"][..], "with the port"),
             (&["http://a:999"][..], "above 1000"),
             (&["http://a:1000"][..], "above 1000"),
         ] {
@@ -720,6 +726,24 @@ mod tests {
             assert_eq!(code, Code::InvalidArgument, "{urls:?}");
             assert!(message.contains(why), "{urls:?}: {message}");
             assert!(message.starts_with("etcdserver: "), "{message}");
+        }
+        // What etcd refuses too gets etcd's exact text, which clientv3 matches on.
+        for urls in [
+            &[][..],
+            &["not a url"][..],
+            &["http://a"][..],
+            &["ftp://a:8001"][..],
+            &["http://a:8001/path"][..],
+            &["http://user@a:8001"][..],
+        ] {
+            assert_eq!(
+                address(urls).unwrap_err(),
+                (
+                    Code::InvalidArgument,
+                    "etcdserver: given member URLs are invalid".to_string()
+                ),
+                "{urls:?}"
+            );
         }
     }
 }

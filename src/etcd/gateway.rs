@@ -148,12 +148,10 @@ fn parse<T: DeserializeOwned + Default>(body: &[u8]) -> Result<T, Status> {
 
 /// The request messages of a streamed route's body: one or more JSON messages one after
 /// another, as etcd's gateway reads them (a watch's create and then its progress or cancel
-/// requests, several keepalives); an empty body is one default message. At most
+/// requests, several keepalives); an empty body is no message (a keepalive stream then ends
+/// at once, a watch stream waits with no watch, as etcd's do). At most
 /// [`MAX_STREAMED_MESSAGES`].
 fn parse_all<T: DeserializeOwned + Default>(body: &[u8]) -> Result<Vec<T>, Status> {
-    if body.iter().all(u8::is_ascii_whitespace) {
-        return Ok(vec![T::default()]);
-    }
     let mut messages = Vec::new();
     for value in serde_json::Deserializer::from_slice(body).into_iter::<serde_json::Value>() {
         if messages.len() == MAX_STREAMED_MESSAGES {
@@ -262,7 +260,9 @@ fn stream_line<T: Serialize>(item: Result<T, Status>) -> Bytes {
 async fn ndjson<T: Serialize + Send + 'static>(
     stream: impl Stream<Item = Result<T, Status>> + Send + 'static,
 ) -> Response {
-    let mut stream = Box::pin(stream);
+    // Fused: a stream that ended at once (an empty keepalive body) is polled again by the
+    // chain below, and some streams panic when polled after their end.
+    let mut stream = Box::pin(stream.fuse());
     let first = stream.next().await;
     let status = match &first {
         Some(Err(s)) => http_status(s.code()),
@@ -394,7 +394,8 @@ pub fn routes(etcd: Etcd) -> Router {
                     // does) until the client goes.
                     let inbound = futures::stream::iter(reqs.into_iter().map(Ok))
                         .chain(futures::stream::pending());
-                    ndjson(e.watch_session(caller, conn.map(|c| c.0), Box::pin(inbound))).await
+                    ndjson(e.watch_session(caller, conn.map(|c| c.0), false, Box::pin(inbound)))
+                        .await
                 }
             },
         ),

@@ -13,8 +13,8 @@
 use leasecore_etcd_api::etcdserverpb::kv_server::Kv;
 use leasecore_etcd_api::etcdserverpb::{
     CompactionRequest, CompactionResponse, DeleteRangeRequest, DeleteRangeResponse, PutRequest,
-    PutResponse, RangeRequest, RangeResponse, RequestOp, ResponseOp, TxnRequest, TxnResponse,
-    compare, range_request, request_op, response_op,
+    PutResponse, RangeRequest, RangeResponse, RequestOp, ResponseHeader, ResponseOp, TxnRequest,
+    TxnResponse, compare, range_request, request_op, response_op,
 };
 use tonic::{Request, Response, Status};
 
@@ -71,7 +71,7 @@ impl Etcd {
             &read,
             now,
             &mut |what, at| read_for(view, what, at),
-            &mut ResultBudget::default(),
+            &mut self.read_budget(),
         )?;
         Ok(self.txn_response(now, result))
     }
@@ -153,39 +153,92 @@ impl Etcd {
         }
     }
 
-    /// etcd's answer to a transaction's results, each with the header of the revision after.
+    /// What a read's answer may take (`--etcd-max-read-answer-bytes`).
+    fn read_budget(&self) -> ResultBudget {
+        ResultBudget::new(self.state.limits.max_read_answer_bytes)
+    }
+
+    /// etcd's answer to a transaction: the whole header on the transaction's own, and on each
+    /// operation's a header of its revision alone, as etcd's applier writes them (a nested
+    /// transaction's none).
     fn txn_response(&self, revision: Revision, t: TxnResult) -> TxnResponse {
-        let responses = t
-            .results
-            .into_iter()
-            .map(|r| ResponseOp {
-                response: Some(match r {
-                    OpResult::Put { prev } => response_op::Response::ResponsePut(PutResponse {
-                        header: self.header_at(revision),
-                        prev_kv: prev.map(|(k, v)| key_value(&k, &v)),
-                    }),
-                    OpResult::DeleteRange { deleted, prev } => {
-                        response_op::Response::ResponseDeleteRange(DeleteRangeResponse {
-                            header: self.header_at(revision),
-                            deleted: deleted as i64,
-                            prev_kvs: prev.iter().map(|(k, v)| key_value(k, v)).collect(),
-                        })
-                    }
-                    OpResult::Range { result, .. } => {
-                        response_op::Response::ResponseRange(self.range_response(revision, result))
-                    }
-                    OpResult::Txn { result } => {
-                        response_op::Response::ResponseTxn(self.txn_response(revision, result))
-                    }
-                }),
-            })
-            .collect();
+        let before = if txn_changes(&t) {
+            Revision(revision.0.saturating_sub(1))
+        } else {
+            revision
+        };
+        let mut changed = false;
         TxnResponse {
             header: self.header_at(revision),
             succeeded: t.succeeded,
-            responses,
+            responses: op_responses(t.results, revision, before, &mut changed),
         }
     }
+}
+
+/// Whether a transaction's results changed the store (and so took a revision).
+fn txn_changes(t: &TxnResult) -> bool {
+    t.results.iter().any(|r| match r {
+        OpResult::Put { .. } => true,
+        OpResult::DeleteRange { deleted, .. } => *deleted > 0,
+        OpResult::Range { .. } => false,
+        OpResult::Txn { result } => txn_changes(result),
+    })
+}
+
+/// The operations' answers, in order. Each header holds the revision the operation saw, as in
+/// etcd: a read before the transaction's first change reads the revision before it (`before`),
+/// and everything from that change on, the transaction's own (`after`).
+fn op_responses(
+    results: Vec<OpResult>,
+    after: Revision,
+    before: Revision,
+    changed: &mut bool,
+) -> Vec<ResponseOp> {
+    let only = |revision: Revision| {
+        Some(ResponseHeader {
+            revision: revision.0 as i64,
+            ..ResponseHeader::default()
+        })
+    };
+    results
+        .into_iter()
+        .map(|r| {
+            let response = match r {
+                OpResult::Put { prev } => {
+                    *changed = true;
+                    response_op::Response::ResponsePut(PutResponse {
+                        header: only(after),
+                        prev_kv: prev.map(|(k, v)| key_value(&k, &v)),
+                    })
+                }
+                OpResult::DeleteRange { deleted, prev } => {
+                    *changed |= deleted > 0;
+                    response_op::Response::ResponseDeleteRange(DeleteRangeResponse {
+                        header: only(if *changed { after } else { before }),
+                        deleted: deleted as i64,
+                        prev_kvs: prev.iter().map(|(k, v)| key_value(k, v)).collect(),
+                    })
+                }
+                OpResult::Range { result, .. } => {
+                    response_op::Response::ResponseRange(RangeResponse {
+                        header: only(if *changed { after } else { before }),
+                        kvs: result.kvs.iter().map(|(k, v)| key_value(k, v)).collect(),
+                        more: result.more,
+                        count: result.count as i64,
+                    })
+                }
+                OpResult::Txn { result } => response_op::Response::ResponseTxn(TxnResponse {
+                    header: None,
+                    succeeded: result.succeeded,
+                    responses: op_responses(result.results, after, before, changed),
+                }),
+            };
+            ResponseOp {
+                response: Some(response),
+            }
+        })
+        .collect()
 }
 
 /// A key that must be non-empty, in its stored form ([`key_bytes::store`]).
@@ -402,7 +455,7 @@ impl Kv for Etcd {
             // Charged before anything is copied: a range larger than an answer may be is
             // refused without building it.
             let (revision, result) = view.with_state(|kv| {
-                let budget = &mut ResultBudget::default();
+                let budget = &mut self.read_budget();
                 (
                     kv.revision(),
                     evaluate_within(&spec, kv.range(&spec.range), budget),
@@ -414,16 +467,12 @@ impl Kv for Etcd {
         // Read a few keys at a time within the budget: a range at a past revision larger
         // than an answer may be is refused before it is read whole.
         let (revision, kvs) = view
-            .range_within(
-                &spec,
-                Some(Revision(r.revision as u64)),
-                ResultBudget::default(),
-            )
+            .range_within(&spec, Some(Revision(r.revision as u64)), self.read_budget())
             .map_err(history_error)?;
         let result = evaluate_within(
             &spec,
             kvs.iter().map(|(k, v)| (k.as_str(), v)),
-            &mut ResultBudget::default(),
+            &mut self.read_budget(),
         )
         .map_err(EtcdError::from)?;
         Ok(Response::new(self.range_response(revision, result)))

@@ -72,10 +72,10 @@ pub const ETCD_VERSION: &str = "3.5.17";
 /// values may be up to the configured limit, so allow a little more than that).
 const MAX_MESSAGE_BYTES: usize = 4 << 20;
 
-/// The largest KV answer sent: what [`crate::domain::range::MAX_RESULT_BYTES`] lets a request's
-/// ranges and `prev_kv`s hold (refused before it is built beyond), plus room for the headers
-/// of a Txn's 128 operations, so that no admitted answer fails to encode.
-const MAX_KV_ANSWER_BYTES: usize = crate::domain::range::MAX_RESULT_BYTES + (1 << 20);
+/// Room, beyond what a read's answer may hold ([`crate::domain::limits::Limits`]'s
+/// `max_read_answer_bytes`, refused before it is built beyond), for the headers of a Txn's
+/// 128 operations, so that no admitted answer fails to encode.
+const KV_ANSWER_FRAMING_BYTES: usize = 1 << 20;
 
 /// The largest watch response sent: etcd's (`grpc.MaxSendMsgSize(math.MaxInt32)`). Watch
 /// responses are bounded by bytes ([`watch`]'s module docs) except one revision too large
@@ -93,7 +93,49 @@ pub struct Etcd {
     watch_budget: watch::WatchBudget,
 }
 
+/// etcd's gRPC metadata key by which a call asks for a member with a leader (Go's
+/// `clientv3.WithRequireLeader`; Kubernetes sets it on every watch).
+const REQUIRE_LEADER_KEY: &str = "hasleader";
+
+/// Whether a request carries `hasleader: true`.
+fn requires_leader(headers: &axum::http::HeaderMap) -> bool {
+    headers
+        .get(REQUIRE_LEADER_KEY)
+        .is_some_and(|v| v.as_bytes() == b"true")
+}
+
+/// etcd's answer to a `hasleader` call on a member without a leader.
+fn no_leader() -> tonic::Status {
+    tonic::Status::unavailable("etcdserver: no leader")
+}
+
+/// A gRPC call with `hasleader: true` on a member that knows no leader is refused at once,
+/// before its service sees it, as etcd's interceptor refuses it (the client then tries another
+/// member). A watch stream opened with it also ends once the member has been without a leader
+/// for a while ([`watch`]).
+async fn refuse_leaderless(
+    axum::extract::State(etcd): axum::extract::State<Etcd>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    if requires_leader(req.headers()) && etcd.leaderless() {
+        return no_leader().into_http::<axum::body::Body>();
+    }
+    next.run(req).await
+}
+
 impl Etcd {
+    /// Whether this member has no leader, as etcd's `hasleader` means it: none known, a
+    /// leader that lost its quorum, or one this follower has not heard from within an election
+    /// timeout. A member still applying what it has committed has one.
+    fn leaderless(&self) -> bool {
+        use crate::domain::health::NotReady;
+        matches!(
+            self.state.consensus.readiness(),
+            Err(NotReady::NoLeader | NotReady::NoQuorum { .. } | NotReady::LeaderSilent { .. })
+        )
+    }
+
     /// A response header as of `revision`.
     fn header_at(&self, revision: Revision) -> Option<ResponseHeader> {
         Some(ResponseHeader {
@@ -166,7 +208,9 @@ pub fn router(state: AppState) -> Router {
     let routes = tonic::service::Routes::new(
         KvServer::new(etcd.clone())
             .max_decoding_message_size(MAX_MESSAGE_BYTES)
-            .max_encoding_message_size(MAX_KV_ANSWER_BYTES),
+            .max_encoding_message_size(
+                etcd.state.limits.max_read_answer_bytes + KV_ANSWER_FRAMING_BYTES,
+            ),
     )
     .add_service(
         WatchServer::new(etcd.clone())
@@ -186,6 +230,10 @@ pub fn router(state: AppState) -> Router {
     .add_service(grpc_health::server(etcd.state.clone()));
     reflection::add_to(routes)
         .into_axum_router()
+        .layer(axum::middleware::from_fn_with_state(
+            etcd.clone(),
+            refuse_leaderless,
+        ))
         .merge(gateway::routes(etcd))
         .merge(probes)
         .fallback(gateway::unrouted)

@@ -53,7 +53,7 @@ use leasecore_etcd_api::etcdserverpb::{
 };
 use leasecore_etcd_api::mvccpb;
 use prost::Message;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc, watch};
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status, Streaming};
 
@@ -307,14 +307,48 @@ struct Session {
     next_id: i64,
     /// Fires when the session ends: every watcher's token is a child of it.
     done: CancellationToken,
+    /// The revision a progress request waits for every watcher to have looked through (0:
+    /// none yet): a watcher asleep on keys nobody writes looks at once when it rises.
+    wanted: watch::Sender<u64>,
+    /// Told by a watcher that has looked through the wanted revision (or has ended).
+    synced: Arc<Notify>,
+    /// A progress request not answered yet: answered once every watcher has delivered
+    /// everything through this revision.
+    pending_progress: Option<Revision>,
+    /// Opened with etcd's `hasleader` metadata: the stream ends with `no leader` once its
+    /// member has been without one for [`LEADERLESS_CHECKS`] election timeouts.
+    require_leader: bool,
 }
+
+/// How many checks in a row, an election timeout apart, must find a `hasleader` stream's
+/// member without a leader before the stream ends (etcd's `maxNoLeaderCnt`: ending a stream
+/// costs its client more than refusing a new call, so the wait is longer).
+const LEADERLESS_CHECKS: u32 = 3;
 
 impl Session {
     async fn run(mut self, mut inbound: impl Stream<Item = Result<WatchRequest, Status>> + Unpin) {
         let hub = self.etcd.state.watch.clone();
+        let synced = self.synced.clone();
+        let mut leader_checks = tokio::time::interval(self.etcd.state.consensus.election_timeout());
+        let mut leaderless_in_a_row = 0;
         loop {
             let msg = tokio::select! {
                 m = inbound.next() => m,
+                _ = leader_checks.tick(), if self.require_leader => {
+                    leaderless_in_a_row = if self.etcd.leaderless() { leaderless_in_a_row + 1 } else { 0 };
+                    if leaderless_in_a_row >= LEADERLESS_CHECKS {
+                        // The client reconnects elsewhere and resumes its watches.
+                        let _ = self.out.send(Err(super::no_leader())).await;
+                        break;
+                    }
+                    continue;
+                }
+                _ = synced.notified(), if self.pending_progress.is_some() => {
+                    if !self.answer_progress().await {
+                        break;
+                    }
+                    continue;
+                }
                 _ = self.out.closed() => break,
                 _ = hub.closed() => break,
             };
@@ -428,15 +462,21 @@ impl Session {
             spec,
             out: self.out.clone(),
             delivered,
+            wanted: self.wanted.subscribe(),
+            synced: self.synced.clone(),
         };
         tokio::spawn(watcher.run(from, cancel));
         true
     }
 
+    /// Cancel watcher `id`, and say so. A cancel of an id the stream does not hold gets no
+    /// answer, as in etcd (a client that cancels twice would otherwise read a second
+    /// `canceled` for an id it may have reused).
     async fn cancel(&mut self, id: i64) -> bool {
-        if let Some((token, _)) = self.watchers.remove(&id) {
-            token.cancel();
-        }
+        let Some((token, _)) = self.watchers.remove(&id) else {
+            return true;
+        };
+        token.cancel();
         self.send(WatchResponse {
             header: self.etcd.header(),
             watch_id: id,
@@ -446,15 +486,37 @@ impl Session {
         .await
     }
 
-    /// How far every watcher of the stream has delivered (etcd's progress response: watch id
-    /// -1, the header's revision).
-    async fn progress(&self) -> bool {
+    /// etcd's progress response (watch id -1): once every watcher of the stream has sent
+    /// everything through the store's current revision, that revision (or a later one all
+    /// have reached). Watchers asleep on keys nobody writes are woken to look; the answer waits
+    /// for those still catching up (as etcd 3.4.25 and 3.5.8 on defer it), so it never says a
+    /// revision some watcher has not delivered yet, nor one below the stream's events.
+    async fn progress(&mut self) -> bool {
+        let current = self.etcd.state.watch.current();
+        let want = self.pending_progress.map_or(current, |p| p.max(current));
+        self.pending_progress = Some(want);
+        self.wanted.send_replace(want.0);
+        self.answer_progress().await
+    }
+
+    /// Send the pending progress response if every watcher has delivered through it.
+    async fn answer_progress(&mut self) -> bool {
+        let Some(want) = self.pending_progress else {
+            return true;
+        };
+        let current = self.etcd.state.watch.current();
+        // An ended watcher counts as done (`u64::MAX`); none at all, as current.
         let through = self
             .watchers
             .values()
-            .map(|(_, d)| d.load(Ordering::Relaxed))
+            .map(|(_, d)| d.load(Ordering::Acquire))
             .min()
-            .unwrap_or(self.etcd.state.watch.current().0);
+            .unwrap_or(u64::MAX)
+            .min(current.0);
+        if through < want.0 {
+            return true;
+        }
+        self.pending_progress = None;
         self.send(WatchResponse {
             header: self.etcd.header_at(Revision(through)),
             watch_id: -1,
@@ -471,18 +533,54 @@ struct Watcher {
     id: i64,
     spec: Spec,
     out: Outbox,
-    /// The revision through which this watcher has sent every event.
+    /// The revision through which this watcher has sent every event (`u64::MAX` once it has
+    /// ended: it holds no progress response back).
     delivered: Arc<AtomicU64>,
+    /// The revision a progress request wants looked through ([`Session::progress`]).
+    wanted: watch::Receiver<u64>,
+    synced: Arc<Notify>,
+}
+
+/// Marks a watcher ended, whichever way its task returns.
+struct Ended {
+    delivered: Arc<AtomicU64>,
+    synced: Arc<Notify>,
+}
+
+impl Drop for Ended {
+    fn drop(&mut self) {
+        self.delivered.store(u64::MAX, Ordering::Release);
+        self.synced.notify_one();
+    }
 }
 
 impl Watcher {
-    async fn run(self, mut from: Revision, cancel: CancellationToken) {
+    async fn run(mut self, mut from: Revision, cancel: CancellationToken) {
+        let _ended = Ended {
+            delivered: self.delivered.clone(),
+            synced: self.synced.clone(),
+        };
         let hub = self.etcd.state.watch.clone();
         let view = self.etcd.state.consensus.view();
         loop {
+            // A progress request wants this watcher to look through its revision now: the
+            // hub is read without waiting, and the watcher says when it is there.
+            let want = *self.wanted.borrow_and_update();
+            let poked = want > self.delivered.load(Ordering::Acquire);
+            let wait = if poked {
+                Duration::ZERO
+            } else {
+                PROGRESS_INTERVAL
+            };
             let batch = tokio::select! {
                 _ = cancel.cancelled() => return,
-                b = hub.watch(&self.spec.filter, Some(from), PROGRESS_INTERVAL, BATCH_LIMIT, Resume::AtMark) => b,
+                changed = self.wanted.changed(), if !poked => {
+                    if changed.is_err() {
+                        return;
+                    }
+                    continue;
+                }
+                b = hub.watch(&self.spec.filter, Some(from), wait, BATCH_LIMIT, Resume::AtMark) => b,
             };
             let batch = match batch {
                 Ok(b) => b,
@@ -538,7 +636,9 @@ impl Watcher {
                     }
                 }
             }
-            let progress = events.is_empty() && batch.events.is_empty();
+            // A periodic progress notification, when asked for: not one a progress request
+            // prompted (that one is the stream's, with watch id -1).
+            let progress = events.is_empty() && batch.events.is_empty() && !poked;
             if !events.is_empty() || (progress && self.spec.progress_notify) {
                 let resp = WatchResponse {
                     header: self.etcd.header_at(through),
@@ -557,7 +657,10 @@ impl Watcher {
                     }
                 }
             }
-            self.delivered.store(through.0, Ordering::Relaxed);
+            self.delivered.store(through.0, Ordering::Release);
+            if poked && through.0 >= want {
+                self.synced.notify_one();
+            }
             from = through.next();
         }
     }
@@ -606,9 +709,11 @@ impl Watch for Etcd {
     ) -> Result<Response<Self::WatchStream>, Status> {
         let caller = self.caller(&req)?;
         let conn = req.extensions().get::<ConnHandle>().cloned();
+        let require_leader = super::requires_leader(req.metadata().as_ref());
         Ok(Response::new(self.watch_session(
             caller,
             conn,
+            require_leader,
             req.into_inner(),
         )))
     }
@@ -623,6 +728,7 @@ impl Etcd {
         &self,
         caller: Caller,
         conn: Option<ConnHandle>,
+        require_leader: bool,
         inbound: impl Stream<Item = Result<WatchRequest, Status>> + Unpin + Send + 'static,
     ) -> WatchStream {
         let Ok(slot) = self.watch_budget.streams.clone().try_acquire_owned() else {
@@ -647,6 +753,10 @@ impl Etcd {
             watchers: HashMap::new(),
             next_id: 0,
             done: CancellationToken::new(),
+            wanted: watch::Sender::new(0),
+            synced: Arc::new(Notify::new()),
+            pending_progress: None,
+            require_leader,
         };
         tokio::spawn(session.run(inbound));
         // The stream holds its slot until it is dropped.

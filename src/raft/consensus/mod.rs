@@ -261,7 +261,7 @@ impl Consensus {
             let raft = raft.clone();
             let leaving = intake.subscribe();
             RoundBatcher::new(
-                move || local_read_round(raft.clone(), leaving.clone()),
+                move || local_read_round(raft.clone(), leaving.clone(), timeouts.election_timeout),
                 ConsensusError::ShuttingDown,
             )
         };

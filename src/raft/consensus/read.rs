@@ -17,20 +17,46 @@
 
 use super::*;
 
+/// The pause between two confirmations of leadership that found no quorum: a follower that
+/// refuses connections fails one at once, and the next must not follow it in a hot loop.
+const CONFIRM_RETRY_PAUSE: Duration = Duration::from_millis(10);
+
 /// One leader-side read round: confirm leadership with a quorum, return the read index.
 /// During a leadership transfer the round waits for its end and says `NotLeader` (a
 /// confirmation would refresh the lease the transfer waits out).
+///
+/// openraft 0.9 confirms with one heartbeat to each voter, each timing out after a heartbeat
+/// interval, and a follower syncing an append answers later than that: on a busy, healthy
+/// cluster a confirmation finds "quorum not enough" now and then. A read round changes
+/// nothing, so it is tried again for up to `patience` (an election timeout: a leader that
+/// hears from no quorum for that long steps down, and the round then says `NotLeader`); only
+/// then does it say `NoQuorum`.
 pub(super) fn local_read_round(
     raft: Raft,
     mut leaving: watch::Receiver<bool>,
+    patience: Duration,
 ) -> RoundFuture<u64, ConsensusError> {
     Box::pin(async move {
         if *leaving.borrow() {
             transfer::until_settled(&mut leaving).await;
             return Err(ConsensusError::NotLeader);
         }
-        let (read_log_id, _applied) = raft.get_read_log_id().await.map_err(from_check_error)?;
-        Ok(read_log_id.map(|l| l.index).unwrap_or(0))
+        let confirm = async {
+            loop {
+                match raft.get_read_log_id().await.map_err(from_check_error) {
+                    Ok((read_log_id, _applied)) => {
+                        return Ok(read_log_id.map(|l| l.index).unwrap_or(0));
+                    }
+                    Err(ConsensusError::NoQuorum) => {
+                        tokio::time::sleep(CONFIRM_RETRY_PAUSE).await;
+                    }
+                    Err(other) => return Err(other),
+                }
+            }
+        };
+        tokio::time::timeout(patience, confirm)
+            .await
+            .unwrap_or(Err(ConsensusError::NoQuorum))
     })
 }
 
@@ -49,17 +75,21 @@ pub(super) fn any_read_round(
         let mut after_transfer = false;
         loop {
             match leader_ref(&raft, me) {
-                LeaderRef::Me => match local_read_round(raft.clone(), leaving.clone()).await {
-                    Err(ConsensusError::NotLeader) if !after_transfer => {
-                        after_transfer = true;
-                        if !matches!(leader_ref(&raft, me), LeaderRef::Me) {
-                            stale = Some(me);
-                        } else {
-                            continue;
+                LeaderRef::Me => {
+                    match local_read_round(raft.clone(), leaving.clone(), timeouts.election_timeout)
+                        .await
+                    {
+                        Err(ConsensusError::NotLeader) if !after_transfer => {
+                            after_transfer = true;
+                            if !matches!(leader_ref(&raft, me), LeaderRef::Me) {
+                                stale = Some(me);
+                            } else {
+                                continue;
+                            }
                         }
+                        result => return result,
                     }
-                    result => return result,
-                },
+                }
                 LeaderRef::Other { id, addr } => {
                     let answer: Result<Result<u64, ConsensusError>, _> = peers
                         .post_json(&addr, routes::READ_INDEX, &(), timeouts.request)

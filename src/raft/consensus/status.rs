@@ -146,6 +146,11 @@ impl Consensus {
         health::readiness(&self.health(), self.election_timeout_ms())
     }
 
+    /// The longest election timeout.
+    pub fn election_timeout(&self) -> std::time::Duration {
+        self.inner.timeouts.election_timeout
+    }
+
     pub(super) fn election_timeout_ms(&self) -> u64 {
         self.inner.timeouts.election_timeout.as_millis() as u64
     }
