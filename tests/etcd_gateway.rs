@@ -588,6 +588,24 @@ async fn the_gateway_reads_nulls_and_several_messages_per_stream_body() {
         let r = next_result(&mut alive, &mut buf).await;
         assert_eq!(r["ID"], id, "{r}");
     }
+    // Peer URLs etcd refuses too get etcd's exact text, which Go's clientv3 maps to its typed
+    // error (etcdctl refuses them itself, before it calls).
+    for urls in [json!([]), json!(["http://127.0.0.1:9001/path"])] {
+        let refused: Value = g
+            .http
+            .post(format!("{}/v3/cluster/member/add", g.base))
+            .json(&json!({ "peerURLs": urls }))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(
+            refused["message"], "etcdserver: given member URLs are invalid",
+            "{urls}: {refused}"
+        );
+    }
     // An empty keepalive body is no request: the stream ends at once with nothing in it, as
     // etcd's does (it answered for lease 0).
     let empty = g
