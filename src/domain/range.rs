@@ -164,8 +164,10 @@ pub struct RangeResult {
     pub count: u64,
 }
 
-/// The most one request's answers may hold, in [`ResultBudget`]'s count (about etcd's
-/// default request limit of 1.5 MiB, and its 4 MiB message limit on the way out).
+/// The most the answer of a transaction that writes may hold, in [`ResultBudget`]'s count,
+/// and the default budget: every replica checks it when it applies, so it is one constant for
+/// all of them. (etcd bounds no answer; a read through the etcd API has a budget of its own,
+/// `Limits::max_read_answer_bytes`, never below this.)
 pub const MAX_RESULT_BYTES: usize = 4 << 20;
 
 /// What one key costs in an answer besides its key and value: its revisions, version, lease
