@@ -793,17 +793,9 @@ async fn writes_commit_while_the_followers_disks_sync_slower_than_the_append_tim
     let leader = c.wait_healthy("a healthy cluster").await;
     let term_before = c.view(leader).await.expect("the leader answers").term;
 
-    let mut tracers = Vec::new();
-    for id in (1..=NODES).filter(|i| *i != leader) {
-        match hold_syncs(&c, id, 150_000).await {
-            Ok(tracer) => tracers.push(tracer),
-            Err(why) => {
-                release_syncs(tracers);
-                eprintln!("SKIPPED: {why}");
-                return;
-            }
-        }
-    }
+    let Some(tracers) = hold_followers_syncs(&c, leader, 150_000).await else {
+        return;
+    };
 
     // Four writers, each putting its own keys one after another: the acknowledged ones must
     // all be there afterwards, on every node.
@@ -903,17 +895,9 @@ async fn linearizable_reads_wait_out_followers_slower_than_a_heartbeat() {
     };
     assert_eq!(put("w/probe".into()).await.unwrap(), 200);
 
-    let mut tracers = Vec::new();
-    for id in (1..=NODES).filter(|i| *i != leader) {
-        match hold_syncs(&c, id, 150_000).await {
-            Ok(tracer) => tracers.push(tracer),
-            Err(why) => {
-                release_syncs(tracers);
-                eprintln!("SKIPPED: {why}");
-                return;
-            }
-        }
-    }
+    let Some(tracers) = hold_followers_syncs(&c, leader, 150_000).await else {
+        return;
+    };
     // One writer keeps the followers syncing; linearizable reads on the leader meanwhile.
     let writer = tokio::spawn({
         let put = put.clone();
@@ -946,6 +930,22 @@ async fn linearizable_reads_wait_out_followers_slower_than_a_heartbeat() {
         "{} of {reads} linearizable reads on a healthy cluster's leader failed: {failed:?}",
         failed.len()
     );
+}
+
+/// [`hold_syncs`] on every node but `leader`; `None` (and a SKIPPED line) where strace cannot.
+async fn hold_followers_syncs(c: &Cluster, leader: usize, delay_us: u64) -> Option<Vec<Child>> {
+    let mut tracers = Vec::new();
+    for id in (1..=NODES).filter(|i| *i != leader) {
+        match hold_syncs(c, id, delay_us).await {
+            Ok(tracer) => tracers.push(tracer),
+            Err(why) => {
+                release_syncs(tracers);
+                eprintln!("SKIPPED: {why}");
+                return None;
+            }
+        }
+    }
+    Some(tracers)
 }
 
 /// Hold every `fdatasync` of node `id` back by `delay_us` with strace's fault injection (a slow

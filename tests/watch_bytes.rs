@@ -230,6 +230,30 @@ async fn prev_kv_of_large_versions_is_bounded_too() {
         .expect("a 12 MiB range is answered")
         .into_inner();
     assert_eq!((all.kvs.len(), all.more), (BIG_VALUES, false));
+    // So does a transaction that only reads: it is served as a read, as etcd serves it.
+    let read_only = kv
+        .txn(TxnRequest {
+            success: vec![RequestOp {
+                request: Some(request_op::Request::RequestRange(RangeRequest {
+                    key: b"big/".to_vec(),
+                    range_end: b"big0".to_vec(),
+                    ..Default::default()
+                })),
+            }],
+            ..Default::default()
+        })
+        .await
+        .expect("a read-only txn of 12 MiB is answered")
+        .into_inner();
+    let Some(request_op_response) = read_only.responses[0].response.as_ref() else {
+        panic!("no answer to the range");
+    };
+    match request_op_response {
+        leasecore_etcd_api::etcdserverpb::response_op::Response::ResponseRange(r) => {
+            assert_eq!(r.kvs.len(), BIG_VALUES)
+        }
+        other => panic!("{other:?}"),
+    }
     let mut small = Vec::new();
     for i in 0..BIG_VALUES {
         let resp = kv

@@ -368,30 +368,24 @@ fn ops(ops: Vec<RequestOp>) -> Result<Vec<TxnOp>, EtcdError> {
         .collect()
 }
 
-/// The transaction as a [`ReadTxn`] when it only reads and some range of it asks for a past
-/// revision (`None` otherwise: it goes through the log as every other transaction), and
-/// whether every range of it is `serializable`.
+/// The transaction as a [`ReadTxn`] when it only reads (`None` otherwise: it goes through the
+/// log as every other transaction), and whether every range of it is `serializable`.
 fn read_only(t: &TxnRequest) -> Result<Option<(ReadTxn, bool)>, EtcdError> {
-    /// Whether every op only reads; whether one asks for a past revision; whether all are
-    /// serializable.
-    fn scan(t: &TxnRequest) -> (bool, bool, bool) {
-        let (mut reads, mut past, mut serializable) = (true, false, true);
+    /// Whether every op only reads; whether all are serializable.
+    fn scan(t: &TxnRequest) -> (bool, bool) {
+        let (mut reads, mut serializable) = (true, true);
         for op in t.success.iter().chain(&t.failure) {
             match &op.request {
-                Some(request_op::Request::RequestRange(r)) => {
-                    past |= r.revision > 0;
-                    serializable &= r.serializable;
-                }
+                Some(request_op::Request::RequestRange(r)) => serializable &= r.serializable,
                 Some(request_op::Request::RequestTxn(inner)) => {
-                    let (r, p, s) = scan(inner);
+                    let (r, s) = scan(inner);
                     reads &= r;
-                    past |= p;
                     serializable &= s;
                 }
                 _ => reads = false,
             }
         }
-        (reads, past, serializable)
+        (reads, serializable)
     }
     fn convert(t: &TxnRequest) -> Result<ReadTxn, EtcdError> {
         let ops = |ops: &[RequestOp]| -> Result<Vec<ReadOp>, EtcdError> {
@@ -419,8 +413,10 @@ fn read_only(t: &TxnRequest) -> Result<Option<(ReadTxn, bool)>, EtcdError> {
             failure: ops(&t.failure)?,
         })
     }
+    // Every transaction that only reads is served as a read, as etcd serves it (after a read
+    // barrier unless serializable): it takes no log entry, and its answer has a read's budget.
     match scan(t) {
-        (true, true, serializable) => Ok(Some((convert(t)?, serializable))),
+        (true, serializable) => Ok(Some((convert(t)?, serializable))),
         _ => Ok(None),
     }
 }
