@@ -312,6 +312,9 @@ struct Session {
     wanted: watch::Sender<u64>,
     /// Told by a watcher that has looked through the wanted revision (or has ended).
     synced: Arc<Notify>,
+    /// The highest revision through which some watcher of the stream has sent events: a
+    /// progress answer never goes below it (the client's watchers all take it).
+    events_sent: Arc<AtomicU64>,
     /// A progress request not answered yet: answered once every watcher has delivered
     /// everything through this revision.
     pending_progress: Option<Revision>,
@@ -464,6 +467,7 @@ impl Session {
             delivered,
             wanted: self.wanted.subscribe(),
             synced: self.synced.clone(),
+            events_sent: self.events_sent.clone(),
         };
         tokio::spawn(watcher.run(from, cancel));
         true
@@ -513,6 +517,14 @@ impl Session {
             .min()
             .unwrap_or(u64::MAX)
             .min(current.0);
+        // A busy watcher may have sent events past what the others looked through meanwhile:
+        // they look again, that far (it is at most the current revision).
+        let sent = self.events_sent.load(Ordering::Acquire);
+        if sent > want.0 && through < sent {
+            self.pending_progress = Some(Revision(sent));
+            self.wanted.send_replace(sent);
+            return true;
+        }
         if through < want.0 {
             return true;
         }
@@ -539,6 +551,8 @@ struct Watcher {
     /// The revision a progress request wants looked through ([`Session::progress`]).
     wanted: watch::Receiver<u64>,
     synced: Arc<Notify>,
+    /// The stream's [`Session::events_sent`].
+    events_sent: Arc<AtomicU64>,
 }
 
 /// Marks a watcher ended, whichever way its task returns.
@@ -639,7 +653,14 @@ impl Watcher {
             // A periodic progress notification, when asked for: not one a progress request
             // prompted (that one is the stream's, with watch id -1).
             let progress = events.is_empty() && batch.events.is_empty() && !poked;
-            if !events.is_empty() || (progress && self.spec.progress_notify) {
+            let sends_events = !events.is_empty();
+            if sends_events {
+                // Said before the events are queued, so that a progress answer reading it
+                // after goes no lower than them. (One that read it just before and is queued
+                // just after them still could: a window of a few instructions, not closed.)
+                self.events_sent.fetch_max(through.0, Ordering::AcqRel);
+            }
+            if sends_events || (progress && self.spec.progress_notify) {
                 let resp = WatchResponse {
                     header: self.etcd.header_at(through),
                     watch_id: self.id,
@@ -755,6 +776,7 @@ impl Etcd {
             done: CancellationToken::new(),
             wanted: watch::Sender::new(0),
             synced: Arc::new(Notify::new()),
+            events_sent: Arc::new(AtomicU64::new(0)),
             pending_progress: None,
             require_leader,
         };
