@@ -104,9 +104,10 @@ fn requires_leader(headers: &axum::http::HeaderMap) -> bool {
         .is_some_and(|v| v.as_bytes() == b"true")
 }
 
-/// etcd's answer to a `hasleader` call on a member without a leader.
+/// etcd's answer to a `hasleader` call on a member without a leader: the one mapping of
+/// `NoLeader` to etcd's status ([`status`]).
 fn no_leader() -> tonic::Status {
-    tonic::Status::unavailable("etcdserver: no leader")
+    EtcdError::from(crate::raft::consensus::ConsensusError::NoLeader).into()
 }
 
 /// A gRPC call with `hasleader: true` on a member that knows no leader is refused at once,

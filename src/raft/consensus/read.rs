@@ -49,6 +49,12 @@ pub(super) fn local_read_round(
                     }
                     Err(ConsensusError::NoQuorum) => {
                         tokio::time::sleep(CONFIRM_RETRY_PAUSE).await;
+                        // A transfer begun meanwhile: a later confirmation would refresh the
+                        // lease it waits out, so this round ends as one begun during it.
+                        if *leaving.borrow() {
+                            transfer::until_settled(&mut leaving).await;
+                            return Err(ConsensusError::NotLeader);
+                        }
                     }
                     Err(other) => return Err(other),
                 }
