@@ -114,6 +114,51 @@ pub struct LogStore {
 /// Raft core instead of an unbounded queue).
 const SYNC_QUEUE: usize = 4096;
 
+/// A sync at least this slow is reported: a follower acknowledges nothing while its sync runs
+/// (openraft 0.9 keeps a follower's log I/O in its core), so its leader's quorum acknowledgement
+/// ages as long, and at an election timeout the leader steps down. Half the shortest default
+/// election timeout: an operator who sees a step-down, or a client that saw `no leader`, finds
+/// the stalled disk beside it in the log.
+const SLOW_SYNC: std::time::Duration = std::time::Duration::from_millis(200);
+
+/// At most one slow-sync warning in this long (slow syncs meanwhile are counted in the next).
+const SLOW_SYNC_LOG_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// The slow syncs seen since the last warning, and when that warning was logged.
+#[derive(Debug, Default)]
+struct SlowSyncs {
+    count: u64,
+    slowest: std::time::Duration,
+    logged_at: Option<std::time::Instant>,
+}
+
+impl SlowSyncs {
+    /// Note a sync that took `took`, ending at `now`: the count and the slowest since the last
+    /// warning when one is due now.
+    fn note(
+        &mut self,
+        took: std::time::Duration,
+        now: std::time::Instant,
+    ) -> Option<(u64, std::time::Duration)> {
+        if took < SLOW_SYNC {
+            return None;
+        }
+        self.count += 1;
+        self.slowest = self.slowest.max(took);
+        if self
+            .logged_at
+            .is_some_and(|at| now.saturating_duration_since(at) < SLOW_SYNC_LOG_EVERY)
+        {
+            return None;
+        }
+        self.logged_at = Some(now);
+        let due = (self.count, self.slowest);
+        self.count = 0;
+        self.slowest = std::time::Duration::ZERO;
+        Some(due)
+    }
+}
+
 /// Completes appends once a sync covers them: one thread per log store, which takes every
 /// waiting append, syncs once, raises the durable mark and completes the callbacks in order. A
 /// plain thread rather than a task: an fdatasync blocks, and a blocking-pool hop per sync costs
@@ -144,6 +189,7 @@ impl Syncer {
             .name(SYNC_THREAD.into())
             .spawn(move || {
                 let mut batch = Vec::new();
+                let mut slow = SlowSyncs::default();
                 while let Some(first) = waiting.blocking_recv() {
                     batch.push(first);
                     while let Ok(more) = waiting.try_recv() {
@@ -153,7 +199,19 @@ impl Syncer {
                     #[allow(clippy::disallowed_methods)]
                     let started = std::time::Instant::now();
                     let synced = entries.sync();
-                    observed.observe(started.elapsed());
+                    let took = started.elapsed();
+                    observed.observe(took);
+                    if let Some((count, slowest)) = slow.note(took, started + took) {
+                        tracing::warn!(
+                            took_ms = took.as_millis() as u64,
+                            slowest_ms = slowest.as_millis() as u64,
+                            slow_syncs = count,
+                            "the raft log's fdatasync was slow: the disk stalled, and nothing this \
+                             node appended was acknowledged meanwhile (a leader without a quorum's \
+                             acknowledgement for an election timeout steps down; see \
+                             leasecore_raft_log_fsync_duration_seconds)"
+                        );
+                    }
                     match &synced {
                         Ok(()) => {
                             for job in &batch {
@@ -786,4 +844,32 @@ pub(crate) fn seed(db: &sled::Db, last: LogId) -> Result<(), crate::storage::Sto
     tree.apply_batch(batch)?;
     db.flush()?;
     Ok(())
+}
+
+#[cfg(test)]
+mod slow_sync_tests {
+    use std::time::{Duration, Instant};
+
+    use super::{SLOW_SYNC, SLOW_SYNC_LOG_EVERY, SlowSyncs};
+
+    #[test]
+    fn slow_syncs_are_reported_at_most_once_per_interval_with_what_came_between() {
+        let t0 = Instant::now();
+        let mut slow = SlowSyncs::default();
+        assert_eq!(
+            slow.note(SLOW_SYNC / 2, t0),
+            None,
+            "a fast sync is not slow"
+        );
+        let first = SLOW_SYNC + Duration::from_millis(5);
+        assert_eq!(slow.note(first, t0), Some((1, first)));
+        // Within the interval: counted, not reported.
+        let worst = SLOW_SYNC * 4;
+        assert_eq!(slow.note(worst, t0 + Duration::from_secs(1)), None);
+        assert_eq!(slow.note(SLOW_SYNC, t0 + Duration::from_secs(2)), None);
+        // The next report carries both, and the slowest of them.
+        let third = SLOW_SYNC * 2;
+        assert_eq!(slow.note(third, t0 + SLOW_SYNC_LOG_EVERY), Some((3, worst)),);
+        assert_eq!(slow.note(SLOW_SYNC, t0 + SLOW_SYNC_LOG_EVERY), None);
+    }
 }
