@@ -22,7 +22,7 @@ use super::{Etcd, EtcdError, key_value, lease_name};
 use crate::domain::auth::{Access, KeyRange};
 use crate::domain::command::{Command, Response as Applied};
 use crate::domain::range::{
-    RangeResult, RangeSpec, ResultBudget, SortOrder, SortTarget, evaluate_within,
+    MAX_RESULT_BYTES, RangeResult, RangeSpec, ResultBudget, SortOrder, SortTarget, evaluate_within,
 };
 use crate::domain::txn::{
     Compare, CompareOp, CompareTarget, KeysAt, OpResult, ReadFor, ReadOp, ReadTxn, Txn, TxnOp,
@@ -32,6 +32,7 @@ use crate::domain::types::Revision;
 use crate::domain::{key_bytes, value_bytes};
 use crate::http::auth::check;
 use crate::http::kv::{Consistency, admit, read_point, unexpected};
+use crate::raft::off_workers;
 use crate::raft::state_machine::{HistoryError, StateView};
 
 impl Etcd {
@@ -67,13 +68,34 @@ impl Etcd {
         }
         let view = self.state.consensus.view();
         let now = view.with_state(|kv| kv.revision());
-        let result = evaluate_read_only(
-            &read,
-            now,
-            &mut |what, at| read_for(view, what, at),
-            &mut self.read_budget(),
-        )?;
-        Ok(self.txn_response(now, result))
+        self.read_answer(|mut budget| {
+            let result = evaluate_read_only(
+                &read,
+                now,
+                &mut |what, at| read_for(view, what, at),
+                &mut budget,
+            )?;
+            Ok(self.txn_response(now, result))
+        })
+        .await
+    }
+
+    /// Build a read's answer with `build`, given the bytes it may take. First within
+    /// [`MAX_RESULT_BYTES`], where it was asked: the common read, a few milliseconds at most
+    /// under the state's read lock. One that needs more (up to `--etcd-max-read-answer-bytes`)
+    /// is a *large read*, built again with the whole budget: at most [`LARGE_READS_AT_ONCE`]
+    /// at a time on this node, each waiting its turn for up to [`LARGE_READ_WAIT`], and off
+    /// the async workers, announced as a long hold of the state's lock so that the apply and
+    /// the readers that wait for that lock meanwhile wait off them too.
+    ///
+    /// Why: four reads of 200 MiB at once, built on the node's one worker, held it for 1.2 s;
+    /// heartbeats waited as long and the leader stepped down, and the same four held 2.4 GB.
+    async fn read_answer<R>(
+        &self,
+        build: impl Fn(ResultBudget) -> Result<R, EtcdError>,
+    ) -> Result<R, EtcdError> {
+        let limit = self.state.limits.max_read_answer_bytes;
+        read_within(limit, &self.large_reads, LARGE_READ_WAIT, build).await
     }
 
     /// Read the ranges at a past revision that the applied transaction `t` left to this node
@@ -153,11 +175,6 @@ impl Etcd {
         }
     }
 
-    /// What a read's answer may take (`--etcd-max-read-answer-bytes`).
-    fn read_budget(&self) -> ResultBudget {
-        ResultBudget::new(self.state.limits.max_read_answer_bytes)
-    }
-
     /// etcd's answer to a transaction: the whole header on the transaction's own, and on each
     /// operation's a header of its revision alone, as etcd's applier writes them (a nested
     /// transaction's none).
@@ -174,6 +191,43 @@ impl Etcd {
             responses: op_responses(t.results, revision, before, &mut changed),
         }
     }
+}
+
+/// Answers over [`MAX_RESULT_BYTES`] one node builds at a time ([`Etcd::read_answer`]): with
+/// the largest (256 MiB by default) each holds its keys' values two or three times over while
+/// it is built and sent, so this bounds what large reads hold at once.
+pub(super) const LARGE_READS_AT_ONCE: usize = 2;
+
+/// How long a large read waits for its turn before it is refused.
+const LARGE_READ_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// [`Etcd::read_answer`], given the read limit, the node's turns for large reads and how long
+/// a large read waits for one.
+async fn read_within<R>(
+    limit: usize,
+    turns: &tokio::sync::Semaphore,
+    wait: std::time::Duration,
+    build: impl Fn(ResultBudget) -> Result<R, EtcdError>,
+) -> Result<R, EtcdError> {
+    match build(ResultBudget::new(limit.min(MAX_RESULT_BYTES))) {
+        Err(e) if limit > MAX_RESULT_BYTES && too_large(&e) => {}
+        built => return built,
+    }
+    let Ok(Ok(_turn)) = tokio::time::timeout(wait, turns.acquire()).await else {
+        return Err(EtcdError::Status(Status::resource_exhausted(format!(
+            "etcdserver: too many requests: this member builds {LARGE_READS_AT_ONCE} answers \
+             over {MAX_RESULT_BYTES} bytes at a time, and none finished within {} s; narrow \
+             the read (limit, keys_only) or retry",
+            wait.as_secs()
+        ))));
+    };
+    let _long = off_workers::long_hold();
+    off_workers::run(|| build(ResultBudget::new(limit)))
+}
+
+/// Whether `e` refuses an answer for its size.
+fn too_large(e: &EtcdError) -> bool {
+    matches!(e, EtcdError::Api(a) if a.code == "result_too_large")
 }
 
 /// Whether a transaction's results changed the store (and so took a revision).
@@ -446,32 +500,34 @@ impl Kv for Etcd {
         }
         check(&self.state, &caller, Access::Read, &spec.range).map_err(EtcdError::from)?;
         let view = self.state.consensus.view();
-        if r.revision <= 0 {
-            // Now: evaluated in place, without copying the range.
-            // Charged before anything is copied: a range larger than an answer may be is
-            // refused without building it.
-            let (revision, result) = view.with_state(|kv| {
-                let budget = &mut self.read_budget();
-                (
-                    kv.revision(),
-                    evaluate_within(&spec, kv.range(&spec.range), budget),
-                )
-            });
-            let result = result.map_err(EtcdError::from)?;
-            return Ok(Response::new(self.range_response(revision, result)));
-        }
-        // Read a few keys at a time within the budget: a range at a past revision larger
-        // than an answer may be is refused before it is read whole.
-        let (revision, kvs) = view
-            .range_within(&spec, Some(Revision(r.revision as u64)), self.read_budget())
-            .map_err(history_error)?;
-        let result = evaluate_within(
-            &spec,
-            kvs.iter().map(|(k, v)| (k.as_str(), v)),
-            &mut self.read_budget(),
-        )
-        .map_err(EtcdError::from)?;
-        Ok(Response::new(self.range_response(revision, result)))
+        let answer = if r.revision <= 0 {
+            // Now: evaluated in place, without copying the range. Charged before anything is
+            // copied: a range larger than the budget is refused without building it.
+            self.read_answer(|mut budget| {
+                let (revision, result) = view.with_state(|kv| {
+                    (
+                        kv.revision(),
+                        evaluate_within(&spec, kv.range(&spec.range), &mut budget),
+                    )
+                });
+                Ok(self.range_response(revision, result?))
+            })
+            .await
+        } else {
+            // Read a few keys at a time within the budget: a range at a past revision larger
+            // than the budget is refused before it is read whole.
+            self.read_answer(|budget| {
+                let (revision, kvs) = view
+                    .range_within(&spec, Some(Revision(r.revision as u64)), budget)
+                    .map_err(history_error)?;
+                let mut budget = budget;
+                let result =
+                    evaluate_within(&spec, kvs.iter().map(|(k, v)| (k.as_str(), v)), &mut budget)?;
+                Ok(self.range_response(revision, result))
+            })
+            .await
+        };
+        Ok(Response::new(answer?))
     }
 
     async fn put(&self, req: Request<PutRequest>) -> Result<Response<PutResponse>, Status> {
@@ -580,5 +636,134 @@ pub(super) fn history_error(e: HistoryError) -> EtcdError {
         HistoryError::Future { .. } => EtcdError::future_revision(),
         HistoryError::Storage(e) => EtcdError::Status(Status::internal(e.to_string())),
         HistoryError::TooLarge(e) => e.into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::mpsc;
+    use std::time::Duration;
+
+    use super::*;
+    use crate::domain::kv::Versioned;
+
+    fn value_of(len: usize) -> Versioned {
+        Versioned {
+            value: "x".repeat(len),
+            create_revision: Revision(1),
+            mod_revision: Revision(1),
+            version: 1,
+            lease: None,
+        }
+    }
+
+    /// A build that needs `need` bytes: refused within a smaller budget; within a large
+    /// enough one it says it started and blocks until `release` says so (the long build).
+    fn build_needing(
+        need: usize,
+        started: mpsc::Sender<()>,
+        release: Arc<std::sync::Mutex<mpsc::Receiver<()>>>,
+    ) -> impl Fn(ResultBudget) -> Result<usize, EtcdError> {
+        move |mut budget| {
+            let value = value_of(need);
+            budget.charge("k", Some(&value)).map_err(EtcdError::from)?;
+            started.send(()).unwrap();
+            let release = release.lock().unwrap();
+            release.recv_timeout(Duration::from_secs(20)).unwrap();
+            Ok(need)
+        }
+    }
+
+    #[test]
+    fn a_small_read_is_built_once_and_a_larger_one_than_the_limit_is_refused() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let turns = tokio::sync::Semaphore::new(LARGE_READS_AT_ONCE);
+        let calls = AtomicUsize::new(0);
+        let small = rt.block_on(read_within(64 << 20, &turns, Duration::from_secs(1), |b| {
+            calls.fetch_add(1, Ordering::SeqCst);
+            let mut b = b;
+            b.charge("k", None).map_err(EtcdError::from)?;
+            Ok(1)
+        }));
+        assert_eq!(small.unwrap(), 1);
+        assert_eq!(
+            calls.load(Ordering::SeqCst),
+            1,
+            "built within the first budget, once"
+        );
+        let huge = rt.block_on(read_within(8 << 20, &turns, Duration::from_secs(1), |b| {
+            let mut b = b;
+            let value = value_of(9 << 20);
+            b.charge("k", Some(&value)).map_err(EtcdError::from)?;
+            Ok(())
+        }));
+        assert!(
+            too_large(&huge.unwrap_err()),
+            "past the read limit: refused for its size"
+        );
+    }
+
+    /// On a runtime of one worker (a node's, where nodes share the cores): large reads are
+    /// built off the worker, so the node's other tasks (its Raft core, its heartbeats) run
+    /// meanwhile; and no more than [`LARGE_READS_AT_ONCE`] are built at a time.
+    #[test]
+    fn large_reads_are_built_off_the_worker_a_few_at_a_time() {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let turns = Arc::new(tokio::sync::Semaphore::new(LARGE_READS_AT_ONCE));
+        let (started_tx, started) = mpsc::channel::<()>();
+        let (release_tx, release_rx) = mpsc::channel::<()>();
+        let release = Arc::new(std::sync::Mutex::new(release_rx));
+        let reads = 4;
+        let handles: Vec<_> = (0..reads)
+            .map(|_| {
+                let build =
+                    build_needing(MAX_RESULT_BYTES * 2, started_tx.clone(), release.clone());
+                let turns = turns.clone();
+                rt.spawn(async move {
+                    read_within(64 << 20, &turns, Duration::from_secs(20), build).await
+                })
+            })
+            .collect();
+        let wait = Duration::from_secs(10);
+        started.recv_timeout(wait).expect("a large read started");
+        // A large read is being built (blocked in its build): another task of the runtime
+        // still runs.
+        let (ran_tx, ran_rx) = mpsc::channel();
+        rt.spawn(async move { ran_tx.send(()).unwrap() });
+        assert!(
+            ran_rx.recv_timeout(wait).is_ok(),
+            "a large read's build held the runtime's only worker"
+        );
+        // As many builds as there are turns, and no more until one ends.
+        for _ in 1..LARGE_READS_AT_ONCE {
+            started
+                .recv_timeout(wait)
+                .expect("a second large read started");
+        }
+        assert!(
+            started.recv_timeout(Duration::from_millis(200)).is_err(),
+            "more large reads built at once than there are turns"
+        );
+        for n in LARGE_READS_AT_ONCE..reads {
+            release_tx.send(()).unwrap();
+            started
+                .recv_timeout(wait)
+                .unwrap_or_else(|_| panic!("large read {n} got a turn"));
+        }
+        for _ in 0..LARGE_READS_AT_ONCE {
+            release_tx.send(()).unwrap();
+        }
+        for h in handles {
+            assert_eq!(rt.block_on(h).unwrap().unwrap(), MAX_RESULT_BYTES * 2);
+        }
     }
 }

@@ -91,6 +91,8 @@ pub struct Etcd {
     client_urls: Arc<client_urls::ClientUrls>,
     /// What the node's watch streams share (`watch::WatchBudget`).
     watch_budget: watch::WatchBudget,
+    /// Turns for the reads whose answers are large (`kv::LARGE_READS_AT_ONCE`).
+    large_reads: Arc<tokio::sync::Semaphore>,
 }
 
 /// etcd's gRPC metadata key by which a call asks for a member with a leader (Go's
@@ -205,6 +207,7 @@ pub fn router(state: AppState) -> Router {
         state,
         client_urls: Arc::new(client_urls),
         watch_budget: watch::WatchBudget::new(),
+        large_reads: Arc::new(tokio::sync::Semaphore::new(kv::LARGE_READS_AT_ONCE)),
     };
     let routes = tonic::service::Routes::new(
         KvServer::new(etcd.clone())
