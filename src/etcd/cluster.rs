@@ -577,7 +577,7 @@ impl Maintenance for Etcd {
 
     async fn hash(&self, req: Request<HashRequest>) -> Result<Response<HashResponse>, Status> {
         self.admin_caller(&req)?;
-        let (revision, hash) = self.state_hash();
+        let (revision, hash) = self.whole_store_work(|| self.state_hash()).await?;
         Ok(Response::new(HashResponse {
             header: self.header_at(revision),
             hash,
@@ -602,10 +602,25 @@ impl Maintenance for Etcd {
             start: Vec::new(),
             end: None,
         };
-        let (revision, kvs) = view
-            .range_at(&everything, at)
-            .map_err(super::kv::history_error)?;
-        let hash = keys_hash(kvs.iter().map(|(k, v)| (k.as_str(), v)));
+        let hashed = self.whole_store_work(|| {
+            // The present is hashed in place; a past revision's keys are read first.
+            let present = view.with_state(|kv| {
+                let current = kv.revision();
+                at.is_none_or(|r| r == current)
+                    .then(|| (current, keys_hash(kv.range(&everything))))
+            });
+            match present {
+                Some(hashed) => Ok(hashed),
+                None => view
+                    .range_at(&everything, at)
+                    .map(|(revision, kvs)| {
+                        let hash = keys_hash(kvs.iter().map(|(k, v)| (k.as_str(), v)));
+                        (revision, hash)
+                    })
+                    .map_err(super::kv::history_error),
+            }
+        });
+        let (revision, hash) = hashed.await??;
         // etcd's -1 before any compaction.
         let compact_revision = match view.with_state(|kv| kv.compact_revision()) {
             Revision(0) => -1,
