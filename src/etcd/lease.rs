@@ -233,15 +233,21 @@ impl Lease for Etcd {
             .read_barrier()
             .await
             .map_err(EtcdError::from)?;
-        let (revision, all) = self.state.consensus.view().leases();
-        let leases = all
-            .iter()
-            .map(|(name, _)| (lease_id(name), name))
-            .filter(|(id, name)| {
-                *id != 0 && lease_allowed(&self.state, &caller, name, Access::Read)
+        // Up to `--max-leases` (two million) of them: walked as work over the whole store.
+        let (revision, leases) = self
+            .whole_store_work(|| {
+                let (revision, all) = self.state.consensus.view().leases();
+                let leases = all
+                    .iter()
+                    .map(|(name, _)| (lease_id(name), name))
+                    .filter(|(id, name)| {
+                        *id != 0 && lease_allowed(&self.state, &caller, name, Access::Read)
+                    })
+                    .map(|(id, _)| LeaseStatus { id })
+                    .collect::<Vec<_>>();
+                (revision, leases)
             })
-            .map(|(id, _)| LeaseStatus { id })
-            .collect();
+            .await?;
         Ok(Response::new(LeaseLeasesResponse {
             header: self.header_at(revision),
             leases,
