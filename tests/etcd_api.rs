@@ -1114,3 +1114,48 @@ async fn past_the_quota_etcd_clients_get_no_space_and_can_still_delete_and_read(
     .await;
     c.shutdown().await;
 }
+
+/// etcd's Lock and Election services hold a lock or a leadership asked for without a lease
+/// under a session lease of their own (60 s, as `concurrency.NewSession`), and answer its id
+/// in the key (Lock) or the leader key (Campaign). leasecore refused them with `requested
+/// lease not found` (a black-box comparison with etcd 3.4 found it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn lock_and_campaign_without_a_lease_hold_under_a_session_lease_of_their_own() {
+    let c = cluster().await;
+    let base = format!("http://{}", endpoint(&c, 2));
+    let http = reqwest::Client::new();
+    let post = |path: &'static str, body: Value| {
+        let req = http
+            .post(format!("{base}{path}"))
+            .timeout(Duration::from_secs(20))
+            .json(&body)
+            .send();
+        async move {
+            let r = req.await.expect("answered");
+            assert_eq!(r.status(), 200, "{path}");
+            r.json::<Value>().await.unwrap()
+        }
+    };
+    let ttl_of = |id: i64| post("/v3/lease/timetolive", json!({"ID": id.to_string()}));
+
+    let locked = post("/v3/lock/lock", json!({"name": b64_of("no-lease")})).await;
+    let key = b64(&locked["key"]);
+    let hex = key.strip_prefix("no-lease/").expect("etcd's mutex layout");
+    let id = i64::from_str_radix(hex, 16).unwrap();
+    assert!(id > 0, "{locked}");
+    let ttl = ttl_of(id).await;
+    assert_eq!(ttl["grantedTTL"], "60", "{ttl}");
+    let unlocked = post("/v3/lock/unlock", json!({"key": locked["key"]})).await;
+    assert!(unlocked["header"].is_object(), "{unlocked}");
+
+    let campaign = json!({"name": b64_of("no-lease-election"), "value": b64_of("v")});
+    let elected = post("/v3/election/campaign", campaign).await;
+    let lease: i64 = elected["leader"]["lease"]
+        .as_str()
+        .expect("the leader key names its lease")
+        .parse()
+        .unwrap();
+    assert!(lease > 0, "{elected}");
+    let ttl = ttl_of(lease).await;
+    assert_eq!(ttl["grantedTTL"], "60", "{ttl}");
+}

@@ -73,12 +73,13 @@ impl Election for Etcd {
         let r = req.into_inner();
         let name = text("election name", r.name)?;
         let value = value_bytes::store(r.value);
+        let lease = self.session_lease(&caller, r.lease).await?;
         let standing = self
             .hold(
                 &caller,
                 Recipe::EtcdElection,
                 &name,
-                &lease_name(r.lease),
+                &lease_name(lease),
                 &value,
             )
             .await?;
@@ -88,7 +89,7 @@ impl Election for Etcd {
                 name: name.into_bytes(),
                 key: standing.key.into_bytes(),
                 rev: standing.revision.0 as i64,
-                lease: r.lease,
+                lease,
             }),
         }))
     }

@@ -35,6 +35,10 @@ fn seconds_up(ms: u64) -> i64 {
 pub(super) type KeepAliveStream =
     Pin<Box<dyn Stream<Item = Result<LeaseKeepAliveResponse, Status>> + Send + 'static>>;
 
+/// The TTL of the lease a `Lock` or `Campaign` without one is held under: etcd's session
+/// default (`concurrency.NewSession`, 60 s).
+const SESSION_TTL_MS: u64 = 60_000;
+
 impl Etcd {
     /// One answer per request of `inbound`, in order; the stream ends with the client's, or
     /// at the first failure (the client then reconnects, as it does when a node goes).
@@ -72,6 +76,35 @@ impl Etcd {
             } => Ok(false),
             other => Err(unexpected(other).into()),
         }
+    }
+
+    /// Grant a lease of `ttl_ms` whose id the server picks: a random positive one, again on
+    /// the (unlikely) collision.
+    async fn grant_any(&self, caller: &Caller, ttl_ms: u64) -> Result<i64, EtcdError> {
+        for _ in 0..4 {
+            let id = (rand::random::<u64>() >> 2).max(1) as i64;
+            if self.grant(caller, id, ttl_ms).await? {
+                return Ok(id);
+            }
+        }
+        Err(EtcdError::Status(Status::internal(
+            "etcdserver: no free lease id",
+        )))
+    }
+
+    /// The lease a `Lock` or `Campaign` holds under: `lease`, or for 0 a new lease of
+    /// [`SESSION_TTL_MS`], as etcd's v3lock and v3election servers open a session of their
+    /// own (and orphan it: nothing keeps it alive, so the lock or leadership lapses with it
+    /// unless the caller refreshes the lease, whose id the answer's key carries).
+    pub(super) async fn session_lease(
+        &self,
+        caller: &Caller,
+        lease: i64,
+    ) -> Result<i64, EtcdError> {
+        if lease != 0 {
+            return Ok(lease);
+        }
+        self.grant_any(caller, SESSION_TTL_MS).await
     }
 
     /// One keepalive: the lease's TTL in seconds, 0 if it is gone (as etcd answers).
@@ -120,16 +153,7 @@ impl Lease for Etcd {
             }
             r.id
         } else {
-            // The server picks: a random positive id, again on the (unlikely) collision.
-            let mut granted = None;
-            for _ in 0..4 {
-                let id = (rand::random::<u64>() >> 2).max(1) as i64;
-                if self.grant(&caller, id, ttl_ms).await? {
-                    granted = Some(id);
-                    break;
-                }
-            }
-            granted.ok_or_else(|| Status::internal("etcdserver: no free lease id"))?
+            self.grant_any(&caller, ttl_ms).await?
         };
         Ok(Response::new(LeaseGrantResponse {
             header: self.header(),

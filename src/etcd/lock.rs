@@ -101,8 +101,9 @@ impl Lock for Etcd {
         let caller = self.caller(&req)?;
         let r = req.into_inner();
         let name = text("lock name", r.name)?;
+        let lease = self.session_lease(&caller, r.lease).await?;
         let standing = self
-            .hold(&caller, Recipe::EtcdLock, &name, &lease_name(r.lease), "")
+            .hold(&caller, Recipe::EtcdLock, &name, &lease_name(lease), "")
             .await?;
         Ok(Response::new(LockResponse {
             header: self.header(),
