@@ -80,19 +80,9 @@ impl Etcd {
         .await
     }
 
-    /// Build a read's answer with `build`, given the bytes it may take. First within
-    /// [`MAX_RESULT_BYTES`], where it was asked: the common read, a few milliseconds at most
-    /// under the state's read lock. One that needs more (up to `--etcd-max-read-answer-bytes`)
-    /// is a *large read*, built again with the whole budget: at most [`LARGE_READS_AT_ONCE`]
-    /// at a time on this node, each waiting its turn for up to [`LARGE_READ_WAIT`], and off
-    /// the async workers, announced as a long hold of the state's lock so that the apply and
-    /// the readers that wait for that lock meanwhile wait off them too.
-    ///
-    /// Why: four reads of 200 MiB at once, built on the node's one worker, held it for 1.2 s;
-    /// heartbeats waited as long and the leader stepped down, and the same four held 2.4 GB.
-    /// Work over the whole store (Maintenance `Hash`, `HashKV`, `LeaseLeases`): a large read's turn, and off
-    /// the async workers with the state's lock announced as held long, as a large read is
-    /// built. On 310,000 keys a hash held a node's one worker for 286 ms.
+    /// Work over the whole store (Maintenance `Hash`, `HashKV`, `LeaseLeases`): a large
+    /// read's turn, and off the async workers with the state's lock announced as held long,
+    /// as a large read is built. On 310,000 keys a hash held a node's one worker for 286 ms.
     pub(super) async fn whole_store_work<R>(
         &self,
         work: impl FnOnce() -> R,
@@ -102,6 +92,16 @@ impl Etcd {
         Ok(off_workers::run(work))
     }
 
+    /// Build a read's answer with `build`, given the bytes it may take. First within
+    /// [`MAX_RESULT_BYTES`], where it was asked: the common read, a few milliseconds at most
+    /// under the state's read lock. One that needs more (up to `--etcd-max-read-answer-bytes`)
+    /// is a *large read*, built again with the whole budget: at most [`LARGE_READS_AT_ONCE`]
+    /// at a time on this node, each waiting its turn for up to [`LARGE_READ_WAIT`], and off
+    /// the async workers, announced as a long hold of the state's lock so that the apply and
+    /// the readers that wait for that lock meanwhile wait off them too.
+    ///
+    /// Why: four reads of 200 MiB at once, built on the node's one worker, held it for 1.2 s;
+    /// heartbeats waited as long and the leader stepped down.
     async fn read_answer<R>(
         &self,
         build: impl Fn(ResultBudget) -> Result<R, EtcdError>,
@@ -237,12 +237,19 @@ async fn large_turn(
 ) -> Result<tokio::sync::SemaphorePermit<'_>, EtcdError> {
     match tokio::time::timeout(wait, turns.acquire()).await {
         Ok(Ok(turn)) => Ok(turn),
-        _ => Err(EtcdError::Status(Status::resource_exhausted(format!(
-            "etcdserver: too many requests: this member builds {LARGE_READS_AT_ONCE} answers \
-             over {MAX_RESULT_BYTES} bytes (or hashes of the whole store) at a time, and none \
-             finished within {} s; narrow the read (limit, keys_only) or retry",
-            wait.as_secs()
-        )))),
+        _ => {
+            // etcd's exact text, which clients map to their typed error; the reason is here.
+            tracing::info!(
+                at_once = LARGE_READS_AT_ONCE,
+                over_bytes = MAX_RESULT_BYTES,
+                waited_s = wait.as_secs(),
+                "a large read (or a hash of the whole store) found no turn free and was \
+                 refused: narrow the read (limit, keys_only) or retry"
+            );
+            Err(EtcdError::Status(Status::resource_exhausted(
+                "etcdserver: too many requests",
+            )))
+        }
     }
 }
 
