@@ -60,6 +60,39 @@ pub fn tick_lateness(asked: MonoMillis, woke: MonoMillis, every_ms: u64) -> u64 
     woke.0.saturating_sub(asked.0).saturating_sub(every_ms)
 }
 
+/// Warnings of a recurring condition (a runtime stall, a slow disk sync), at most one per
+/// `every_ms`: the occurrences between two warnings are counted into the next one.
+#[derive(Clone, Debug)]
+pub struct WarnThrottle {
+    every_ms: u64,
+    unlogged: u64,
+    logged_at: Option<MonoMillis>,
+}
+
+impl WarnThrottle {
+    pub fn new(every_ms: u64) -> Self {
+        WarnThrottle {
+            every_ms,
+            unlogged: 0,
+            logged_at: None,
+        }
+    }
+
+    /// One more occurrence at `now`: if a warning is due, how many it reports (this one and
+    /// those held back since the last).
+    pub fn occurred(&mut self, now: MonoMillis) -> Option<u64> {
+        self.unlogged += 1;
+        if self
+            .logged_at
+            .is_some_and(|at| now.0.saturating_sub(at.0) < self.every_ms)
+        {
+            return None;
+        }
+        self.logged_at = Some(now);
+        Some(std::mem::take(&mut self.unlogged))
+    }
+}
+
 /// Whether a runtime that ran a ready task `late_ms` late stalled: by half the shortest
 /// election timeout, a heartbeat held as long leaves a follower little margin before it
 /// campaigns, and a leader's quorum acknowledgement grows as old.
@@ -238,6 +271,26 @@ pub fn transferee_may_campaign(led_age_ms: Option<u64>, lease_ms: u64, margin_ms
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn a_throttled_warning_comes_once_per_interval_and_counts_what_it_held_back() {
+        let mut w = WarnThrottle::new(10_000);
+        assert_eq!(
+            w.occurred(MonoMillis(5)),
+            Some(1),
+            "the first is reported at once"
+        );
+        assert_eq!(w.occurred(MonoMillis(1_000)), None);
+        assert_eq!(
+            w.occurred(MonoMillis(10_004)),
+            None,
+            "still within the interval"
+        );
+        assert_eq!(w.occurred(MonoMillis(10_005)), Some(3));
+        assert_eq!(w.occurred(MonoMillis(10_006)), None);
+        assert_eq!(w.occurred(MonoMillis(30_000)), Some(2));
+    }
+
     #[test]
     fn a_transferee_campaigns_only_once_the_lease_and_margin_have_passed() {
         assert!(!transferee_may_campaign(Some(0), 1000, 100));

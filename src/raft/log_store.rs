@@ -52,6 +52,7 @@ use super::entry_cache::{self, EntryCache};
 use super::segment_log::{LogFileError, SegmentLog};
 use super::state_machine::AppliedMark;
 use super::{Entry, LogId, NodeId, StorageError, TypeConfig, any_err};
+use crate::domain::types::MonoMillis;
 use crate::metrics::SyncStats;
 use crate::storage::TREE_RAFT;
 
@@ -124,38 +125,38 @@ const SLOW_SYNC: std::time::Duration = std::time::Duration::from_millis(200);
 /// At most one slow-sync warning in this long (slow syncs meanwhile are counted in the next).
 const SLOW_SYNC_LOG_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
 
-/// The slow syncs seen since the last warning, and when that warning was logged.
-#[derive(Debug, Default)]
+/// The slow syncs since the last warning: the warnings' pace, and the slowest held back.
+#[derive(Debug)]
 struct SlowSyncs {
-    count: u64,
+    warnings: crate::domain::health::WarnThrottle,
     slowest: std::time::Duration,
-    logged_at: Option<std::time::Instant>,
+}
+
+impl Default for SlowSyncs {
+    fn default() -> Self {
+        SlowSyncs {
+            warnings: crate::domain::health::WarnThrottle::new(
+                SLOW_SYNC_LOG_EVERY.as_millis() as u64
+            ),
+            slowest: std::time::Duration::ZERO,
+        }
+    }
 }
 
 impl SlowSyncs {
-    /// Note a sync that took `took`, ending at `now`: the count and the slowest since the last
-    /// warning when one is due now.
+    /// Note a sync that took `took`, ending at `now` (ms on the sync thread's own clock): the
+    /// count and the slowest since the last warning when one is due now.
     fn note(
         &mut self,
         took: std::time::Duration,
-        now: std::time::Instant,
+        now: MonoMillis,
     ) -> Option<(u64, std::time::Duration)> {
         if took < SLOW_SYNC {
             return None;
         }
-        self.count += 1;
         self.slowest = self.slowest.max(took);
-        if self
-            .logged_at
-            .is_some_and(|at| now.saturating_duration_since(at) < SLOW_SYNC_LOG_EVERY)
-        {
-            return None;
-        }
-        self.logged_at = Some(now);
-        let due = (self.count, self.slowest);
-        self.count = 0;
-        self.slowest = std::time::Duration::ZERO;
-        Some(due)
+        let count = self.warnings.occurred(now)?;
+        Some((count, std::mem::take(&mut self.slowest)))
     }
 }
 
@@ -190,6 +191,9 @@ impl Syncer {
             .spawn(move || {
                 let mut batch = Vec::new();
                 let mut slow = SlowSyncs::default();
+                // The base of the slow-sync warnings' pace (a measurement, as `started`).
+                #[allow(clippy::disallowed_methods)]
+                let base = std::time::Instant::now();
                 while let Some(first) = waiting.blocking_recv() {
                     batch.push(first);
                     while let Ok(more) = waiting.try_recv() {
@@ -201,7 +205,8 @@ impl Syncer {
                     let synced = entries.sync();
                     let took = started.elapsed();
                     observed.observe(took);
-                    if let Some((count, slowest)) = slow.note(took, started + took) {
+                    let now = MonoMillis(base.elapsed().as_millis() as u64);
+                    if let Some((count, slowest)) = slow.note(took, now) {
                         tracing::warn!(
                             took_ms = took.as_millis() as u64,
                             slowest_ms = slowest.as_millis() as u64,
@@ -848,15 +853,15 @@ pub(crate) fn seed(db: &sled::Db, last: LogId) -> Result<(), crate::storage::Sto
 
 #[cfg(test)]
 mod slow_sync_tests {
-    use std::time::{Duration, Instant};
+    use std::time::Duration;
 
     use super::{SLOW_SYNC, SLOW_SYNC_LOG_EVERY, SlowSyncs};
+    use crate::domain::types::MonoMillis;
 
     #[test]
     fn slow_syncs_are_reported_at_most_once_per_interval_with_what_came_between() {
-        // Only a base point: every other time is an offset from it.
-        #[allow(clippy::disallowed_methods)]
-        let t0 = Instant::now();
+        let t0 = MonoMillis(1_000);
+        let at = |d: Duration| MonoMillis(t0.0 + d.as_millis() as u64);
         let mut slow = SlowSyncs::default();
         assert_eq!(
             slow.note(SLOW_SYNC / 2, t0),
@@ -867,11 +872,11 @@ mod slow_sync_tests {
         assert_eq!(slow.note(first, t0), Some((1, first)));
         // Within the interval: counted, not reported.
         let worst = SLOW_SYNC * 4;
-        assert_eq!(slow.note(worst, t0 + Duration::from_secs(1)), None);
-        assert_eq!(slow.note(SLOW_SYNC, t0 + Duration::from_secs(2)), None);
+        assert_eq!(slow.note(worst, at(Duration::from_secs(1))), None);
+        assert_eq!(slow.note(SLOW_SYNC, at(Duration::from_secs(2))), None);
         // The next report carries both, and the slowest of them.
         let third = SLOW_SYNC * 2;
-        assert_eq!(slow.note(third, t0 + SLOW_SYNC_LOG_EVERY), Some((3, worst)),);
-        assert_eq!(slow.note(SLOW_SYNC, t0 + SLOW_SYNC_LOG_EVERY), None);
+        assert_eq!(slow.note(third, at(SLOW_SYNC_LOG_EVERY)), Some((3, worst)),);
+        assert_eq!(slow.note(SLOW_SYNC, at(SLOW_SYNC_LOG_EVERY)), None);
     }
 }

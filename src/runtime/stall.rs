@@ -22,8 +22,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use crate::clock::Clock;
-use crate::domain::health::{runtime_stalled, tick_lateness};
-use crate::domain::types::MonoMillis;
+use crate::domain::health::{WarnThrottle, runtime_stalled, tick_lateness};
 use crate::metrics::StallStats;
 
 /// At most one warning in this long (stalls meanwhile are counted in the next one).
@@ -43,9 +42,7 @@ impl StallMonitor {
     pub async fn run(self, cancel: CancellationToken) {
         let every_ms = self.every.as_millis() as u64;
         let election_min_ms = self.election_min.as_millis() as u64;
-        let log_every_ms = LOG_EVERY.as_millis() as u64;
-        let mut last_logged: Option<MonoMillis> = None;
-        let mut unlogged = 0u64;
+        let mut warnings = WarnThrottle::new(LOG_EVERY.as_millis() as u64);
         loop {
             let asked = self.clock.mono();
             tokio::select! {
@@ -60,18 +57,15 @@ impl StallMonitor {
                 continue;
             }
             self.stats.stalls.fetch_add(1, Ordering::Relaxed);
-            unlogged += 1;
-            if last_logged.is_some_and(|at| woke.0.saturating_sub(at.0) < log_every_ms) {
+            let Some(stalls) = warnings.occurred(woke) else {
                 continue;
-            }
+            };
             tracing::warn!(
                 late_ms = late,
-                stalls = unlogged,
+                stalls,
                 "the async runtime ran a ready task late: a worker was blocked or the cores \
                  were taken (heartbeats wait as long; see leasecore_runtime_stalls_total)"
             );
-            last_logged = Some(woke);
-            unlogged = 0;
         }
     }
 }
