@@ -544,11 +544,10 @@ impl Kv for Etcd {
         } else {
             // Read a few keys at a time within the budget: a range at a past revision larger
             // than the budget is refused before it is read whole.
-            self.read_answer(|budget| {
+            self.read_answer(|mut budget| {
                 let (revision, kvs) = view
                     .range_within(&spec, Some(Revision(r.revision as u64)), budget)
                     .map_err(history_error)?;
-                let mut budget = budget;
                 let result =
                     evaluate_within(&spec, kvs.iter().map(|(k, v)| (k.as_str(), v)), &mut budget)?;
                 Ok(self.range_response(revision, result))
