@@ -87,6 +87,8 @@ else
 fi
 
 # Every test binary runs even after one fails, so that one failure does not hide the others.
+# The integration tests are one binary (tests/integration.rs), so their two test threads
+# take the next test of any file, not only of the file in hand.
 cargo test --locked --workspace --all-targets --no-fail-fast
 
 # The dashboard in a real browser (skips with a message where Chromium cannot be installed).

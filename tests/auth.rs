@@ -2,9 +2,8 @@
 //! enabling, tokens, roles on keys and prefixes, and every route family's check.
 #![allow(clippy::disallowed_methods)] // tests wait against real deadlines
 
-mod common;
-#[path = "support/auth.rs"]
-mod support;
+use crate::common;
+use crate::support;
 
 use std::time::Duration;
 

@@ -3,9 +3,8 @@
 //! stops the events of watches already open (long poll, SSE, and `POST /v1/watches`).
 #![allow(clippy::disallowed_methods)] // tests wait against real deadlines
 
-mod common;
-#[path = "support/auth.rs"]
-mod support;
+use crate::common;
+use crate::support;
 
 use common::TestCluster;
 use leasecore::domain::auth::PermKind::{Read, Readwrite};

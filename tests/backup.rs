@@ -2,7 +2,7 @@
 //! status`, `snapshot restore` into new data dirs, and a new cluster that starts from them with
 //! the same keys, revisions and leases.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::path::Path;

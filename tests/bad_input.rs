@@ -1,7 +1,7 @@
 //! Every bad input a client (or a confused peer) can send gets a clear JSON error with the
 //! right status and code, and changes nothing.
 
-mod common;
+use crate::common;
 
 use common::TestCluster;
 use reqwest::Method;

@@ -9,7 +9,7 @@
 //! `leasecore bench --etcd` is also run directly, every workload for a moment, against an
 //! in-process cluster's etcd API.
 
-mod common;
+use crate::common;
 
 use std::fs::File;
 use std::net::TcpListener;

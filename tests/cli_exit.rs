@@ -2,7 +2,7 @@
 //! exits 0 when granted and 3 when another owner holds the resource, as `flock -n` fails when
 //! the lock is taken, so a script can tell "taken" from an error (1).
 
-mod common;
+use crate::common;
 
 use std::process::Command;
 use std::time::Duration;

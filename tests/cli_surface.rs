@@ -6,7 +6,7 @@
 //!
 //! Nothing runs on a terminal here: progress lines must not appear, only the final error.
 
-mod common;
+use crate::common;
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Output, Stdio};

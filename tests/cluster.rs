@@ -1,6 +1,6 @@
 //! End-to-end: a 3-node cluster over real HTTP on loopback.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

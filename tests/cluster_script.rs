@@ -2,7 +2,7 @@
 //! ports): a second `start` must not orphan the running cluster; `kill` of a stopped node says
 //! so plainly; `clean` wipes the cluster.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::process::{Command, Output};

@@ -3,7 +3,7 @@
 //! keys and bad values refused with the file and key named, the shipped example file complete
 //! and in step with the built-in defaults, and a node started from a file.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::path::Path;

@@ -6,7 +6,7 @@
 //! member, each answering as that member.
 #![allow(clippy::disallowed_methods)]
 
-mod common;
+use crate::common;
 
 use std::process::Stdio;
 use std::time::Duration;

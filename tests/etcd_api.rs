@@ -4,7 +4,7 @@
 //! and Observe: `tests/etcd_admin.rs`.)
 #![allow(clippy::disallowed_methods)]
 
-mod common;
+use crate::common;
 
 use std::process::Stdio;
 use std::time::{Duration, Instant};

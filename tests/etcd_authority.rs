@@ -8,7 +8,7 @@
 //! HTTP/2 frames that need nothing installed.
 #![allow(clippy::disallowed_methods)]
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -14,7 +14,7 @@
 //!   delete of its prefix) passes, compaction and defragmentation included.
 #![allow(clippy::disallowed_methods)]
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -24,7 +24,7 @@
 // Tests wait for conditions and processes against real deadlines.
 #![allow(clippy::disallowed_methods)]
 
-mod common;
+use crate::common;
 
 use common::processes::{Cluster, NODES, WAIT};
 

@@ -5,7 +5,7 @@
 //! etcd's services.
 #![allow(clippy::disallowed_methods)]
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -4,7 +4,7 @@
 //! datascale` reads). Both are open, with auth on and over TLS, as etcd's are.
 #![allow(clippy::disallowed_methods)]
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::Duration;

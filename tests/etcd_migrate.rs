@@ -7,7 +7,7 @@
 //! set (the suite's script installs `etcd-server` and sets it).
 #![allow(clippy::disallowed_methods)]
 
-mod common;
+use crate::common;
 
 use std::process::Stdio;
 use std::time::{Duration, Instant};

@@ -9,7 +9,7 @@
 //! sets it, so CI cannot skip them silently).
 #![allow(clippy::disallowed_methods)]
 
-mod common;
+use crate::common;
 
 use std::process::Stdio;
 use std::time::Duration;

@@ -29,7 +29,7 @@
 // Tests wait for processes against real deadlines, and a fault needs a real pause.
 #![allow(clippy::disallowed_methods)]
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs::OpenOptions;

@@ -1,7 +1,7 @@
 //! End-to-end Flease and PaxosLease on 3 real nodes over loopback HTTP.
 #![allow(clippy::disallowed_methods)] // tests wait against real deadlines
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -5,7 +5,7 @@
 // Tests measure how fast an answer comes against real deadlines.
 #![allow(clippy::disallowed_methods)]
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};

@@ -22,7 +22,7 @@
 // Tests wait for conditions and processes against real deadlines.
 #![allow(clippy::disallowed_methods)]
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

@@ -3,7 +3,7 @@
 //! codes a user can cause.
 #![allow(clippy::disallowed_methods)]
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -4,7 +4,7 @@
 //! clear error before it builds the answer, and a refusal must mean nothing was done.
 #![allow(clippy::disallowed_methods)]
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

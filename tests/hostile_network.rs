@@ -7,7 +7,7 @@
 //! defaults face the same code paths in production.
 #![allow(clippy::disallowed_methods)]
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::Duration;

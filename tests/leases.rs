@@ -1,7 +1,7 @@
 //! End-to-end leases on a 3-node cluster over loopback HTTP.
 #![allow(clippy::disallowed_methods)] // tests measure real time against real deadlines
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -41,7 +41,6 @@
 mod checker;
 #[path = "common/linearizability_tests.rs"]
 mod checker_tests;
-mod common;
 #[path = "common/linearizability_load.rs"]
 mod load;
 #[path = "common/linearizability_nodes.rs"]

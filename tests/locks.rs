@@ -4,7 +4,7 @@
 //! refuse a paused old holder (and without them the same run loses an update); campaign,
 //! proclaim, resign.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -3,7 +3,7 @@
 //! retry noise stays out, and a peer that is down is reported once (with reminders a minute
 //! apart), not several ERROR lines a second.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};

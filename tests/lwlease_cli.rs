@@ -2,7 +2,7 @@
 //! (only the id whose stamp is still there), and a holder whose process dies hands over to a
 //! waiting contender once its lease lapsed and the register stayed quiet.
 
-mod common;
+use crate::common;
 
 use std::process::{Command, Stdio};
 use std::time::Duration;

@@ -1,6 +1,6 @@
 //! Membership by heartbeat, with real `leasecore agent` processes.
 
-mod common;
+use crate::common;
 
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;

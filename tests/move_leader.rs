@@ -3,7 +3,7 @@
 //! through every node, none of which may be lost; and the refusals.
 #![allow(clippy::disallowed_methods)]
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};

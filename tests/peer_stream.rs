@@ -4,7 +4,7 @@
 //! the stream without touching the node.
 #![allow(clippy::disallowed_methods)] // tests wait against real deadlines
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -2,7 +2,7 @@
 //! findings) are refused, and state, leadership and term are unchanged afterwards.
 #![allow(clippy::disallowed_methods)] // tests wait against real deadlines
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

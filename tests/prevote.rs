@@ -5,7 +5,7 @@
 //! down).
 #![allow(clippy::disallowed_methods)]
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

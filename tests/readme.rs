@@ -10,7 +10,7 @@
 //! streams, `--hold`) are skipped; a 503 (nothing done, the cluster cannot answer yet) is
 //! retried for a while, as a user would.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -7,7 +7,7 @@
 // Tests wait against real deadlines.
 #![allow(clippy::disallowed_methods)]
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -5,7 +5,7 @@
 //! code paths face 20,000 connections and gigabytes in production (`scripts/conn-flood.py`
 //! reproduces the connection flood against a running node).
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -7,7 +7,7 @@
 //! Nothing sleeps to let things settle: every wait polls a condition with a deadline.
 #![allow(clippy::disallowed_methods)]
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};

@@ -1,7 +1,7 @@
 //! End-to-end watches on a 3-node cluster over loopback HTTP.
 #![allow(clippy::disallowed_methods)] // tests wait against real deadlines
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 use std::sync::Arc;

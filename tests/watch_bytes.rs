@@ -7,7 +7,7 @@
 //! budget.
 #![allow(clippy::disallowed_methods)]
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::time::Duration;

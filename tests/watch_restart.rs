@@ -5,7 +5,7 @@
 // Tests wait for conditions and processes against real deadlines.
 #![allow(clippy::disallowed_methods)]
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::process::{Child, Command, Stdio};

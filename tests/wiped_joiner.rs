@@ -4,7 +4,7 @@
 //! leader that lacks writes it had acknowledged, or vote twice in one term.
 #![allow(clippy::disallowed_methods)]
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 
