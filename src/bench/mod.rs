@@ -11,6 +11,7 @@
 // A load generator measures wall-clock latency: the clock reads are the point.
 #![allow(clippy::disallowed_methods)]
 
+pub mod apply;
 pub mod churn;
 pub mod etcd;
 pub mod experiments;

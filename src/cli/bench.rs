@@ -25,7 +25,9 @@ pub struct BenchArgs {
     /// paxoslease-memory (resident bytes per idle resource, at --resources; serve with a lease
     /// time longer than the run so that no cell is collected meanwhile), mvcc-footprint
     /// (resident and disk bytes per stored version: --versions of each of --keys keys, 128
-    /// puts to a transaction; serve with auto-compaction off).
+    /// puts to a transaction; serve with auto-compaction off), apply (no cluster: the state
+    /// machine's apply in this process, --keys puts of new keys in groups of --connections
+    /// entries, as `--etcd put` makes them; for `valgrind --tool=callgrind`).
     /// With --etcd: put, range (linearizable), range-serializable, txn (compare-and-set of a
     /// key per connection), lease-grant, lease-keepalive (a stream per connection over a
     /// pre-granted lease).
@@ -169,6 +171,11 @@ pub async fn run(args: BenchArgs, conn: &ConnArgs) -> Result<(), ClientError> {
                 connections,
             )
             .await?;
+            print_result(&r, conn.json);
+            return Ok(());
+        }
+        "apply" => {
+            let r = bench::apply::apply(args.keys.max(1), connections, 64, args.value_size).await?;
             print_result(&r, conn.json);
             return Ok(());
         }
