@@ -885,6 +885,40 @@ async fn canceled_response(stream: &mut WatchStream) -> etcd_client::WatchRespon
     panic!("the watch was not canceled");
 }
 
+/// A client-chosen watch id already in use on the stream is refused as etcd refuses it: a
+/// response created and canceled at once, with watch id -1 and mvcc's reason, while the
+/// watch that holds the id goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_duplicate_watch_id_is_refused_in_etcds_words() {
+    let c = Cluster::start().await;
+    let mut client = c.client(&[c.leader().await]).await;
+    let mut stream = client
+        .watch("dup", Some(WatchOptions::new().with_watch_id(7)))
+        .await
+        .unwrap();
+    assert_eq!(created(&mut stream).await, 7);
+    stream
+        .watch("dup2", Some(WatchOptions::new().with_watch_id(7)))
+        .await
+        .unwrap();
+    let refused = canceled_response(&mut stream).await;
+    assert!(refused.created(), "{refused:?}");
+    assert_eq!(refused.watch_id(), -1, "{refused:?}");
+    assert_eq!(
+        refused.cancel_reason(),
+        "mvcc: duplicate watch ID provided on the WatchStream"
+    );
+    let r = rev(client.put("dup", "v", None).await.unwrap().header());
+    let got = events_until(&mut stream, |got| !got.is_empty())
+        .await
+        .concat();
+    assert_eq!(
+        got,
+        [put_ev("dup", "v", r, None)],
+        "the first watch goes on"
+    );
+}
+
 /// etcd's compaction at `R` keeps revision `R`: a watch from `R` delivers the event at `R` (on
 /// every node), and one from below is canceled with `compact_revision` `R` itself, where a
 /// watch can resume. (leasecore once treated `R` as compacted too and named `R + 1`.)

@@ -260,6 +260,31 @@ impl Tenure {
     }
 }
 
+/// etcd's `hasleader` rule for a watch stream: the stream ends once `needed` checks in a row
+/// (an election timeout apart, the shell's interval) found its member without a leader. A
+/// check that finds a leader starts the count again, so a member that keeps finding leaders
+/// between short gaps never ends its streams (etcd's `maxNoLeaderCnt`).
+#[derive(Clone, Debug)]
+pub struct LeaderlessStreak {
+    needed: u32,
+    in_a_row: u32,
+}
+
+impl LeaderlessStreak {
+    pub fn new(needed: u32) -> Self {
+        LeaderlessStreak {
+            needed: needed.max(1),
+            in_a_row: 0,
+        }
+    }
+
+    /// One check: whether the stream must end now.
+    pub fn check(&mut self, leaderless: bool) -> bool {
+        self.in_a_row = if leaderless { self.in_a_row + 1 } else { 0 };
+        self.in_a_row >= self.needed
+    }
+}
+
 /// Whether the transferee of a leadership transfer may campaign: its leader (whose heartbeats
 /// stopped for the transfer) has been silent, as this node saw it, for longer than openraft's
 /// leader lease (`lease_ms`, the largest election timeout) plus `margin_ms` (the other voters
@@ -271,6 +296,7 @@ pub fn transferee_may_campaign(led_age_ms: Option<u64>, lease_ms: u64, margin_ms
 
 #[cfg(test)]
 mod tests {
+    use super::*;
 
     #[test]
     fn a_throttled_warning_comes_once_per_interval_and_counts_what_it_held_back() {
@@ -299,7 +325,35 @@ mod tests {
         assert!(transferee_may_campaign(None, 1000, 100));
         assert!(!transferee_may_campaign(Some(u64::MAX - 1), u64::MAX, 100));
     }
-    use super::*;
+
+    #[test]
+    fn a_hasleader_stream_ends_only_after_enough_leaderless_checks_in_a_row() {
+        let mut s = LeaderlessStreak::new(3);
+        assert!(!s.check(true));
+        assert!(!s.check(true));
+        // A leader found in between starts the count again.
+        assert!(!s.check(false));
+        assert!(!s.check(true));
+        assert!(!s.check(true));
+        assert!(s.check(true), "the third in a row ends it");
+        // Thousands of random histories: it ends exactly at a third leaderless check in a row.
+        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        for _ in 0..2_000 {
+            let mut s = LeaderlessStreak::new(3);
+            let mut run = 0;
+            for _ in 0..50 {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                let leaderless = x % 3 != 0;
+                run = if leaderless { run + 1 } else { 0 };
+                assert_eq!(s.check(leaderless), run >= 3);
+            }
+        }
+        // At least one check is needed, whatever it is told.
+        assert!(LeaderlessStreak::new(0).check(true));
+        assert!(!LeaderlessStreak::new(0).check(false));
+    }
 
     #[test]
     fn a_tick_is_late_by_what_it_waited_beyond_its_interval_and_stalls_at_half_an_election() {

@@ -60,6 +60,7 @@ use tonic::{Request, Response, Status, Streaming};
 use super::{Etcd, key_value, lease_id};
 use crate::domain::auth::{Access, KeyRange, perm::prefix_end};
 use crate::domain::command::{Event, EventKind};
+use crate::domain::health::LeaderlessStreak;
 use crate::domain::history::{KeyFilter, Resume};
 use crate::domain::types::Revision;
 use crate::domain::watch_batch::{BATCH_BYTES, BatchCut, BatchLimit, Cut};
@@ -333,13 +334,12 @@ impl Session {
         let hub = self.etcd.state.watch.clone();
         let synced = self.synced.clone();
         let mut leader_checks = tokio::time::interval(self.etcd.state.consensus.election_timeout());
-        let mut leaderless_in_a_row = 0;
+        let mut leaderless = LeaderlessStreak::new(LEADERLESS_CHECKS);
         loop {
             let msg = tokio::select! {
                 m = inbound.next() => m,
                 _ = leader_checks.tick(), if self.require_leader => {
-                    leaderless_in_a_row = if self.etcd.leaderless() { leaderless_in_a_row + 1 } else { 0 };
-                    if leaderless_in_a_row >= LEADERLESS_CHECKS {
+                    if leaderless.check(self.etcd.leaderless()) {
                         // The client reconnects elsewhere and resumes its watches.
                         let _ = self.out.send(Err(super::no_leader())).await;
                         break;
@@ -412,8 +412,9 @@ impl Session {
             self.next_id
         };
         if self.watchers.contains_key(&id) {
+            // etcd's words, and its id: mvcc hands back -1 with the error.
             return self
-                .send(self.refused(id, "etcdserver: duplicate watch ID"))
+                .send(self.refused(-1, "mvcc: duplicate watch ID provided on the WatchStream"))
                 .await;
         }
         if self.watchers.len() >= MAX_WATCHERS_PER_STREAM {
