@@ -345,7 +345,7 @@ mod tests {
                 x ^= x << 13;
                 x ^= x >> 7;
                 x ^= x << 17;
-                let leaderless = x % 3 != 0;
+                let leaderless = !x.is_multiple_of(3);
                 run = if leaderless { run + 1 } else { 0 };
                 assert_eq!(s.check(leaderless), run >= 3);
             }
