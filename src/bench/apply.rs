@@ -4,8 +4,7 @@
 //! a three-node cluster, on the same cores as the front end and the Raft core. A cluster's
 //! figures move with the host by tens of percent from one run to the next; this one runs the
 //! apply alone, on one thread, with nothing else in the process, so that it can be counted
-//! in instructions (`valgrind --tool=callgrind leasecore bench apply ...`), which repeat
-//! exactly for the same binary and input:
+//! in instructions, which repeat exactly for the same binary and input:
 //! `valgrind --tool=callgrind --toggle-collect='*apply_now*' leasecore bench apply --keys
 //! 100000 -c 24 --value-size 256` counts the apply alone (about 9,500 instructions per put
 //! on 2026-11-30: the state's map a third, the key index a fifth, the event record's sled
@@ -50,8 +49,7 @@ pub struct ApplyReport {
 }
 
 /// Apply `puts` puts of new keys in groups of `group` entries; see the module's comment.
-// A benchmark times itself with the wall clock; nothing is decided by it.
-#[allow(clippy::disallowed_methods)]
+/// (A failure to set up or apply is reported as `Usage`: there is no cluster to blame.)
 pub async fn apply(
     puts: usize,
     group: usize,
@@ -60,6 +58,8 @@ pub async fn apply(
 ) -> Result<ApplyReport, ClientError> {
     let fail = |what: &str, e: &dyn std::fmt::Display| ClientError::Usage(format!("{what}: {e}"));
     let dir = std::env::temp_dir().join(format!("leasecore-bench-apply-{}", std::process::id()));
+    // A directory left by an earlier run of the same pid would hold its state: start empty.
+    let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).map_err(|e| fail("temporary directory", &e))?;
     let removed = RemoveOnDrop(dir.clone());
     let db = crate::storage::open_db(&dir, 256 << 20).map_err(|e| fail("sled", &e))?;

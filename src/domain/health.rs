@@ -1,5 +1,6 @@
 //! Health rules: is this node ready to serve, has a leader lost its quorum, is a peer reachable,
-//! has a learner caught up enough to become a voter.
+//! has a learner caught up enough to become a voter, has a `hasleader` watch stream's member
+//! been without a leader long enough to end it.
 //!
 //! Everything here is a pure function of a snapshot of what the node knows and of `now`
 //! (through ages in milliseconds, computed by the shell from its one clock). The shells
