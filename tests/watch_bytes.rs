@@ -696,6 +696,26 @@ async fn hasleader_watches_end_and_calls_are_refused_on_a_member_without_a_leade
     })
     .unwrap();
     assert!(next_answer(&mut stream).await.created);
+    // The same through etcd's JSON gateway, which passes `Grpc-Metadata-<name>` headers on
+    // as metadata: a watch opened so ends too.
+    let http = reqwest::Client::new();
+    let mut gateway_watch = http
+        .post(format!("http://{addr}/v3/watch"))
+        .header("Grpc-Metadata-Hasleader", "true")
+        .body(r#"{"create_request":{"key":"aGwv","range_end":"aGww"}}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(gateway_watch.status(), 200);
+    let first = gateway_watch
+        .chunk()
+        .await
+        .unwrap()
+        .expect("the created line");
+    assert!(
+        String::from_utf8_lossy(&first).contains("\"created\":true"),
+        "{first:?}"
+    );
 
     for id in (1..=3).filter(|id| *id != survivor) {
         c.stop(id).await;
@@ -714,6 +734,16 @@ async fn hasleader_watches_end_and_calls_are_refused_on_a_member_without_a_leade
     let status = ended.expect("with an error, not a clean end");
     assert_eq!(status.code(), Code::Unavailable, "{status:?}");
     assert_eq!(status.message(), "etcdserver: no leader");
+    let mut rest = Vec::new();
+    while let Some(chunk) = tokio::time::timeout(Duration::from_secs(30), gateway_watch.chunk())
+        .await
+        .expect("the gateway's hasleader watch ends too")
+        .unwrap()
+    {
+        rest.extend_from_slice(&chunk);
+    }
+    let rest = String::from_utf8_lossy(&rest);
+    assert!(rest.contains("etcdserver: no leader"), "{rest}");
 
     // A call with the metadata is refused within a short deadline (a linearizable read
     // without it waits for its own request timeout).
@@ -727,6 +757,23 @@ async fn hasleader_watches_end_and_calls_are_refused_on_a_member_without_a_leade
     assert_eq!(
         (err.code(), err.message()),
         (Code::Unavailable, "etcdserver: no leader")
+    );
+    // And a gateway call with the header, in the gateway's JSON: even a serializable read,
+    // which the member would answer from its own state without the header.
+    let refused = http
+        .post(format!("http://{addr}/v3/kv/range"))
+        .header("Grpc-Metadata-Hasleader", "true")
+        .timeout(Duration::from_secs(1))
+        .body(r#"{"key":"aGwvYQ==","serializable":true}"#)
+        .send()
+        .await
+        .expect("refused at once, not after the read's own timeout");
+    assert_eq!(refused.status(), 503);
+    let v: Value = refused.json().await.unwrap();
+    assert_eq!(
+        (v["code"].as_i64(), v["message"].as_str()),
+        (Some(14), Some("etcdserver: no leader")),
+        "{v}"
     );
     c.shutdown().await;
 }

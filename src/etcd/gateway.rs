@@ -310,6 +310,7 @@ async fn version() -> Response {
 
 /// The gateway's routes, on the etcd listener beside the gRPC services.
 pub fn routes(etcd: Etcd) -> Router {
+    let guard = etcd.clone();
     macro_rules! unary_route {
         ($router:expr, $path:expr, $svc:ident :: $method:ident) => {{
             let e = etcd.clone();
@@ -391,11 +392,13 @@ pub fn routes(etcd: Etcd) -> Router {
                         Err(s) => return error(s),
                     };
                     // The body's requests, then the stream stays open (as etcd's gateway
-                    // does) until the client goes.
+                    // does) until the client goes. `Grpc-Metadata-Hasleader: true` is the
+                    // gateway's `hasleader`: such a stream ends as a gRPC one does.
                     let inbound = futures::stream::iter(reqs.into_iter().map(Ok))
                         .chain(futures::stream::pending());
-                    ndjson(e.watch_session(caller, conn.map(|c| c.0), false, Box::pin(inbound)))
-                        .await
+                    let require_leader = super::requires_leader(&headers);
+                    let conn = conn.map(|c| c.0);
+                    ndjson(e.watch_session(caller, conn, require_leader, Box::pin(inbound))).await
                 }
             },
         ),
@@ -456,4 +459,22 @@ pub fn routes(etcd: Etcd) -> Router {
         .nest("/v3", r.clone())
         .nest("/v3beta", r)
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .layer(axum::middleware::from_fn_with_state(
+            guard,
+            refuse_leaderless,
+        ))
+}
+
+/// A gateway call asking for a member with a leader (`Grpc-Metadata-Hasleader: true`) on one
+/// without is refused at once, in the gateway's JSON, as etcd's interceptor refuses the gRPC
+/// call the gateway makes.
+async fn refuse_leaderless(
+    axum::extract::State(etcd): axum::extract::State<Etcd>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    if super::requires_leader(req.headers()) && etcd.leaderless() {
+        return error(super::no_leader());
+    }
+    next.run(req).await
 }

@@ -99,11 +99,15 @@ pub struct Etcd {
 /// `clientv3.WithRequireLeader`; Kubernetes sets it on every watch).
 const REQUIRE_LEADER_KEY: &str = "hasleader";
 
-/// Whether a request carries `hasleader: true`.
+/// The same metadata through etcd's JSON gateway: grpc-gateway hands a `Grpc-Metadata-<name>`
+/// HTTP header to the gRPC call as metadata `<name>`.
+const GATEWAY_REQUIRE_LEADER_KEY: &str = "grpc-metadata-hasleader";
+
+/// Whether a request carries `hasleader: true` (as gRPC metadata, or as the gateway's header).
 fn requires_leader(headers: &axum::http::HeaderMap) -> bool {
-    headers
-        .get(REQUIRE_LEADER_KEY)
-        .is_some_and(|v| v.as_bytes() == b"true")
+    [REQUIRE_LEADER_KEY, GATEWAY_REQUIRE_LEADER_KEY]
+        .iter()
+        .any(|key| headers.get(*key).is_some_and(|v| v.as_bytes() == b"true"))
 }
 
 /// etcd's answer to a `hasleader` call on a member without a leader: the one mapping of
