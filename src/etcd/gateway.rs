@@ -310,7 +310,7 @@ async fn version() -> Response {
 
 /// The gateway's routes, on the etcd listener beside the gRPC services.
 pub fn routes(etcd: Etcd) -> Router {
-    let guard = etcd.clone();
+    let leader_check = etcd.clone();
     macro_rules! unary_route {
         ($router:expr, $path:expr, $svc:ident :: $method:ident) => {{
             let e = etcd.clone();
@@ -460,7 +460,7 @@ pub fn routes(etcd: Etcd) -> Router {
         .nest("/v3beta", r)
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY_BYTES))
         .layer(axum::middleware::from_fn_with_state(
-            guard,
+            leader_check,
             refuse_leaderless,
         ))
 }
@@ -473,8 +473,8 @@ async fn refuse_leaderless(
     req: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> Response {
-    if super::requires_leader(req.headers()) && etcd.leaderless() {
-        return error(super::no_leader());
+    match etcd.refusal_for_no_leader(req.headers()) {
+        Some(status) => error(status),
+        None => next.run(req).await,
     }
-    next.run(req).await
 }

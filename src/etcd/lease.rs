@@ -39,6 +39,10 @@ pub(super) type KeepAliveStream =
 /// default (`concurrency.NewSession`, 60 s).
 const SESSION_TTL_MS: u64 = 60_000;
 
+/// A lease list of at most this many is built where it is asked (about a millisecond): only
+/// a longer one takes a large read's turn.
+const LEASES_LISTED_IN_PLACE: usize = 10_000;
+
 impl Etcd {
     /// One answer per request of `inbound`, in order; the stream ends with the client's, or
     /// at the first failure (the client then reconnects, as it does when a node goes).
@@ -257,21 +261,27 @@ impl Lease for Etcd {
             .read_barrier()
             .await
             .map_err(EtcdError::from)?;
-        // Up to `--max-leases` (two million) of them: walked as work over the whole store.
-        let (revision, leases) = self
-            .whole_store_work(|| {
-                let (revision, all) = self.state.consensus.view().leases();
-                let leases = all
-                    .iter()
-                    .map(|(name, _)| (lease_id(name), name))
-                    .filter(|(id, name)| {
-                        *id != 0 && lease_allowed(&self.state, &caller, name, Access::Read)
-                    })
-                    .map(|(id, _)| LeaseStatus { id })
-                    .collect::<Vec<_>>();
-                (revision, leases)
-            })
-            .await?;
+        // Names only: a lease's record carries its attached keys, which the list does not show.
+        let list = || {
+            let (revision, names) = self.state.consensus.view().lease_names();
+            let leases = names
+                .iter()
+                .map(|name| (lease_id(name), name))
+                .filter(|(id, name)| {
+                    *id != 0 && lease_allowed(&self.state, &caller, name, Access::Read)
+                })
+                .map(|(id, _)| LeaseStatus { id })
+                .collect::<Vec<_>>();
+            (revision, leases)
+        };
+        // Up to `--max-leases` (two million) of them: a long list is walked as work over the
+        // whole store, which waits its turn; a short one is not made to wait behind large reads.
+        let (revision, leases) =
+            if self.state.consensus.view().lease_count() <= LEASES_LISTED_IN_PLACE {
+                list()
+            } else {
+                self.whole_store_work(list).await?
+            };
         Ok(Response::new(LeaseLeasesResponse {
             header: self.header_at(revision),
             leases,

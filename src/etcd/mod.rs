@@ -125,10 +125,10 @@ async fn refuse_leaderless(
     req: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> axum::response::Response {
-    if requires_leader(req.headers()) && etcd.leaderless() {
-        return no_leader().into_http::<axum::body::Body>();
+    match etcd.refusal_for_no_leader(req.headers()) {
+        Some(status) => status.into_http::<axum::body::Body>(),
+        None => next.run(req).await,
     }
-    next.run(req).await
 }
 
 impl Etcd {
@@ -141,6 +141,13 @@ impl Etcd {
             self.state.consensus.readiness(),
             Err(NotReady::NoLeader | NotReady::NoQuorum { .. } | NotReady::LeaderSilent { .. })
         )
+    }
+
+    /// The refusal of a call that asks for a member with a leader (`hasleader`, as metadata
+    /// or the gateway's header) on this one, if it has none; the one check of both the gRPC
+    /// services and the gateway, which each answer it in their own shape.
+    fn refusal_for_no_leader(&self, headers: &axum::http::HeaderMap) -> Option<tonic::Status> {
+        (requires_leader(headers) && self.leaderless()).then(no_leader)
     }
 
     /// A response header as of `revision`.

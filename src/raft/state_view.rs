@@ -168,6 +168,17 @@ impl StateView {
         (kv.revision(), kv.lease(name).cloned())
     }
 
+    /// How many leases there are.
+    pub fn lease_count(&self) -> usize {
+        off_workers::read(&self.kv).leases().len()
+    }
+
+    /// Every lease's name, without its record (whose key set a list of ids has no use for).
+    pub fn lease_names(&self) -> (Revision, Vec<String>) {
+        let kv = off_workers::read(&self.kv);
+        (kv.revision(), kv.leases().keys().cloned().collect())
+    }
+
     /// Every lease, by name.
     pub fn leases(&self) -> (Revision, Vec<(String, LeaseRecord)>) {
         let kv = off_workers::read(&self.kv);
