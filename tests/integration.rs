@@ -43,6 +43,7 @@ mod history_reads;
 mod history_v1;
 mod hostile_input;
 mod hostile_network;
+mod leader_tail_loss;
 mod lease_model;
 mod leases;
 mod linearizability;

@@ -7,7 +7,7 @@
 //!   log a prefix of what was written: a torn tail is cut when the log is opened.
 //! - An append is reported durable (`log_io_completed`) only after an fdatasync that started
 //!   after the entries were written: a vote or acknowledgement is never given for an entry a
-//!   crash could lose. The syncs run on a thread of their own ([`SYNC_THREAD`]), not in
+//!   crash could lose. The syncs run on a thread of their own ([`super::log_sync`]), not in
 //!   `append`, which openraft's core awaits inline; callbacks complete in the order of the
 //!   appends, and every append queued while a sync runs shares the next one (group commit).
 //! - sled is no longer flushed by appends. The state machine's writes become durable with
@@ -49,10 +49,10 @@ use serde::de::DeserializeOwned;
 
 use super::durability::{Durability, DurableView, may_acknowledge_early};
 use super::entry_cache::{self, EntryCache};
+use super::log_sync::{SyncJob, Syncer};
 use super::segment_log::{LogFileError, SegmentLog};
 use super::state_machine::AppliedMark;
 use super::{Entry, LogId, NodeId, StorageError, TypeConfig, any_err};
-use crate::domain::types::MonoMillis;
 use crate::metrics::SyncStats;
 use crate::storage::TREE_RAFT;
 
@@ -62,8 +62,6 @@ const KEY_COMMITTED: &[u8] = b"m/committed";
 const KEY_PURGED: &[u8] = b"m/purged";
 /// The entries' directory, inside the data directory.
 pub const LOG_DIR: &str = "raft-log";
-/// The name of the thread that makes appends durable.
-pub const SYNC_THREAD: &str = "raft log sync";
 
 /// The most entry bytes one replication read returns (at least one entry): the peer network
 /// sends at most this much per AppendEntries anyway.
@@ -109,140 +107,6 @@ pub struct LogStore {
     applied: Option<tokio::sync::watch::Receiver<AppliedMark>>,
     /// Told of every membership appended ([`LogStore::with_vote_hold`]).
     vote_hold: Option<Arc<super::vote_hold::VoteHold>>,
-}
-
-/// How many appends may wait for a sync before `append` itself waits (back-pressure on the
-/// Raft core instead of an unbounded queue).
-const SYNC_QUEUE: usize = 4096;
-
-/// A sync at least this slow is reported: a follower acknowledges nothing while its sync runs
-/// (openraft 0.9 keeps a follower's log I/O in its core), so its leader's quorum acknowledgement
-/// ages as long, and at an election timeout the leader steps down. Half the shortest default
-/// election timeout: an operator who sees a step-down, or a client that saw `no leader`, finds
-/// the stalled disk beside it in the log.
-const SLOW_SYNC: std::time::Duration = std::time::Duration::from_millis(200);
-
-/// At most one slow-sync warning in this long (slow syncs meanwhile are counted in the next).
-const SLOW_SYNC_LOG_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
-
-/// The slow syncs since the last warning: the warnings' pace, and the slowest held back.
-#[derive(Debug)]
-struct SlowSyncs {
-    warnings: crate::domain::health::WarnThrottle,
-    slowest: std::time::Duration,
-}
-
-impl Default for SlowSyncs {
-    fn default() -> Self {
-        SlowSyncs {
-            warnings: crate::domain::health::WarnThrottle::new(
-                SLOW_SYNC_LOG_EVERY.as_millis() as u64
-            ),
-            slowest: std::time::Duration::ZERO,
-        }
-    }
-}
-
-impl SlowSyncs {
-    /// Note a sync that took `took`, ending at `now` (ms on the sync thread's own clock): the
-    /// count and the slowest since the last warning when one is due now.
-    fn note(
-        &mut self,
-        took: std::time::Duration,
-        now: MonoMillis,
-    ) -> Option<(u64, std::time::Duration)> {
-        if took < SLOW_SYNC {
-            return None;
-        }
-        self.slowest = self.slowest.max(took);
-        let count = self.warnings.occurred(now)?;
-        Some((count, std::mem::take(&mut self.slowest)))
-    }
-}
-
-/// Completes appends once a sync covers them: one thread per log store, which takes every
-/// waiting append, syncs once, raises the durable mark and completes the callbacks in order. A
-/// plain thread rather than a task: an fdatasync blocks, and a blocking-pool hop per sync costs
-/// two more wake-ups. It ends when every clone of the log store is dropped, after completing
-/// what is queued.
-#[derive(Clone)]
-struct Syncer {
-    queue: tokio::sync::mpsc::Sender<SyncJob>,
-    /// How long each sync took, for the node's metrics.
-    times: Arc<SyncStats>,
-}
-
-/// One append waiting for its sync.
-struct SyncJob {
-    /// `None` when the append was acknowledged early (the leader's own entries).
-    callback: Option<LogFlushed<TypeConfig>>,
-    /// Its last entry, and the log's generation when it was written.
-    last: Option<LogId>,
-    generation: u64,
-}
-
-impl Syncer {
-    fn start(entries: Arc<SegmentLog>, durability: Durability) -> Result<Syncer, std::io::Error> {
-        let (queue, mut waiting) = tokio::sync::mpsc::channel::<SyncJob>(SYNC_QUEUE);
-        let times = Arc::new(SyncStats::default());
-        let observed = times.clone();
-        std::thread::Builder::new()
-            .name(SYNC_THREAD.into())
-            .spawn(move || {
-                let mut batch = Vec::new();
-                let mut slow = SlowSyncs::default();
-                // The base of the slow-sync warnings' pace (a measurement, as `started`).
-                #[allow(clippy::disallowed_methods)]
-                let base = std::time::Instant::now();
-                while let Some(first) = waiting.blocking_recv() {
-                    batch.push(first);
-                    while let Ok(more) = waiting.try_recv() {
-                        batch.push(more);
-                    }
-                    // A measurement for the metrics only: nothing decides on it.
-                    #[allow(clippy::disallowed_methods)]
-                    let started = std::time::Instant::now();
-                    let synced = entries.sync();
-                    let took = started.elapsed();
-                    observed.observe(took);
-                    let now = MonoMillis(base.elapsed().as_millis() as u64);
-                    if let Some((count, slowest)) = slow.note(took, now) {
-                        tracing::warn!(
-                            took_ms = took.as_millis() as u64,
-                            slowest_ms = slowest.as_millis() as u64,
-                            slow_syncs = count,
-                            "the raft log's fdatasync was slow: the disk stalled, and nothing this \
-                             node appended was acknowledged meanwhile (a leader without a quorum's \
-                             acknowledgement for an election timeout steps down; see \
-                             leasecore_raft_log_fsync_duration_seconds)"
-                        );
-                    }
-                    match &synced {
-                        Ok(()) => {
-                            for job in &batch {
-                                if let Some(last) = job.last {
-                                    durability.synced(last, job.generation);
-                                }
-                            }
-                        }
-                        Err(e) => {
-                            tracing::error!(error = %e, "syncing the raft log failed");
-                            durability.failed();
-                        }
-                    }
-                    for job in batch.drain(..) {
-                        let result = match &synced {
-                            Ok(()) => Ok(()),
-                            Err(e) => Err(std::io::Error::new(e.kind(), e.to_string())),
-                        };
-                        if let Some(callback) = job.callback {
-                            callback.log_io_completed(result);
-                        }
-                    }
-                }
-            })?;
-        Ok(Syncer { queue, times })
-    }
 }
 
 fn file_err(e: LogFileError) -> crate::storage::StorageError {
@@ -331,12 +195,26 @@ impl LogStore {
     /// they are synced ([`super::durability`] says why that is safe).
     pub fn with_node(mut self, me: NodeId) -> Self {
         self.me = Some(me);
+        self.durability.set_me(me);
+        if let Some(vote) = *self.vote.lock().unwrap_or_else(|p| p.into_inner()) {
+            self.durability.vote_saved(&vote);
+        }
         self
+    }
+
+    /// The writer of the durable marks: the node tells it the membership found at start.
+    pub fn durability(&self) -> Durability {
+        self.durability.clone()
     }
 
     /// How far the log is durable.
     pub fn durable_view(&self) -> DurableView {
         self.durability.view()
+    }
+
+    /// How far this node's own log is durable, whoever else holds its entries.
+    pub fn own_durable_view(&self) -> DurableView {
+        self.durability.own_view()
     }
 
     /// Bytes of the stored entries (shared; updated as the log changes).
@@ -523,6 +401,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             .await
             .map_err(|e| StorageIOError::write_vote(any_err(&e)))?;
         *self.vote.lock().unwrap_or_else(|p| p.into_inner()) = Some(*vote);
+        self.durability.vote_saved(vote);
         Ok(())
     }
 
@@ -574,6 +453,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         });
         let mut records = Vec::new();
         let mut stamps = Vec::new();
+        let mut memberships = Vec::new();
         for entry in &entries {
             let index = entry.log_id.index;
             if let EntryPayload::Normal(cmd) = &entry.payload
@@ -581,8 +461,11 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             {
                 stamps.push((index, stamp));
             }
-            if let (EntryPayload::Membership(m), Some(hold)) = (&entry.payload, &self.vote_hold) {
-                hold.stored(index, m);
+            if let EntryPayload::Membership(m) = &entry.payload {
+                if let Some(hold) = &self.vote_hold {
+                    hold.stored(index, m);
+                }
+                memberships.push((index, m.get_joint_config().clone()));
             }
             records.push((index, entry_bytes(entry, early)?));
         }
@@ -619,6 +502,12 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         self.entries
             .append(&records)
             .map_err(|e| StorageIOError::write_logs(any_err(&e)))?;
+        // After the cut above: a membership entry counts from when it is in the log.
+        for (index, configs) in memberships {
+            if index >= floor {
+                self.durability.membership(index, configs);
+            }
+        }
         let last = records
             .last()
             .and_then(|(index, _)| entries.iter().rev().find(|e| e.log_id.index == *index))
@@ -849,34 +738,4 @@ pub(crate) fn seed(db: &sled::Db, last: LogId) -> Result<(), crate::storage::Sto
     tree.apply_batch(batch)?;
     db.flush()?;
     Ok(())
-}
-
-#[cfg(test)]
-mod slow_sync_tests {
-    use std::time::Duration;
-
-    use super::{SLOW_SYNC, SLOW_SYNC_LOG_EVERY, SlowSyncs};
-    use crate::domain::types::MonoMillis;
-
-    #[test]
-    fn slow_syncs_are_reported_at_most_once_per_interval_with_what_came_between() {
-        let t0 = MonoMillis(1_000);
-        let at = |d: Duration| MonoMillis(t0.0 + d.as_millis() as u64);
-        let mut slow = SlowSyncs::default();
-        assert_eq!(
-            slow.note(SLOW_SYNC / 2, t0),
-            None,
-            "a fast sync is not slow"
-        );
-        let first = SLOW_SYNC + Duration::from_millis(5);
-        assert_eq!(slow.note(first, t0), Some((1, first)));
-        // Within the interval: counted, not reported.
-        let worst = SLOW_SYNC * 4;
-        assert_eq!(slow.note(worst, at(Duration::from_secs(1))), None);
-        assert_eq!(slow.note(SLOW_SYNC, at(Duration::from_secs(2))), None);
-        // The next report carries both, and the slowest of them.
-        let third = SLOW_SYNC * 2;
-        assert_eq!(slow.note(third, at(SLOW_SYNC_LOG_EVERY)), Some((3, worst)),);
-        assert_eq!(slow.note(SLOW_SYNC, at(SLOW_SYNC_LOG_EVERY)), None);
-    }
 }

@@ -19,6 +19,7 @@ pub mod durability;
 pub mod entry_cache;
 pub mod history_fill;
 pub mod log_store;
+mod log_sync;
 pub mod mvcc_store;
 pub mod network;
 pub mod off_workers;

@@ -131,7 +131,7 @@ impl Cluster {
             .args(["--listen", &self.addrs[id - 1]])
             .args(["--etcd-listen", &self.etcd[id - 1]])
             .arg("--data")
-            .arg(self.root().join(format!("node-{id}")))
+            .arg(self.data_dir(id))
             .args(["--peers", &peers.join(","), "--cache-mb", "16"])
             .env("NO_COLOR", "1")
             .stdout(log.try_clone().unwrap())
@@ -204,6 +204,17 @@ impl Cluster {
             .filter(|i| *i != leader)
             .collect();
         (f[0], f[1])
+    }
+
+    /// Start node `id` again from its data (after [`Cluster::kill`]).
+    pub fn restart(&mut self, id: usize) {
+        assert!(self.procs[id - 1].is_none(), "node {id} is stopped");
+        self.procs[id - 1] = Some(self.spawn(id));
+    }
+
+    /// Node `id`'s data directory.
+    pub fn data_dir(&self, id: usize) -> PathBuf {
+        self.root().join(format!("node-{id}"))
     }
 
     /// SIGKILL node `id` (no shutdown of any kind) and reap it.

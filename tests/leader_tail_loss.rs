@@ -1,0 +1,121 @@
+//! A leader that loses the newest entries of its own Raft log, as a power cut loses writes
+//! that were never synced, comes back, catches up, and nothing acknowledged is lost.
+//!
+//! The leader skips the sync of its own entries when both followers hold them on disk first
+//! (`raft::durability`, `raft::log_sync`): those entries are committed, applied and answered
+//! while the leader's own copy may still be only in the page cache. A cut there leaves the
+//! node with a state applied past the end of its log; it must start, rejoin as a follower and
+//! serve every acknowledged write. Here the cut is made by hand on the killed leader's newest
+//! segment file: its last records go, whole, as if they had never reached the disk.
+
+use std::path::Path;
+
+use etcd_client::GetOptions;
+
+use crate::common::processes::{Cluster, WAIT};
+
+/// Acknowledged puts before the cut, and how many of the log's last records the cut takes:
+/// most of them, so that the cut reaches below what the node's state had persisted (sled
+/// writes it every 100 ms) and the node opens with a state applied past its log's end.
+const PUTS: usize = 200;
+const RECORDS_LOST: usize = 150;
+
+/// The offset of each whole record in a segment file (`raft::segment_log`'s layout: length,
+/// checksum and index, then the payload), up to its first empty or short record.
+fn record_offsets(data: &[u8]) -> Vec<usize> {
+    let mut offsets = Vec::new();
+    let mut at = 0;
+    while at + 16 <= data.len() {
+        let len = u32::from_le_bytes(data[at..at + 4].try_into().unwrap()) as usize;
+        if len == 0 || at + 16 + len > data.len() {
+            break;
+        }
+        offsets.push(at);
+        at += 16 + len;
+    }
+    offsets
+}
+
+/// Remove the last `records` whole records of the newest segment in `dir`: the file ends where
+/// the first of them began. Returns how many were removed.
+fn cut_newest_segment(dir: &Path, records: usize) -> usize {
+    let newest = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "seg"))
+        .max()
+        .expect("a segment file");
+    let data = std::fs::read(&newest).unwrap();
+    let offsets = record_offsets(&data);
+    let keep = offsets.len().saturating_sub(records).max(1);
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&newest)
+        .unwrap();
+    file.set_len(offsets[keep] as u64).unwrap();
+    file.sync_all().unwrap();
+    offsets.len() - keep
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_that_lost_its_logs_newest_entries_rejoins_and_loses_nothing_acknowledged() {
+    let mut c = Cluster::start().await;
+    let leader = c.leader().await;
+    let mut client = c.client(&[leader]).await;
+    for i in 0..PUTS {
+        client
+            .put(format!("tail/{i:04}"), format!("v{i}"), None)
+            .await
+            .expect("a put through the leader");
+    }
+    c.kill(leader);
+    let lost = cut_newest_segment(&c.data_dir(leader).join("raft-log"), RECORDS_LOST);
+    assert!(lost >= RECORDS_LOST / 2, "the cut took {lost} records");
+
+    // The other two elect a leader and take writes meanwhile.
+    let (a, b) = c.followers(leader);
+    let survivors = c.client(&[a, b]).await;
+    crate::common::eventually(WAIT, "a write to the two others", || {
+        let mut s = survivors.clone();
+        async move { s.put("tail/after", "x", None).await.ok() }
+    })
+    .await;
+
+    c.restart(leader);
+    // The node that lost its tail serves every acknowledged write, and the later one, from its
+    // own state (serializable reads are answered locally).
+    let mut local = c.client(&[leader]).await;
+    let opts = GetOptions::new().with_prefix().with_serializable();
+    let seen = crate::common::eventually(WAIT, "the restarted node to catch up", || {
+        let (mut local, opts) = (local.clone(), opts.clone());
+        async move {
+            let r = local.get("tail/", Some(opts)).await.ok()?;
+            (r.kvs().len() == PUTS + 1).then_some(r)
+        }
+    })
+    .await;
+    for (i, kv) in seen.kvs().iter().take(PUTS).enumerate() {
+        assert_eq!(kv.key_str().unwrap(), format!("tail/{i:04}"));
+        assert_eq!(kv.value_str().unwrap(), format!("v{i}"));
+    }
+    // And it takes part again: a write through it is acknowledged and read back everywhere.
+    local
+        .put("tail/last", "y", None)
+        .await
+        .expect("a put through the restarted node");
+    for id in [a, b, leader] {
+        let one = c.client(&[id]).await;
+        let got = crate::common::eventually(WAIT, "the last write on every node", || {
+            let mut one = one.clone();
+            async move {
+                let r = one
+                    .get("tail/last", Some(GetOptions::new().with_serializable()))
+                    .await
+                    .ok()?;
+                (!r.kvs().is_empty()).then_some(r)
+            }
+        })
+        .await;
+        assert_eq!(got.kvs()[0].value_str().unwrap(), "y");
+    }
+}
