@@ -129,16 +129,12 @@ pub struct Metrics {
 #[derive(Debug)]
 pub struct SyncStats {
     times: Mutex<Histogram>,
-    /// Groups of the leader's own appends it did not sync: both followers' copies were on
-    /// disk first (`raft::durability`).
-    skipped: AtomicU64,
 }
 
 impl Default for SyncStats {
     fn default() -> Self {
         SyncStats {
             times: Mutex::new(Histogram::with_bounds(&SYNC_BUCKETS)),
-            skipped: AtomicU64::new(0),
         }
     }
 }
@@ -148,11 +144,6 @@ impl SyncStats {
     pub fn observe(&self, took: Duration) {
         let mut h = self.times.lock().unwrap_or_else(|p| p.into_inner());
         h.observe(took.as_secs_f64());
-    }
-
-    /// Count one group of the leader's appends left unsynced, a quorum of followers holding it.
-    pub fn skipped(&self) {
-        self.skipped.fetch_add(1, Ordering::Relaxed);
     }
 
     fn snapshot(&self) -> Histogram {
@@ -250,14 +241,6 @@ impl Metrics {
              appends; an acknowledgement waits for one).\n# TYPE {name} histogram"
         );
         self.log_syncs.snapshot().render(&mut out, name, "");
-        let _ = writeln!(
-            out,
-            "# HELP leasecore_raft_log_syncs_skipped_total Groups of the leader's own appends it \
-             did not sync because a quorum of followers held them on disk first.\n\
-             # TYPE leasecore_raft_log_syncs_skipped_total counter\n\
-             leasecore_raft_log_syncs_skipped_total {}",
-            self.log_syncs.skipped.load(Ordering::Relaxed)
-        );
         for (port, stats) in [
             ("client", &self.client_conns),
             ("peer", &self.peer_conns),

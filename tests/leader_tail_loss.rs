@@ -1,12 +1,17 @@
-//! A leader that loses the newest entries of its own Raft log, as a power cut loses writes
-//! that were never synced, comes back, catches up, and nothing acknowledged is lost.
+//! A leader that loses the newest entries of its own Raft log, as a crash of the machine loses
+//! writes that were never synced, comes back, catches up, and nothing acknowledged is lost.
 //!
-//! The leader skips the sync of its own entries when both followers hold them on disk first
-//! (`raft::durability`, `raft::log_sync`): those entries are committed, applied and answered
-//! while the leader's own copy may still be only in the page cache. A cut there leaves the
-//! node with a state applied past the end of its log; it must start, rejoin as a follower and
-//! serve every acknowledged write. Here the cut is made by hand on the killed leader's newest
-//! segment file: its last records go, whole, as if they had never reached the disk.
+//! The leader acknowledges its own entries to its Raft core before they are synced and sends
+//! them to its followers meanwhile (`raft::durability`), so a crash can take from its log
+//! entries the followers hold; a disk that drops writes can take more. Here the cut is made by
+//! hand on the killed leader's newest segment file: its last records go, whole, as if they had
+//! never reached the disk. That leaves the node with a state applied past the end of its log:
+//! it must start, rejoin as a follower and serve every acknowledged write. And it must not lead
+//! the same term again (`raft::log_store::vote_to_restart_with`): it would write new entries
+//! under the log ids of those it lost, which the followers hold and would keep.
+
+// Tests wait for conditions against real deadlines.
+#![allow(clippy::disallowed_methods)]
 
 use std::path::Path;
 
@@ -118,4 +123,86 @@ async fn a_leader_that_lost_its_logs_newest_entries_rejoins_and_loses_nothing_ac
         .await;
         assert_eq!(got.kvs()[0].value_str().unwrap(), "y");
     }
+}
+
+/// The followers are paused before the leader dies and resumed only after it restarted, so
+/// that nobody else can be elected meanwhile: a node that came back as the leader of its old
+/// term would now write under the ids of the entries it lost, and its followers, which hold
+/// those, would acknowledge the new entries without taking them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_that_lost_entries_never_writes_new_ones_under_their_ids() {
+    let mut c = Cluster::start().await;
+    let leader = c.leader().await;
+    let mut client = c.client(&[leader]).await;
+    for i in 0..PUTS {
+        client
+            .put(format!("ids/{i:04}"), format!("v{i}"), None)
+            .await
+            .expect("a put through the leader");
+    }
+    let (a, b) = c.followers(leader);
+    c.signal(a, "STOP");
+    c.signal(b, "STOP");
+    c.kill(leader);
+    let lost = cut_newest_segment(&c.data_dir(leader).join("raft-log"), RECORDS_LOST);
+    assert!(lost >= RECORDS_LOST / 2, "the cut took {lost} records");
+    c.restart(leader);
+    // A write through the restarted node: it waits for the others, which are paused.
+    let writer = {
+        let ep = c.endpoint(leader);
+        tokio::spawn(async move {
+            let opts = etcd_client::ConnectOptions::new()
+                .with_connect_timeout(std::time::Duration::from_secs(2))
+                .with_timeout(std::time::Duration::from_secs(5));
+            let deadline = std::time::Instant::now() + WAIT;
+            while std::time::Instant::now() < deadline {
+                if let Ok(mut w) =
+                    etcd_client::Client::connect([ep.clone()], Some(opts.clone())).await
+                    && w.put("ids/new", "n", None).await.is_ok()
+                {
+                    return true;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            }
+            false
+        })
+    };
+    // Give the restarted node the time to lead again if it would (it would at once).
+    crate::common::eventually(WAIT, "the restarted node to answer", || {
+        let ep = c.endpoint(leader);
+        async move {
+            let mut s = etcd_client::Client::connect([ep], None).await.ok()?;
+            s.status().await.ok()
+        }
+    })
+    .await;
+    c.signal(a, "CONT");
+    c.signal(b, "CONT");
+    assert!(
+        writer.await.unwrap(),
+        "the write through the restarted node was acknowledged"
+    );
+
+    // Every node holds the same: the acknowledged write, and every earlier one.
+    let opts = GetOptions::new().with_prefix().with_serializable();
+    let mut views = Vec::new();
+    for id in [leader, a, b] {
+        let one = c.client(&[id]).await;
+        let seen = crate::common::eventually(WAIT, "every node to hold the new write", || {
+            let (mut one, opts) = (one.clone(), opts.clone());
+            async move {
+                let r = one.get("ids/", Some(opts)).await.ok()?;
+                (r.kvs().len() == PUTS + 1).then_some(r)
+            }
+        })
+        .await;
+        let pairs: Vec<(String, String)> = seen
+            .kvs()
+            .iter()
+            .map(|kv| (kv.key_str().unwrap().into(), kv.value_str().unwrap().into()))
+            .collect();
+        views.push(pairs);
+    }
+    assert_eq!(views[0], views[1]);
+    assert_eq!(views[0], views[2]);
 }

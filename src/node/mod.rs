@@ -286,8 +286,6 @@ impl Node {
         state_machine.apply_when_durable(log_store.durable_view());
         let fill_store = state_machine.fill_store();
         let durable_view = log_store.durable_view();
-        let own_durable_view = log_store.own_durable_view();
-        let durability = log_store.durability();
         let state_machine_dropped = state_machine.dropped();
 
         let faults = peers.faults();
@@ -314,19 +312,6 @@ impl Node {
             storage_use.clone(),
         );
 
-        // The membership in effect at start (from the log or the state): the followers'
-        // acknowledgements count against its voters (`raft::durability`).
-        {
-            let m = consensus
-                .raft()
-                .metrics()
-                .borrow()
-                .membership_config
-                .clone();
-            if let Some(at) = m.log_id() {
-                durability.membership(at.index, m.membership().get_joint_config().clone());
-            }
-        }
         consensus.set_reversion_guard(reversion_guard);
         if vote_hold.is_held() {
             // What a start before this one stored (the log store is told only of appends).
@@ -350,7 +335,7 @@ impl Node {
             tasks.spawn(
                 vote_hold
                     .clone()
-                    .follow_durable(own_durable_view, cancel.clone()),
+                    .follow_durable(durable_view.clone(), cancel.clone()),
             );
             let t = cfg.timeouts();
             tasks.spawn(replace_if_held_as_voter(

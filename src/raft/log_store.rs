@@ -109,6 +109,25 @@ pub struct LogStore {
     vote_hold: Option<Arc<super::vote_hold::VoteHold>>,
 }
 
+/// The vote a node starts with, given the one it stored: a leader's own vote comes back
+/// uncommitted, so that it must win a new term before it leads again.
+///
+/// openraft 0.9 restores a node whose stored vote is its own committed one as the leader of
+/// that term at once. But the leader acknowledges its own entries before they are synced
+/// (`super::durability`), so a crash of the machine may have taken entries of that term from
+/// its log that the followers hold. Leading the same term again, it would write new entries
+/// under those same log ids, and the followers, which match entries by id, would keep their
+/// old ones: two different entries applied under one id. In a new term every id is new. The
+/// vote stays the node's own for that term, so it still grants no other vote in it.
+pub fn vote_to_restart_with(stored: Option<Vote<NodeId>>, me: NodeId) -> Option<Vote<NodeId>> {
+    match stored {
+        Some(v) if v.committed && v.leader_id().node_id == me => {
+            Some(Vote::new(v.leader_id().term, me))
+        }
+        other => other,
+    }
+}
+
 fn file_err(e: LogFileError) -> crate::storage::StorageError {
     crate::storage::StorageError::Corrupt {
         what: "raft log".into(),
@@ -195,26 +214,15 @@ impl LogStore {
     /// they are synced ([`super::durability`] says why that is safe).
     pub fn with_node(mut self, me: NodeId) -> Self {
         self.me = Some(me);
-        self.durability.set_me(me);
-        if let Some(vote) = *self.vote.lock().unwrap_or_else(|p| p.into_inner()) {
-            self.durability.vote_saved(&vote);
-        }
+        let mut vote = self.vote.lock().unwrap_or_else(|p| p.into_inner());
+        *vote = vote_to_restart_with(*vote, me);
+        drop(vote);
         self
-    }
-
-    /// The writer of the durable marks: the node tells it the membership found at start.
-    pub fn durability(&self) -> Durability {
-        self.durability.clone()
     }
 
     /// How far the log is durable.
     pub fn durable_view(&self) -> DurableView {
         self.durability.view()
-    }
-
-    /// How far this node's own log is durable, whoever else holds its entries.
-    pub fn own_durable_view(&self) -> DurableView {
-        self.durability.own_view()
     }
 
     /// Bytes of the stored entries (shared; updated as the log changes).
@@ -401,12 +409,15 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             .await
             .map_err(|e| StorageIOError::write_vote(any_err(&e)))?;
         *self.vote.lock().unwrap_or_else(|p| p.into_inner()) = Some(*vote);
-        self.durability.vote_saved(vote);
         Ok(())
     }
 
     async fn read_vote(&mut self) -> Result<Option<Vote<NodeId>>, StorageError> {
-        self.read_mark(KEY_VOTE)
+        let stored = self.read_mark(KEY_VOTE)?;
+        Ok(match self.me {
+            Some(me) => vote_to_restart_with(stored, me),
+            None => stored,
+        })
     }
 
     async fn save_committed(&mut self, committed: Option<LogId>) -> Result<(), StorageError> {
@@ -453,7 +464,6 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         });
         let mut records = Vec::new();
         let mut stamps = Vec::new();
-        let mut memberships = Vec::new();
         for entry in &entries {
             let index = entry.log_id.index;
             if let EntryPayload::Normal(cmd) = &entry.payload
@@ -461,11 +471,8 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             {
                 stamps.push((index, stamp));
             }
-            if let EntryPayload::Membership(m) = &entry.payload {
-                if let Some(hold) = &self.vote_hold {
-                    hold.stored(index, m);
-                }
-                memberships.push((index, m.get_joint_config().clone()));
+            if let (EntryPayload::Membership(m), Some(hold)) = (&entry.payload, &self.vote_hold) {
+                hold.stored(index, m);
             }
             records.push((index, entry_bytes(entry, early)?));
         }
@@ -502,12 +509,6 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         self.entries
             .append(&records)
             .map_err(|e| StorageIOError::write_logs(any_err(&e)))?;
-        // After the cut above: a membership entry counts from when it is in the log.
-        for (index, configs) in memberships {
-            if index >= floor {
-                self.durability.membership(index, configs);
-            }
-        }
         let last = records
             .last()
             .and_then(|(index, _)| entries.iter().rev().find(|e| e.log_id.index == *index))
@@ -738,4 +739,25 @@ pub(crate) fn seed(db: &sled::Db, last: LogId) -> Result<(), crate::storage::Sto
     tree.apply_batch(batch)?;
     db.flush()?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use openraft::Vote;
+
+    use super::vote_to_restart_with;
+
+    #[test]
+    fn only_a_nodes_own_committed_vote_comes_back_uncommitted() {
+        let mut led = Vote::new(4, 1);
+        led.commit();
+        assert_eq!(vote_to_restart_with(Some(led), 1), Some(Vote::new(4, 1)));
+        // Another leader's vote, a candidate's vote and no vote stay as stored.
+        assert_eq!(vote_to_restart_with(Some(led), 2), Some(led));
+        assert_eq!(
+            vote_to_restart_with(Some(Vote::new(4, 1)), 1),
+            Some(Vote::new(4, 1))
+        );
+        assert_eq!(vote_to_restart_with(None, 1), None);
+    }
 }

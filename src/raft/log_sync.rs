@@ -1,13 +1,10 @@
 //! The Raft log's sync thread: makes appends durable, one fdatasync for every group of appends
 //! queued meanwhile (group commit), completes their callbacks in order and raises the durable
-//! mark; and leaves the leader's own groups unsynced where both followers hold them first.
+//! mark.
 //!
 //! # Invariants
-//! - An append that waits for its callback (a follower's, or the leader's blank and membership
-//!   entries) completes only after an fdatasync that started after it was written.
-//! - The own durable mark rises only by a sync; a group of the leader's early-acknowledged
-//!   appends that is skipped ([`LeaderGroups`]) raises nothing: a quorum of followers holds
-//!   it, which is all its commit needs (`super::durability`), and the next sync covers it.
+//! - An append completes (its callback, or the durable mark for the leader's early-acknowledged
+//!   ones) only after an fdatasync that started after it was written.
 //! - A failed sync is final (`Durability::failed`): every later callback gets the error.
 //!
 //! # What it must not do
@@ -96,60 +93,6 @@ pub(super) struct SyncJob {
     pub(super) generation: u64,
 }
 
-/// How long the sync thread gives the followers to acknowledge a group of the leader's own
-/// appends before it syncs the group itself. Nothing waits for the linger while they keep up:
-/// the group commits as soon as both followers hold it. Under load their answers take a few
-/// rounds of a few milliseconds each (measured: after 1 and 2 ms of linger they held under a
-/// twentieth of the groups; after 6 ms, three quarters).
-const LEADER_SYNC_LINGER: std::time::Duration = std::time::Duration::from_millis(5);
-
-/// While the followers miss the linger (one down, or slow), one group in this many still
-/// lingers, to find out when they keep up again; the others are synced at once, so a group
-/// commits late by the linger only this rarely.
-const LINGER_PROBE_EVERY: u32 = 32;
-
-/// The sync thread's rule for groups made only of the leader's early-acknowledged appends: a
-/// quorum of followers (its own copy not counted) that holds a group makes the leader's sync
-/// of it unneeded for any commit (`raft::durability`), so it is skipped. The followers are
-/// given [`LEADER_SYNC_LINGER`] to get there while they keep up (they held the previous group
-/// in time); otherwise the leader's sync is on the commit's path, and is made at once.
-#[derive(Default)]
-struct LeaderGroups {
-    /// Whether the followers held the previous group within the linger.
-    keeping_up: bool,
-    /// Groups synced at once since the followers last kept up.
-    missed: u32,
-}
-
-impl LeaderGroups {
-    /// Whether `batch` need not be synced (it may wait [`LEADER_SYNC_LINGER`] to tell).
-    fn held_by_followers(&mut self, batch: &[SyncJob], durability: &Durability) -> bool {
-        let leaders_own = batch.iter().all(|job| job.callback.is_none());
-        let last = batch
-            .iter()
-            .filter_map(|job| job.last)
-            .map(|l| l.index)
-            .max();
-        let (true, Some(last)) = (leaders_own, last) else {
-            return false;
-        };
-        if durability.followers_hold(last) {
-            self.keeping_up = true;
-            self.missed = 0;
-            return true;
-        }
-        let probe = self.missed.is_multiple_of(LINGER_PROBE_EVERY);
-        if !self.keeping_up && !probe {
-            self.missed += 1;
-            return false;
-        }
-        std::thread::sleep(LEADER_SYNC_LINGER);
-        self.keeping_up = durability.followers_hold(last);
-        self.missed = if self.keeping_up { 0 } else { self.missed + 1 };
-        self.keeping_up
-    }
-}
-
 impl Syncer {
     pub(super) fn start(
         entries: Arc<SegmentLog>,
@@ -166,16 +109,10 @@ impl Syncer {
                 // The base of the slow-sync warnings' pace (a measurement, as `started`).
                 #[allow(clippy::disallowed_methods)]
                 let base = std::time::Instant::now();
-                let mut leader_groups = LeaderGroups::default();
                 while let Some(first) = waiting.blocking_recv() {
                     batch.push(first);
                     while let Ok(more) = waiting.try_recv() {
                         batch.push(more);
-                    }
-                    if leader_groups.held_by_followers(&batch, &durability) {
-                        observed.skipped();
-                        batch.clear();
-                        continue;
                     }
                     // A measurement for the metrics only: nothing decides on it.
                     #[allow(clippy::disallowed_methods)]
@@ -250,65 +187,5 @@ mod slow_sync_tests {
         let third = SLOW_SYNC * 2;
         assert_eq!(slow.note(third, at(SLOW_SYNC_LOG_EVERY)), Some((3, worst)),);
         assert_eq!(slow.note(SLOW_SYNC, at(SLOW_SYNC_LOG_EVERY)), None);
-    }
-}
-
-#[cfg(test)]
-mod leader_group_tests {
-    use std::collections::BTreeSet;
-
-    use openraft::{CommittedLeaderId, Vote};
-
-    use super::{LINGER_PROBE_EVERY, LeaderGroups, SyncJob};
-    use crate::raft::durability::Durability;
-    use crate::raft::{LogId, NodeId};
-
-    fn id(index: u64) -> LogId {
-        LogId::new(CommittedLeaderId::new(2, 1), index)
-    }
-
-    fn early(index: u64) -> SyncJob {
-        SyncJob {
-            callback: None,
-            last: Some(id(index)),
-            generation: 0,
-        }
-    }
-
-    /// Deterministic (no acknowledgement arrives during a linger): which groups are skipped,
-    /// which lingered and which were synced at once.
-    #[test]
-    fn the_leaders_own_groups_are_skipped_only_where_both_followers_hold_them() {
-        let d = Durability::new(None);
-        d.set_me(1);
-        d.membership(0, vec![BTreeSet::<NodeId>::from([1, 2, 3])]);
-        let mut lead = Vote::new(2, 1);
-        lead.commit();
-        d.vote_saved(&lead);
-        let view = d.view();
-        let mut groups = LeaderGroups::default();
-
-        // Nothing acknowledged: the first group lingers (a probe), then is synced.
-        assert!(!groups.held_by_followers(&[early(1)], &d));
-        assert!(!groups.keeping_up);
-        // Until the next probe, groups are synced at once.
-        for i in 2..=LINGER_PROBE_EVERY as u64 {
-            assert!(!groups.held_by_followers(&[early(i)], &d));
-        }
-        assert_eq!(groups.missed, LINGER_PROBE_EVERY);
-        // One follower is no quorum of three without the leader.
-        view.acknowledged(2, &lead, id(40));
-        assert!(!groups.held_by_followers(&[early(40)], &d));
-        // Both hold the group: skipped, and the followers keep up again.
-        view.acknowledged(3, &lead, id(41));
-        assert!(groups.held_by_followers(&[early(39), early(40)], &d));
-        assert!(groups.keeping_up);
-        // A group past what they hold lingers (they keep up), then is synced.
-        assert!(!groups.held_by_followers(&[early(41), early(42)], &d));
-        assert!(!groups.keeping_up);
-        assert_eq!(groups.missed, 1);
-        // Not leading any more: nothing is held by followers.
-        d.vote_saved(&Vote::new(3, 2));
-        assert!(!groups.held_by_followers(&[early(10)], &d));
     }
 }

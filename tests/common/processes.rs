@@ -212,6 +212,16 @@ impl Cluster {
         self.procs[id - 1] = Some(self.spawn(id));
     }
 
+    /// Send `signal` (`STOP`, `CONT`, ...) to node `id`, which runs.
+    pub fn signal(&self, id: usize, signal: &str) {
+        let pid = self.procs[id - 1].as_ref().expect("the node runs").id();
+        let status = Command::new("kill")
+            .args([format!("-{signal}"), pid.to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success(), "kill -{signal} node {id}");
+    }
+
     /// Node `id`'s data directory.
     pub fn data_dir(&self, id: usize) -> PathBuf {
         self.root().join(format!("node-{id}"))

@@ -6,8 +6,8 @@
 //! # Invariants
 //! - An append carries at most [`MAX_APPEND_BYTES`] of entries (at least one entry); a cut
 //!   batch that succeeds is reported as `PartialSuccess` up to the last entry sent.
-//! - With a durable view, the commit told to followers is no higher than the entry a quorum
-//!   holds durably (`raft::durability`), and every match a follower answers is reported to it.
+//! - With a durable view, the commit told to followers is no higher than this node's durable
+//!   log (`raft::durability`).
 //! - Every answer is recorded as a contact and may end an outage in the link log; every
 //!   transport failure goes to the link log.
 //! - A follower's acknowledged match is recorded with the [`ReversionGuard`]; a conflict below
@@ -348,16 +348,13 @@ impl RaftNetwork<TypeConfig> for PeerConnection {
         if self.settled {
             self.told_commit = self.told_commit.max(rpc.leader_commit);
         }
-        let matched = match &answer {
-            Ok(AppendEntriesResponse::Success) => last_sent.or(rpc.prev_log_id),
-            Ok(AppendEntriesResponse::PartialSuccess(upto)) => *upto,
-            _ => None,
-        };
-        if let (Some(durable), Some(m)) = (&self.durable, matched) {
-            durable.acknowledged(self.target, &rpc.vote, m);
-        }
         if let Some(guard) = &self.reversions {
             let leader = (rpc.vote.leader_id().term, rpc.vote.leader_id().node_id);
+            let matched = match &answer {
+                Ok(AppendEntriesResponse::Success) => last_sent.or(rpc.prev_log_id),
+                Ok(AppendEntriesResponse::PartialSuccess(upto)) => *upto,
+                _ => None,
+            };
             if let Some(m) = matched {
                 guard.acknowledged(self.target, leader, m.index);
             }
