@@ -8,7 +8,8 @@
 //! - A failed sync is final (`Durability::failed`): every later callback gets the error.
 //!
 //! # What it must not do
-//! Block the async workers: it is a plain thread, and only it calls fdatasync on the log.
+//! Block the async workers (it is a plain thread), or decide what is durable beyond the syncs
+//! it made: the log store and `super::durability` own the rest.
 
 use std::sync::Arc;
 
