@@ -62,23 +62,64 @@ fn cut_newest_segment(dir: &Path, records: usize) -> usize {
     offsets.len() - keep
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_leader_that_lost_its_logs_newest_entries_rejoins_and_loses_nothing_acknowledged() {
+/// A cluster whose leader acknowledged `PUTS` puts under `prefix` (`<prefix>NNNN` = `vN`), was
+/// then killed and lost its log's newest records; with `pause_followers`, both followers were
+/// paused (SIGSTOP) before the kill, so that nobody else can be elected. Returns the cluster,
+/// the old leader and its followers.
+async fn leader_lost_its_newest_entries(
+    prefix: &str,
+    pause_followers: bool,
+) -> (Cluster, usize, (usize, usize)) {
     let mut c = Cluster::start().await;
     let leader = c.leader().await;
     let mut client = c.client(&[leader]).await;
     for i in 0..PUTS {
         client
-            .put(format!("tail/{i:04}"), format!("v{i}"), None)
+            .put(format!("{prefix}{i:04}"), format!("v{i}"), None)
             .await
             .expect("a put through the leader");
+    }
+    let followers = c.followers(leader);
+    if pause_followers {
+        c.signal(followers.0, "STOP");
+        c.signal(followers.1, "STOP");
     }
     c.kill(leader);
     let lost = cut_newest_segment(&c.data_dir(leader).join("raft-log"), RECORDS_LOST);
     assert!(lost >= RECORDS_LOST / 2, "the cut took {lost} records");
+    (c, leader, followers)
+}
+
+/// What node `id` holds under `prefix`, read locally (serializable), once it holds `count`
+/// keys there: (key, value) pairs in key order.
+async fn held_once_it_has(
+    c: &Cluster,
+    id: usize,
+    prefix: &str,
+    count: usize,
+    what: &str,
+) -> Vec<(String, String)> {
+    let one = c.client(&[id]).await;
+    let opts = GetOptions::new().with_prefix().with_serializable();
+    let seen = crate::common::eventually(WAIT, what, || {
+        let (mut one, opts) = (one.clone(), opts.clone());
+        async move {
+            let r = one.get(prefix, Some(opts)).await.ok()?;
+            (r.kvs().len() == count).then_some(r)
+        }
+    })
+    .await;
+    seen.kvs()
+        .iter()
+        .map(|kv| (kv.key_str().unwrap().into(), kv.value_str().unwrap().into()))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_that_lost_its_logs_newest_entries_rejoins_and_loses_nothing_acknowledged() {
+    let (mut c, leader, (a, b)) = leader_lost_its_newest_entries("tail/", false).await;
 
     // The other two elect a leader and take writes meanwhile.
-    let (a, b) = c.followers(leader);
     let survivors = c.client(&[a, b]).await;
     crate::common::eventually(WAIT, "a write to the two others", || {
         let mut s = survivors.clone();
@@ -89,39 +130,27 @@ async fn a_leader_that_lost_its_logs_newest_entries_rejoins_and_loses_nothing_ac
     c.restart(leader);
     // The node that lost its tail serves every acknowledged write, and the later one, from its
     // own state (serializable reads are answered locally).
-    let mut local = c.client(&[leader]).await;
-    let opts = GetOptions::new().with_prefix().with_serializable();
-    let seen = crate::common::eventually(WAIT, "the restarted node to catch up", || {
-        let (mut local, opts) = (local.clone(), opts.clone());
-        async move {
-            let r = local.get("tail/", Some(opts)).await.ok()?;
-            (r.kvs().len() == PUTS + 1).then_some(r)
-        }
-    })
+    let seen = held_once_it_has(
+        &c,
+        leader,
+        "tail/",
+        PUTS + 1,
+        "the restarted node to catch up",
+    )
     .await;
-    for (i, kv) in seen.kvs().iter().take(PUTS).enumerate() {
-        assert_eq!(kv.key_str().unwrap(), format!("tail/{i:04}"));
-        assert_eq!(kv.value_str().unwrap(), format!("v{i}"));
+    for (i, (key, value)) in seen.iter().take(PUTS).enumerate() {
+        assert_eq!(key, &format!("tail/{i:04}"));
+        assert_eq!(value, &format!("v{i}"));
     }
     // And it takes part again: a write through it is acknowledged and read back everywhere.
-    local
+    c.client(&[leader])
+        .await
         .put("tail/last", "y", None)
         .await
         .expect("a put through the restarted node");
     for id in [a, b, leader] {
-        let one = c.client(&[id]).await;
-        let got = crate::common::eventually(WAIT, "the last write on every node", || {
-            let mut one = one.clone();
-            async move {
-                let r = one
-                    .get("tail/last", Some(GetOptions::new().with_serializable()))
-                    .await
-                    .ok()?;
-                (!r.kvs().is_empty()).then_some(r)
-            }
-        })
-        .await;
-        assert_eq!(got.kvs()[0].value_str().unwrap(), "y");
+        let got = held_once_it_has(&c, id, "tail/last", 1, "the last write on every node").await;
+        assert_eq!(got[0].1, "y");
     }
 }
 
@@ -131,21 +160,7 @@ async fn a_leader_that_lost_its_logs_newest_entries_rejoins_and_loses_nothing_ac
 /// those, would acknowledge the new entries without taking them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leader_that_lost_entries_never_writes_new_ones_under_their_ids() {
-    let mut c = Cluster::start().await;
-    let leader = c.leader().await;
-    let mut client = c.client(&[leader]).await;
-    for i in 0..PUTS {
-        client
-            .put(format!("ids/{i:04}"), format!("v{i}"), None)
-            .await
-            .expect("a put through the leader");
-    }
-    let (a, b) = c.followers(leader);
-    c.signal(a, "STOP");
-    c.signal(b, "STOP");
-    c.kill(leader);
-    let lost = cut_newest_segment(&c.data_dir(leader).join("raft-log"), RECORDS_LOST);
-    assert!(lost >= RECORDS_LOST / 2, "the cut took {lost} records");
+    let (mut c, leader, (a, b)) = leader_lost_its_newest_entries("ids/", true).await;
     c.restart(leader);
     // A write through the restarted node: it waits for the others, which are paused.
     let writer = {
@@ -184,24 +199,11 @@ async fn a_leader_that_lost_entries_never_writes_new_ones_under_their_ids() {
     );
 
     // Every node holds the same: the acknowledged write, and every earlier one.
-    let opts = GetOptions::new().with_prefix().with_serializable();
     let mut views = Vec::new();
     for id in [leader, a, b] {
-        let one = c.client(&[id]).await;
-        let seen = crate::common::eventually(WAIT, "every node to hold the new write", || {
-            let (mut one, opts) = (one.clone(), opts.clone());
-            async move {
-                let r = one.get("ids/", Some(opts)).await.ok()?;
-                (r.kvs().len() == PUTS + 1).then_some(r)
-            }
-        })
-        .await;
-        let pairs: Vec<(String, String)> = seen
-            .kvs()
-            .iter()
-            .map(|kv| (kv.key_str().unwrap().into(), kv.value_str().unwrap().into()))
-            .collect();
-        views.push(pairs);
+        views.push(
+            held_once_it_has(&c, id, "ids/", PUTS + 1, "every node to hold the new write").await,
+        );
     }
     assert_eq!(views[0], views[1]);
     assert_eq!(views[0], views[2]);

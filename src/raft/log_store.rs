@@ -413,11 +413,9 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn read_vote(&mut self) -> Result<Option<Vote<NodeId>>, StorageError> {
-        let stored = self.read_mark(KEY_VOTE)?;
-        Ok(match self.me {
-            Some(me) => vote_to_restart_with(stored, me),
-            None => stored,
-        })
+        // As loaded on open and kept by `save_vote`; once the node is known, a leader's own
+        // vote comes back uncommitted (`with_node`, `vote_to_restart_with`).
+        Ok(*self.vote.lock().unwrap_or_else(|p| p.into_inner()))
     }
 
     async fn save_committed(&mut self, committed: Option<LogId>) -> Result<(), StorageError> {
