@@ -80,7 +80,15 @@ pub async fn append_answer(
     claim(state, sender, leader, routes::APPEND)?;
     let from_leader = req.vote.is_committed();
     let (leader_term, leader_commit) = (req.vote.leader_id().term, req.leader_commit);
+    let carried_up_to = req.entries.last().map(|e| e.log_id).or(req.prev_log_id);
     let answer = state.consensus.raft().append_entries(req).await;
+    // The leader counts a success as a copy on this node's disk: see that it is one.
+    let answered = match &answer {
+        Ok(AppendEntriesResponse::Success) => carried_up_to,
+        Ok(AppendEntriesResponse::PartialSuccess(matched)) => *matched,
+        _ => None,
+    };
+    state.consensus.answer_when_durable(answered).await?;
     if from_leader && matches!(&answer, Ok(r) if !matches!(r, AppendEntriesResponse::HigherVote(_)))
     {
         // A leader this node follows: the follower's "last heard from my leader" (readiness,

@@ -313,6 +313,7 @@ impl Node {
         );
 
         consensus.set_reversion_guard(reversion_guard);
+        consensus.set_durable_view(durable_view.clone());
         if vote_hold.is_held() {
             // What a start before this one stored (the log store is told only of appends).
             let m = consensus.raft().metrics().borrow().clone();

@@ -15,6 +15,10 @@
 //!   early ([`may_acknowledge_early`]): blank and membership entries wait for their sync, since
 //!   openraft moves a membership change on when its entry commits, not when it applies.
 //!
+//! - an append from another leader is answered only once what it matched is durable here
+//!   ([`append_answer_waits_for`], in `http::peer`): openraft answers at once an append of
+//!   entries the log already holds, and an ex-leader's own were acknowledged before their sync.
+//!
 //! An entry therefore becomes visible only once a majority holds it durably: the followers that
 //! acknowledged it (a follower always syncs before it acknowledges) and the leader. A leader
 //! that crashes first may lose it, as it may lose any write it never answered.
@@ -186,6 +190,32 @@ pub fn cap_commit(commit: Option<LogId>, durable: DurableMark) -> Option<LogId> 
     }
 }
 
+/// How far this node's log must be durable before it answers an append that succeeded up to
+/// `answered` (the last entry the append carried, or its `prev_log_id` if it carried none):
+/// `None` if it may answer now.
+///
+/// openraft answers an append whose entries the log already holds at once, synced or not; the
+/// leader then counts this node as holding them. A follower's own appends are synced before
+/// openraft answers, so that only matters for entries this node wrote as a leader and
+/// acknowledged early: an ex-leader whose successor sends them back before its sync thread has
+/// made them durable would count toward a quorum with a copy that a power cut can still lose.
+/// Entries at or below `covered` (the last one in a snapshot, or purged after one) are durable
+/// in the snapshot, not in the log the mark follows.
+pub fn append_answer_waits_for(
+    answered: Option<LogId>,
+    covered: Option<u64>,
+    durable: DurableMark,
+) -> Option<u64> {
+    let up_to = answered?.index;
+    if covered.is_some_and(|c| c >= up_to) {
+        return None;
+    }
+    match durable.last {
+        Some(d) if !durable.failed && d.index >= up_to => None,
+        _ => Some(up_to),
+    }
+}
+
 /// Whether this node may acknowledge `entries` to its own core before they are synced: it
 /// wrote them as the leader of its current vote, and they are all normal entries.
 pub fn may_acknowledge_early(me: NodeId, vote: Option<&Vote<NodeId>>, entries: &[Entry]) -> bool {
@@ -284,6 +314,39 @@ mod tests {
             failed: true,
         };
         assert_eq!(cap_commit(c, failed), None);
+    }
+
+    #[test]
+    fn an_append_is_answered_only_once_what_it_matched_is_durable_here() {
+        let durable = |last: Option<LogId>| DurableMark {
+            last,
+            failed: false,
+        };
+        // A follower's own appends are synced before openraft answers: nothing to wait for.
+        let at12 = Some(id(3, 1, 12));
+        assert_eq!(append_answer_waits_for(at12, None, durable(at12)), None);
+        assert_eq!(
+            append_answer_waits_for(Some(id(3, 1, 9)), Some(4), durable(at12)),
+            None
+        );
+        // An ex-leader holds entries 11..=12 written as leader, synced only up to 10: the new
+        // leader's append (or heartbeat) that matches them waits for the sync thread.
+        let at10 = durable(Some(id(3, 1, 10)));
+        assert_eq!(append_answer_waits_for(at12, None, at10), Some(12));
+        assert_eq!(append_answer_waits_for(at12, Some(10), at10), Some(12));
+        assert_eq!(append_answer_waits_for(at12, None, durable(None)), Some(12));
+        // Covered by a snapshot (installed, or the log purged after one): durable there.
+        assert_eq!(append_answer_waits_for(at12, Some(12), durable(None)), None);
+        assert_eq!(append_answer_waits_for(at12, Some(40), at10), None);
+        // An empty log and an append matching nothing: nothing to wait for.
+        assert_eq!(append_answer_waits_for(None, None, durable(None)), None);
+        // After a failed sync nothing is durable any more: the wait ends in an error.
+        let failed = DurableMark {
+            last: at12,
+            failed: true,
+        };
+        assert_eq!(append_answer_waits_for(at12, None, failed), Some(12));
+        assert_eq!(append_answer_waits_for(at12, Some(12), failed), None);
     }
 
     #[tokio::test]

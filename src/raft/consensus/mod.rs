@@ -221,6 +221,9 @@ struct Inner {
     reversions: std::sync::OnceLock<super::network::reversion::ReversionGuard>,
     /// Whether this node withholds its vote (set once by the node: `raft::vote_hold`).
     vote_hold: std::sync::OnceLock<Arc<super::vote_hold::VoteHold>>,
+    /// How far this node's log is durable (set once by the node): an append's answer waits
+    /// for it ([`Consensus::answer_when_durable`]).
+    durable: std::sync::OnceLock<super::durability::DurableView>,
 }
 
 /// A proposal waiting in the queue, with where its applied result goes.
@@ -285,6 +288,7 @@ impl Consensus {
                 holds: transfer::Holds::default(),
                 reversions: std::sync::OnceLock::new(),
                 vote_hold: std::sync::OnceLock::new(),
+                durable: std::sync::OnceLock::new(),
             }),
         };
         (consensus, ProposalQueue { raft, queue })
@@ -298,6 +302,48 @@ impl Consensus {
     /// Share this node's vote hold (once, at start).
     pub fn set_vote_hold(&self, hold: Arc<super::vote_hold::VoteHold>) {
         let _ = self.inner.vote_hold.set(hold);
+    }
+
+    /// Share how far this node's log is durable (once, at start).
+    pub fn set_durable_view(&self, view: super::durability::DurableView) {
+        let _ = self.inner.durable.set(view);
+    }
+
+    /// Wait until an append that succeeded up to `answered` may be answered: until this node's
+    /// log is durable that far (`durability::append_answer_waits_for`). Nearly always at once;
+    /// an ex-leader whose successor sent back its own entries before they were synced waits for
+    /// its sync thread, at most a request deadline (then the append fails and is sent again).
+    pub async fn answer_when_durable(
+        &self,
+        answered: Option<LogId<NodeId>>,
+    ) -> Result<(), ConsensusError> {
+        let Some(view) = self.inner.durable.get() else {
+            return Ok(());
+        };
+        let mark = view.current();
+        if answered.is_none_or(|a| {
+            mark.last
+                .is_some_and(|d| !mark.failed && d.index >= a.index)
+        }) {
+            return Ok(());
+        }
+        let covered = {
+            let m = self.inner.raft.metrics();
+            let m = m.borrow();
+            m.snapshot.max(m.purged).map(|c| c.index)
+        };
+        let Some(index) = super::durability::append_answer_waits_for(answered, covered, mark)
+        else {
+            return Ok(());
+        };
+        let deadline = self.inner.timeouts.request;
+        match tokio::time::timeout(deadline, view.clone().wait_for(index)).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(_)) => Err(ConsensusError::ShuttingDown),
+            Err(_) => Err(ConsensusError::Timeout {
+                ms: deadline.as_millis() as u64,
+            }),
+        }
     }
 
     /// This node's vote hold, if set (`raft::vote_hold`).
