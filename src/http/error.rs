@@ -222,6 +222,17 @@ mod auth_tests {
     }
 }
 
+impl From<crate::raft::durability::AnswerNotDurable> for ApiError {
+    fn from(e: crate::raft::durability::AnswerNotDurable) -> Self {
+        use crate::raft::durability::AnswerNotDurable;
+        let code = match e {
+            AnswerNotDurable::Timeout { .. } => "log_not_durable",
+            AnswerNotDurable::SyncFailed => "log_sync_failed",
+        };
+        ApiError::new(StatusCode::SERVICE_UNAVAILABLE, code, e.to_string())
+    }
+}
+
 impl From<ConsensusError> for ApiError {
     fn from(e: ConsensusError) -> Self {
         let message = e.to_string();

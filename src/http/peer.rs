@@ -82,13 +82,6 @@ pub async fn append_answer(
     let (leader_term, leader_commit) = (req.vote.leader_id().term, req.leader_commit);
     let carried_up_to = req.entries.last().map(|e| e.log_id).or(req.prev_log_id);
     let answer = state.consensus.raft().append_entries(req).await;
-    // The leader counts a success as a copy on this node's disk: see that it is one.
-    let answered = match &answer {
-        Ok(AppendEntriesResponse::Success) => carried_up_to,
-        Ok(AppendEntriesResponse::PartialSuccess(matched)) => *matched,
-        _ => None,
-    };
-    state.consensus.answer_when_durable(answered).await?;
     if from_leader && matches!(&answer, Ok(r) if !matches!(r, AppendEntriesResponse::HigherVote(_)))
     {
         // A leader this node follows: the follower's "last heard from my leader" (readiness,
@@ -101,6 +94,14 @@ pub async fn append_answer(
             hold.leader_append(leader_term, leader_commit.as_ref());
         }
     }
+    // The leader records a success as this node's match, a copy on its disk: see that it is
+    // one (`raft::durability::append_answer_waits_for`).
+    let answered = match &answer {
+        Ok(AppendEntriesResponse::Success) => carried_up_to,
+        Ok(AppendEntriesResponse::PartialSuccess(matched)) => *matched,
+        _ => None,
+    };
+    state.consensus.answer_when_durable(answered).await?;
     Ok(answer)
 }
 
@@ -189,6 +190,11 @@ pub async fn snapshot(
         if let Some(last) = installed_last {
             hold.durable_up_to(last.index);
         }
+    }
+    // openraft answers at once a snapshot at or below this node's commit, which on an ex-leader
+    // may cover entries not yet synced; the leader records the answer as this node's match.
+    if matches!(&answer, Ok(r) if r.vote == vote) {
+        state.consensus.answer_when_durable(installed_last).await?;
     }
     Ok(Json(answer))
 }

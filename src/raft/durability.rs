@@ -15,9 +15,10 @@
 //!   early ([`may_acknowledge_early`]): blank and membership entries wait for their sync, since
 //!   openraft moves a membership change on when its entry commits, not when it applies.
 //!
-//! - an append from another leader is answered only once what it matched is durable here
-//!   ([`append_answer_waits_for`], in `http::peer`): openraft answers at once an append of
-//!   entries the log already holds, and an ex-leader's own were acknowledged before their sync.
+//! - an append or snapshot from another leader is answered only once what it matched is
+//!   durable here ([`append_answer_waits_for`], in `http::peer`): openraft answers at once for
+//!   entries the log already holds, an ex-leader's own were acknowledged before their sync, and
+//!   the leader holds this node to the match it answers (its reversion guard).
 //!
 //! An entry therefore becomes visible only once a majority holds it durably: the followers that
 //! acknowledged it (a follower always syncs before it acknowledges) and the leader. A leader
@@ -123,6 +124,17 @@ pub struct DurableView {
     capped: Arc<AtomicBool>,
 }
 
+/// Why an append's answer was withheld ([`append_answer_waits_for`]).
+#[derive(Debug, thiserror::Error)]
+pub enum AnswerNotDurable {
+    #[error(
+        "this node's raft log is not yet durable up to the entries the append matched (still not after {ms} ms)"
+    )]
+    Timeout { ms: u64 },
+    #[error("a sync of this node's raft log failed; it answers no append")]
+    SyncFailed,
+}
+
 /// A sync failed: the log cannot be trusted any more.
 #[derive(Debug, thiserror::Error)]
 #[error("a sync of the raft log failed; this node stops applying")]
@@ -194,13 +206,16 @@ pub fn cap_commit(commit: Option<LogId>, durable: DurableMark) -> Option<LogId> 
 /// `answered` (the last entry the append carried, or its `prev_log_id` if it carried none):
 /// `None` if it may answer now.
 ///
-/// openraft answers an append whose entries the log already holds at once, synced or not; the
-/// leader then counts this node as holding them. A follower's own appends are synced before
-/// openraft answers, so that only matters for entries this node wrote as a leader and
-/// acknowledged early: an ex-leader whose successor sends them back before its sync thread has
-/// made them durable would count toward a quorum with a copy that a power cut can still lose.
-/// Entries at or below `covered` (the last one in a snapshot, or purged after one) are durable
-/// in the snapshot, not in the log the mark follows.
+/// openraft answers an append whose entries the log already holds at once, synced or not, and
+/// the leader records the answer as this node's match. A follower's own appends are synced
+/// before openraft answers, so that only matters for entries this node wrote as a leader and
+/// acknowledged early, sent back by its successor before its sync thread made them durable.
+/// No commit rests on such an answer (openraft commits only an entry of the leader's own term,
+/// which this node syncs as a follower, with everything written before it), but the match
+/// does: it is what the leader's reversion guard (`raft::network::reversion`) holds this node
+/// to, and after a crash that took those entries the node would be reported as having lost
+/// acknowledged data, and replaced. Entries at or below `covered` (the last one in a snapshot,
+/// or purged after one) are durable in the snapshot, not in the log the mark follows.
 pub fn append_answer_waits_for(
     answered: Option<LogId>,
     covered: Option<u64>,

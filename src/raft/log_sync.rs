@@ -107,6 +107,7 @@ impl Syncer {
             .spawn(move || {
                 let mut batch = Vec::new();
                 let mut slow = SlowSyncs::default();
+                let mut failed = None;
                 // The base of the slow-sync warnings' pace (a measurement, as `started`).
                 #[allow(clippy::disallowed_methods)]
                 let base = std::time::Instant::now();
@@ -118,7 +119,8 @@ impl Syncer {
                     // A measurement for the metrics only: nothing decides on it.
                     #[allow(clippy::disallowed_methods)]
                     let started = std::time::Instant::now();
-                    let synced = entries.sync();
+                    let failed_before = failed.is_some();
+                    let synced = after_earlier_syncs(&mut failed, entries.sync());
                     let took = started.elapsed();
                     observed.observe(took);
                     let now = MonoMillis(base.elapsed().as_millis() as u64);
@@ -141,10 +143,11 @@ impl Syncer {
                                 }
                             }
                         }
-                        Err(e) => {
+                        Err(e) if !failed_before => {
                             tracing::error!(error = %e, "syncing the raft log failed");
                             durability.failed();
                         }
+                        Err(_) => {}
                     }
                     for job in batch.drain(..) {
                         let result = match &synced {
@@ -158,6 +161,45 @@ impl Syncer {
                 }
             })?;
         Ok(Syncer { queue, times })
+    }
+}
+
+/// A sync's outcome as its appends must see it: once a sync failed, every later one fails
+/// too, whatever the kernel says (after a failed fdatasync it may have dropped the dirty pages
+/// and report the next sync fine). `failed` keeps the first failure.
+fn after_earlier_syncs(
+    failed: &mut Option<(std::io::ErrorKind, String)>,
+    synced: std::io::Result<()>,
+) -> std::io::Result<()> {
+    if let (None, Err(e)) = (&*failed, &synced) {
+        *failed = Some((e.kind(), e.to_string()));
+    }
+    match failed {
+        Some((kind, message)) => Err(std::io::Error::new(
+            *kind,
+            format!("an earlier sync of the raft log failed: {message}"),
+        )),
+        None => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod failed_sync_tests {
+    use super::after_earlier_syncs;
+    use std::io::{Error, ErrorKind};
+
+    #[test]
+    fn after_a_failed_sync_every_later_one_fails() {
+        let mut failed = None;
+        assert!(after_earlier_syncs(&mut failed, Ok(())).is_ok());
+        let first = after_earlier_syncs(&mut failed, Err(Error::other("EIO")));
+        assert!(first.unwrap_err().to_string().contains("EIO"));
+        // The kernel reports the next sync fine: its appends still get the first failure.
+        let later = after_earlier_syncs(&mut failed, Ok(())).unwrap_err();
+        assert!(later.to_string().contains("EIO"));
+        let other = Error::new(ErrorKind::StorageFull, "ENOSPC");
+        let last = after_earlier_syncs(&mut failed, Err(other)).unwrap_err();
+        assert_eq!(last.kind(), ErrorKind::Other);
     }
 }
 

@@ -309,41 +309,55 @@ impl Consensus {
         let _ = self.inner.durable.set(view);
     }
 
-    /// Wait until an append that succeeded up to `answered` may be answered: until this node's
-    /// log is durable that far (`durability::append_answer_waits_for`). Nearly always at once;
-    /// an ex-leader whose successor sent back its own entries before they were synced waits for
-    /// its sync thread, at most a request deadline (then the append fails and is sent again).
+    /// Wait until an append (or a snapshot) answered successfully up to `answered` may be
+    /// answered: until this node's log is durable that far (`durability::append_answer_waits_for`).
+    /// Nearly always at once; an ex-leader whose successor sent back its own entries before they
+    /// were synced waits for its sync thread, at most an election timeout (its leader gives up on
+    /// the append sooner, after a heartbeat interval, and sends it again).
     pub async fn answer_when_durable(
         &self,
         answered: Option<LogId<NodeId>>,
-    ) -> Result<(), ConsensusError> {
+    ) -> Result<(), super::durability::AnswerNotDurable> {
+        use super::durability::{AnswerNotDurable, append_answer_waits_for};
         let Some(view) = self.inner.durable.get() else {
             return Ok(());
         };
         let mark = view.current();
-        if answered.is_none_or(|a| {
-            mark.last
-                .is_some_and(|d| !mark.failed && d.index >= a.index)
-        }) {
+        if append_answer_waits_for(answered, None, mark).is_none() {
             return Ok(());
         }
-        let covered = {
-            let m = self.inner.raft.metrics();
-            let m = m.borrow();
-            m.snapshot.max(m.purged).map(|c| c.index)
+        // openraft publishes a snapshot it installed (or the purge after one) in its metrics
+        // a moment after it answers, and the durable mark never moves for it: watch both.
+        let (mut durable, mut metrics) = (view.clone(), self.inner.raft.metrics());
+        let wait = async move {
+            loop {
+                let covered = {
+                    let m = metrics.borrow_and_update();
+                    [m.snapshot, m.purged]
+                        .into_iter()
+                        .flatten()
+                        .map(|c| c.index)
+                        .max()
+                };
+                let mark = durable.current();
+                if append_answer_waits_for(answered, covered, mark).is_none() {
+                    return Ok(());
+                }
+                if mark.failed {
+                    return Err(AnswerNotDurable::SyncFailed);
+                }
+                tokio::select! {
+                    changed = durable.changed() => changed.map_err(|_| AnswerNotDurable::SyncFailed)?,
+                    changed = metrics.changed() => changed.map_err(|_| AnswerNotDurable::SyncFailed)?,
+                }
+            }
         };
-        let Some(index) = super::durability::append_answer_waits_for(answered, covered, mark)
-        else {
-            return Ok(());
-        };
-        let deadline = self.inner.timeouts.request;
-        match tokio::time::timeout(deadline, view.clone().wait_for(index)).await {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err(_)) => Err(ConsensusError::ShuttingDown),
-            Err(_) => Err(ConsensusError::Timeout {
+        let deadline = self.inner.timeouts.election_timeout;
+        tokio::time::timeout(deadline, wait)
+            .await
+            .unwrap_or(Err(AnswerNotDurable::Timeout {
                 ms: deadline.as_millis() as u64,
-            }),
-        }
+            }))
     }
 
     /// This node's vote hold, if set (`raft::vote_hold`).
