@@ -167,11 +167,15 @@ impl DurableView {
 
     /// The commit to tell followers: `commit`, cut to the durable entry.
     pub fn cap_commit(&self, commit: Option<LogId>) -> Option<LogId> {
-        let capped = cap_commit(commit, self.current());
-        if capped != commit {
-            self.capped.store(true, Ordering::Release);
+        if cap_commit(commit, self.current()) == commit {
+            return commit;
         }
-        capped
+        // Flag first, then read the mark again: a rise between the first read and the flag
+        // would wake `recommit_when_durable` before the flag was up, and followers would wait
+        // for the next heartbeat. A rise after this read finds the flag up. (At worst the flag
+        // outlives its cut and one heartbeat goes out early.)
+        self.capped.store(true, Ordering::SeqCst);
+        cap_commit(commit, self.current())
     }
 
     /// Each time the mark rises after a commit was cut, call `tell` (the leader's heartbeat,
@@ -183,7 +187,7 @@ impl DurableView {
         Fut: std::future::Future<Output = ()>,
     {
         while self.rx.changed().await.is_ok() {
-            if self.capped.swap(false, Ordering::AcqRel) {
+            if self.capped.swap(false, Ordering::SeqCst) {
                 tell().await;
             }
         }
@@ -362,6 +366,33 @@ mod tests {
         };
         assert_eq!(append_answer_waits_for(at12, None, failed), Some(12));
         assert_eq!(append_answer_waits_for(at12, Some(12), failed), None);
+    }
+
+    #[tokio::test]
+    async fn a_commit_cut_to_the_mark_is_told_again_once_the_mark_rises() {
+        let d = Durability::new(Some(id(1, 1, 5)));
+        let view = d.view();
+        let (told_tx, mut told) = tokio::sync::mpsc::unbounded_channel();
+        let recommit = tokio::spawn(view.clone().recommit_when_durable(move || {
+            let told_tx = told_tx.clone();
+            async move {
+                let _ = told_tx.send(());
+            }
+        }));
+        // Not cut: nothing to tell again.
+        assert_eq!(view.cap_commit(Some(id(1, 1, 4))), Some(id(1, 1, 4)));
+        d.synced(id(1, 1, 6), d.generation());
+        // Cut to the mark, then the mark rises: told once.
+        assert_eq!(view.cap_commit(Some(id(1, 1, 9))), Some(id(1, 1, 6)));
+        d.synced(id(1, 1, 9), d.generation());
+        tokio::time::timeout(std::time::Duration::from_secs(10), told.recv())
+            .await
+            .expect("told again within a sync")
+            .unwrap();
+        // The first rise (to 6) came with no cut pending: it told nothing.
+        assert!(told.try_recv().is_err());
+        drop(d);
+        recommit.await.unwrap();
     }
 
     #[tokio::test]
