@@ -389,7 +389,7 @@ mod tests {
             .await
             .expect("told again within a sync")
             .unwrap();
-        // The first rise (to 6) came with no cut pending: it told nothing.
+        // Told once: the earlier rise, to 6, had no cut to tell.
         assert!(told.try_recv().is_err());
         drop(d);
         recommit.await.unwrap();
