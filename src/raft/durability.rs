@@ -13,8 +13,7 @@
 //!   ([`DurableView::cap_commit`], in `raft::network`), so no follower applies it before;
 //! - only normal entries that this node wrote as the leader of its current vote are acknowledged
 //!   early ([`may_acknowledge_early`]): blank and membership entries wait for their sync, since
-//!   openraft moves a membership change on when its entry commits, not when it applies.
-//!
+//!   openraft moves a membership change on when its entry commits, not when it applies;
 //! - an append or snapshot from another leader is answered only once what it matched is
 //!   durable here ([`append_answer_waits_for`], in `http::peer`): openraft answers at once for
 //!   entries the log already holds, an ex-leader's own were acknowledged before their sync, and
@@ -272,6 +271,14 @@ mod tests {
         }
     }
 
+    /// A mark durable up to `last`, no sync failed.
+    fn durable(last: Option<LogId>) -> DurableMark {
+        DurableMark {
+            last,
+            failed: false,
+        }
+    }
+
     fn leader_vote(term: u64, node: NodeId) -> Vote<NodeId> {
         let mut v = Vote::new(term, node);
         v.commit();
@@ -318,10 +325,6 @@ mod tests {
 
     #[test]
     fn the_commit_told_to_followers_never_passes_the_durable_entry() {
-        let durable = |last: Option<LogId>| DurableMark {
-            last,
-            failed: false,
-        };
         let c = Some(id(3, 1, 10));
         assert_eq!(cap_commit(c, durable(Some(id(3, 1, 12)))), c);
         assert_eq!(cap_commit(c, durable(Some(id(3, 1, 10)))), c);
@@ -337,10 +340,6 @@ mod tests {
 
     #[test]
     fn an_append_is_answered_only_once_what_it_matched_is_durable_here() {
-        let durable = |last: Option<LogId>| DurableMark {
-            last,
-            failed: false,
-        };
         // A follower's own appends are synced before openraft answers: nothing to wait for.
         let at12 = Some(id(3, 1, 12));
         assert_eq!(append_answer_waits_for(at12, None, durable(at12)), None);
