@@ -24,7 +24,9 @@ if ! command -v python3 >/dev/null || ! have_browser || ! have_selenium; then
   exit 0
 fi
 
-cargo build --quiet
+# scripts/test.sh passes the binary its test build made (the test profile's); a `cargo build`
+# here would compile the crate again under the dev profile.
+if [ -z "${LEASECORE_BIN:-}" ]; then cargo build --quiet; fi
 # Selenium Manager must not go online (it fetches driver lists and sends statistics).
 export SE_OFFLINE=true SE_AVOID_STATS=true
 export LEASECORE_SCREENSHOTS=${LEASECORE_SCREENSHOTS:-$PWD/target/screenshots}

@@ -65,5 +65,6 @@ fi
 # three, that binary took 377 s instead of 489 s here, every test passing.
 cargo test --locked --workspace --all-targets --no-fail-fast -- --test-threads 3
 
-# The dashboard in a real browser (skips with a message where Chromium cannot be installed).
-scripts/browser-test.sh
+# The dashboard in a real browser (skips with a message where Chromium cannot be installed),
+# on the binary the integration tests ran.
+LEASECORE_BIN="${CARGO_TARGET_DIR:-target}/debug/leasecore" scripts/browser-test.sh
