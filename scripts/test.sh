@@ -26,6 +26,7 @@ fi
 # The programs the tests drive (etcdctl, etcd, the Python clients, Chromium, strace...) are
 # installed in the background while the code compiles; the tests wait for them below.
 tools_log=$(mktemp)
+trap 'rm -f "$tools_log"' EXIT
 scripts/test-tools.sh >"$tools_log" 2>&1 &
 tools_pid=$!
 
@@ -51,7 +52,6 @@ cargo test --locked --workspace --all-targets --no-run
 
 wait "$tools_pid" || true
 cat "$tools_log"
-rm -f "$tools_log"
 # Where the suite could install them, the tests that drive etcdctl, etcd and the Python etcd
 # clients fail rather than skip when one is missing.
 if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
