@@ -29,8 +29,14 @@ if have apt-get && [ "$(id -u)" = 0 ]; then can_apt=true; fi
 if [ ${#missing[@]} -gt 0 ]; then
   if $can_apt; then
     echo "installing (apt-get): ${missing[*]}"
-    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}") >/dev/null 2>&1 \
-      || echo "apt-get could not install all of: ${missing[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    # One install for all; if it fails (one package missing from the mirror fails them all),
+    # each package on its own, so that one failure costs only its own tests.
+    if ! { apt-get update -qq >/dev/null && apt-get install -y -qq "${missing[@]}" >/dev/null; }; then
+      for p in "${missing[@]}"; do
+        apt-get install -y -qq "$p" >/dev/null || echo "apt-get could not install $p"
+      done
+    fi
   else
     echo "missing, and not installable here (needs root and apt-get): ${missing[*]}"
   fi
