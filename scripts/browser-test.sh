@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The dashboard in a real browser (tests/browser/test_dashboard.py): starts a 3-node loopback
 # cluster with the debug build, drives headless Chromium with Selenium, stops the cluster.
-# Installs chromium, chromium-driver (apt-get, as root) and selenium (pip) where missing and
-# possible; otherwise prints SKIP and exits 0. Screenshots go to target/screenshots/
+# Where Chromium, its driver or Selenium is missing it runs scripts/test-tools.sh (which
+# installs what the suite drives, as root with apt-get and pip); if they are still missing it
+# prints SKIP and exits 0. Screenshots go to target/screenshots/
 # (LEASECORE_SCREENSHOTS=docs/screenshots to refresh the README's).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -10,14 +11,8 @@ cd "$(dirname "$0")/.."
 have_browser() { command -v chromium >/dev/null && command -v chromedriver >/dev/null; }
 have_selenium() { python3 -c 'import selenium' >/dev/null 2>&1; }
 
-if ! have_browser && command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
-  echo "installing chromium and chromium-driver"
-  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver) \
-    >/dev/null 2>&1 || true
-fi
-if ! have_selenium && command -v python3 >/dev/null; then
-  echo "installing selenium"
-  python3 -m pip install -q selenium >/dev/null 2>&1 || true
+if ! have_browser || ! have_selenium; then
+  scripts/test-tools.sh
 fi
 if ! command -v python3 >/dev/null || ! have_browser || ! have_selenium; then
   echo "SKIP: the dashboard browser test needs python3, chromium, chromedriver and selenium"

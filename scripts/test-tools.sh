@@ -6,9 +6,10 @@
 # and Chromium with its driver and Selenium (the dashboard's browser test).
 #
 # scripts/test.sh runs this in the background while it compiles, so that downloading and
-# unpacking do not add to the suite's time. It installs only what is missing, with one
-# `apt-get update`, and only as root where apt-get exists; anywhere else it says what is
-# missing and exits 0: each test then skips, or fails where the suite requires the tool.
+# unpacking do not add to the suite's time; scripts/browser-test.sh, run alone, calls it for
+# Chromium. It installs only what is missing, with one `apt-get update`, and only as root
+# where apt-get exists; anywhere else it says what is missing and exits 0: each test then
+# skips, or fails where the suite requires the tool.
 set -uo pipefail
 
 have() { command -v "$1" >/dev/null 2>&1; }
