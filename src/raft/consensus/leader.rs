@@ -47,8 +47,10 @@ pub(super) enum LeaderRef {
 }
 
 pub(super) fn leader_ref(raft: &Raft, me: NodeId) -> LeaderRef {
-    let m = raft.metrics();
-    let m = m.borrow();
+    leader_ref_of(&raft.metrics().borrow(), me)
+}
+
+fn leader_ref_of(m: &openraft::RaftMetrics<NodeId, openraft::BasicNode>, me: NodeId) -> LeaderRef {
     match m.current_leader {
         Some(id) if id == me && m.state == ServerState::Leader => LeaderRef::Me,
         Some(id) if id != me => match m.membership_config.membership().get_node(&id) {
@@ -63,18 +65,40 @@ pub(super) fn leader_ref(raft: &Raft, me: NodeId) -> LeaderRef {
 }
 
 /// Wait until the known leader differs from `stale` (or one appears), at most `wait`.
+///
+/// The leader must also be one [`leader_ref`] can use: this node leading, or a node of its
+/// membership (whose address it knows). A node that joined empty learns its leader's vote (from
+/// an append its log does not match yet, or a heartbeat) before the membership entries that
+/// name the leader; a wait that ended then would have its caller, which finds the leader
+/// `Unknown`, wait again at once, in a loop that never yields (a node with one async worker
+/// then answers nothing, its appends included, and never learns the membership). Found by
+/// the openraft 0.10 port's tests, where heartbeats travel apart from the entries and the
+/// window is wider (`docs/spikes/openraft-0.10-step1.patch`).
 pub(super) async fn wait_for_new_leader(
     raft: &Raft,
     stale: Option<NodeId>,
     wait: Duration,
 ) -> bool {
     let mut rx = raft.metrics();
-    let changed = rx.wait_for(|m| {
-        m.current_leader.is_some()
-            && m.current_leader != stale
-            && (m.current_leader != Some(m.id) || m.state == ServerState::Leader)
-    });
+    let changed = rx.wait_for(|m| usable_new_leader(m, stale));
     matches!(tokio::time::timeout(wait, changed).await, Ok(Ok(_)))
+}
+
+/// Whether `m` names a leader other than `stale` that [`leader_ref`] can use.
+fn usable_new_leader(
+    m: &openraft::RaftMetrics<NodeId, openraft::BasicNode>,
+    stale: Option<NodeId>,
+) -> bool {
+    match m.current_leader {
+        Some(id) if Some(id) != stale => {
+            if id == m.id {
+                m.state == ServerState::Leader
+            } else {
+                m.membership_config.membership().get_node(&id).is_some()
+            }
+        }
+        _ => false,
+    }
 }
 
 impl Consensus {
@@ -202,5 +226,62 @@ pub(super) fn cut_off_error(
     match leaderless(raft, me, peers, election_timeout) {
         ConsensusError::NoLeader => ConsensusError::NoQuorum,
         lost => lost,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::{BTreeMap, BTreeSet};
+    use std::sync::Arc;
+
+    use openraft::{BasicNode, Membership, RaftMetrics, StoredMembership};
+
+    use super::*;
+
+    fn metrics(
+        me: NodeId,
+        leader: Option<NodeId>,
+        members: &[NodeId],
+    ) -> RaftMetrics<NodeId, BasicNode> {
+        let mut m = RaftMetrics::new_initial(me);
+        m.current_leader = leader;
+        let voters: BTreeSet<NodeId> = members.iter().copied().collect();
+        let nodes: BTreeMap<NodeId, BasicNode> = members
+            .iter()
+            .map(|id| (*id, BasicNode::new(format!("127.0.0.1:{}", 7000 + id))))
+            .collect();
+        if !members.is_empty() {
+            m.membership_config = Arc::new(StoredMembership::new(
+                None,
+                Membership::new(vec![voters], nodes),
+            ));
+        }
+        m
+    }
+
+    #[test]
+    fn a_leader_outside_the_known_membership_is_not_a_usable_one() {
+        // A node that joined empty: it knows its leader's vote, not yet the membership naming
+        // it. Ending the wait there made its callers spin on `LeaderRef::Unknown`.
+        assert!(!usable_new_leader(&metrics(4, Some(1), &[]), None));
+        assert!(matches!(
+            leader_ref_of(&metrics(4, Some(1), &[]), 4),
+            LeaderRef::Unknown
+        ));
+        // Once the membership names it, it is.
+        assert!(usable_new_leader(&metrics(4, Some(1), &[1, 2, 3, 4]), None));
+        // Still not the stale one, nor this node unless it leads.
+        assert!(!usable_new_leader(
+            &metrics(4, Some(1), &[1, 2, 3, 4]),
+            Some(1)
+        ));
+        assert!(!usable_new_leader(
+            &metrics(4, Some(4), &[1, 2, 3, 4]),
+            None
+        ));
+        let mut leading = metrics(4, Some(4), &[1, 2, 3, 4]);
+        leading.state = ServerState::Leader;
+        assert!(usable_new_leader(&leading, None));
+        assert!(!usable_new_leader(&metrics(4, None, &[1, 2, 3, 4]), None));
     }
 }
