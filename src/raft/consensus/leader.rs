@@ -84,21 +84,13 @@ pub(super) async fn wait_for_new_leader(
     matches!(tokio::time::timeout(wait, changed).await, Ok(Ok(_)))
 }
 
-/// Whether `m` names a leader other than `stale` that [`leader_ref`] can use.
+/// Whether `m` names a leader other than `stale` that [`leader_ref`] can use: one rule for
+/// both, so that a wait never ends on a leader its caller then finds `Unknown`.
 fn usable_new_leader(
     m: &openraft::RaftMetrics<NodeId, openraft::BasicNode>,
     stale: Option<NodeId>,
 ) -> bool {
-    match m.current_leader {
-        Some(id) if Some(id) != stale => {
-            if id == m.id {
-                m.state == ServerState::Leader
-            } else {
-                m.membership_config.membership().get_node(&id).is_some()
-            }
-        }
-        _ => false,
-    }
+    m.current_leader != stale && !matches!(leader_ref_of(m, m.id), LeaderRef::Unknown)
 }
 
 impl Consensus {
