@@ -19,8 +19,9 @@ eps="127.0.0.1:7501,127.0.0.1:7502,127.0.0.1:7503"
 trap 'scripts/cluster.sh stop >/dev/null 2>&1 || true' EXIT
 
 now_ms() { date +%s%3N; }
+# The leader as node 1 sees it (`cluster.sh start` has waited until there is one).
 leader() {
-  curl -sf "http://127.0.0.1:7501/v1/cluster" | python3 -c 'import json,sys; print(json.load(sys.stdin)["leader_id"])'
+  curl -fsS "http://127.0.0.1:7501/v1/cluster" | sed -n 's/.*"leader_id":\([0-9]*\).*/\1/p'
 }
 
 rm -rf "$LEASECORE_CLUSTER_DIR"
@@ -50,5 +51,5 @@ for r in $(seq 1 "$rounds"); do
   # More puts, so that the next round replays entries too.
   "$bin" bench put -c 16 -d 2 --value-size 256 --endpoints "$eps" >/dev/null
 done
-grep -h -E "recover|replay|snapshot (loaded|restored)|key index" \
-  "$LEASECORE_CLUSTER_DIR/node-$victim.log" | tail -6 || true
+# What each start spent loading the state (the snapshot, then the events after it).
+grep -h "state loaded" "$LEASECORE_CLUSTER_DIR/node-$victim.log" | tail -"$rounds" || true
