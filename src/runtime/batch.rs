@@ -84,8 +84,32 @@ where
     }
 }
 
+/// The most turns of the runtime a round waits for callers already on their way (see
+/// [`gather_callers`]).
+const GATHER_TURNS: usize = 8;
+
+/// Let the runtime's ready tasks run before a round starts, turn after turn, while each turn
+/// adds callers (at most [`GATHER_TURNS`]). Why: the caller that wakes this loop runs first,
+/// and callers made ready by the same read from the network (keepalives, reads) have not yet
+/// joined; without the wait each of them pays a round of its own a moment later. Safe: the
+/// round has not started, so each caller that joins arrived before it
+/// (`consensus::queue::gather` does the same for proposals).
+async fn gather_callers<T, E>(waiting: &Mutex<Waiting<T, E>>) {
+    let count = || waiting.lock().unwrap_or_else(|p| p.into_inner()).next.len();
+    let mut seen = count();
+    for _ in 0..GATHER_TURNS {
+        tokio::task::yield_now().await;
+        let now = count();
+        if now == seen {
+            break;
+        }
+        seen = now;
+    }
+}
+
 async fn run_rounds<T: Clone, E: Clone>(round: Round<T, E>, waiting: Arc<Mutex<Waiting<T, E>>>) {
     loop {
+        gather_callers(&waiting).await;
         let callers = {
             let mut w = waiting.lock().unwrap_or_else(|p| p.into_inner());
             if w.next.is_empty() {
@@ -141,5 +165,57 @@ mod tests {
         assert!(rounds.load(Ordering::SeqCst) < 50);
         // The loop stops when idle and restarts on demand.
         assert_eq!(batcher.confirm().await, Ok(rounds.load(Ordering::SeqCst)));
+    }
+
+    /// On one thread, as a node with one async worker runs: callers woken together with the
+    /// loop (by the same event) join the next round instead of waiting for one more.
+    #[tokio::test(flavor = "current_thread")]
+    async fn callers_made_ready_with_the_loop_share_its_next_round() {
+        let rounds = Arc::new(AtomicU64::new(0));
+        let permits = Arc::new(tokio::sync::Semaphore::new(0));
+        let (r, p) = (rounds.clone(), permits.clone());
+        let batcher: RoundBatcher<u64, ()> = RoundBatcher::new(
+            move || {
+                let (r, p) = (r.clone(), p.clone());
+                Box::pin(async move {
+                    let n = r.fetch_add(1, Ordering::SeqCst) + 1;
+                    p.acquire().await.expect("open").forget();
+                    Ok(n)
+                })
+            },
+            (),
+        );
+        let settle = || async {
+            for _ in 0..20 {
+                tokio::task::yield_now().await;
+            }
+        };
+        let mut tasks = Vec::new();
+        let b = batcher.clone();
+        tasks.push(tokio::spawn(async move { b.confirm().await }));
+        settle().await;
+        assert_eq!(rounds.load(Ordering::SeqCst), 1, "round 1 runs");
+        // One caller arrives during round 1; nine more are woken with the loop.
+        let b = batcher.clone();
+        tasks.push(tokio::spawn(async move { b.confirm().await }));
+        let go = Arc::new(tokio::sync::Notify::new());
+        for _ in 0..9 {
+            let (b, go) = (batcher.clone(), go.clone());
+            tasks.push(tokio::spawn(async move {
+                go.notified().await;
+                b.confirm().await
+            }));
+        }
+        settle().await;
+        permits.add_permits(100);
+        go.notify_waiters();
+        for t in tasks {
+            assert!(t.await.expect("task").is_ok());
+        }
+        assert_eq!(
+            rounds.load(Ordering::SeqCst),
+            2,
+            "the ten later callers share round 2"
+        );
     }
 }
