@@ -4,7 +4,7 @@
 //! # Invariants
 //! - Proposals are batched and submitted in the order they were queued.
 //! - A batch holds at most [`MAX_BATCH_COMMANDS`] commands and about [`MAX_BATCH_BYTES`].
-//! - A batch waits for nothing but the runtime's other ready work, at most [`GATHER_ROUNDS`]
+//! - A batch waits for nothing but the runtime's other ready work, at most [`GATHER_TURNS`]
 //!   turns of it: no timer, so an idle node answers a lone proposal at once.
 
 use super::*;
@@ -15,7 +15,7 @@ const BATCHES_IN_FLIGHT: usize = 4;
 const MAX_BATCH_COMMANDS: usize = 1024;
 const MAX_BATCH_BYTES: usize = 1 << 20;
 /// The most turns of the runtime a batch waits for (see [`gather`]).
-const GATHER_ROUNDS: usize = 8;
+const GATHER_TURNS: usize = 8;
 
 /// Feeds proposals into openraft in order, many per log entry (group commit).
 ///
@@ -80,7 +80,7 @@ impl ProposalQueue {
 
 /// The batch that starts with `first`: what is queued now, and what the runtime's other
 /// ready tasks queue while it lets them run, turn after turn, until a turn adds nothing, the
-/// batch is full, or [`GATHER_ROUNDS`] turns have passed.
+/// batch is full, or [`GATHER_TURNS`] turns have passed.
 ///
 /// Why: a handler that queues a proposal wakes this task, and tokio runs a task woken that
 /// way next (its LIFO slot), before the other handlers made ready by the same read from the
@@ -94,7 +94,7 @@ impl ProposalQueue {
 async fn gather(first: Proposal, queue: &mut mpsc::UnboundedReceiver<Proposal>) -> Vec<Proposal> {
     let mut gather = Gather::new(first);
     gather.drain(queue);
-    for _ in 0..GATHER_ROUNDS {
+    for _ in 0..GATHER_TURNS {
         if gather.full() {
             break;
         }
