@@ -424,7 +424,8 @@ python3 scripts/bench/report.py .bench/<run> [--write .]  # re-render a run's su
 
 Raw results go to `.bench/<timestamp>/results.jsonl` (one JSON line per run; the run published here is
 kept as `bench/results.jsonl`), with `summary.md`,
-`machine.json`, `flags.txt` and every node's log.
+`machine.json`, `flags.txt` and every node's log. `--write` keeps two hand-written parts:
+`bench/intro.md` (after the opening) and `bench/analysis.md` (before the machine's description).
 
 ## Method
 
@@ -488,6 +489,17 @@ def main():
         with open(os.path.join(a.write, "bench", "throughput.svg"), "w") as f:
             f.write(svg)
     md = benchmarks_md(rows, machine, flags)
+    # A hand-written introduction (bench/intro.md) goes after the generated opening, so that a
+    # new run's file keeps it; its first line, an HTML comment for its editors, is left out.
+    intro = os.path.join(a.write, "bench", "intro.md")
+    if os.path.exists(intro):
+        with open(intro) as f:
+            text = f.read()
+        if text.startswith("<!--"):
+            text = text.split("\n", 1)[1] if "\n" in text else ""
+        cut = md.find("![throughput")
+        if text.strip() and cut >= 0:
+            md = md[:cut] + text.rstrip() + "\n\n" + md[cut:]
     # Hand-written findings (bench/analysis.md) go before the machine description.
     analysis = os.path.join(a.write, "bench", "analysis.md")
     if os.path.exists(analysis):
