@@ -84,27 +84,41 @@ where
     }
 }
 
-/// The most turns of the runtime a round waits for callers already on their way (see
-/// [`gather_callers`]).
+/// The most turns of the runtime [`while_ready_tasks_add`] waits.
 const GATHER_TURNS: usize = 8;
 
-/// Let the runtime's ready tasks run before a round starts, turn after turn, while each turn
-/// adds callers (at most [`GATHER_TURNS`]). Why: the caller that wakes this loop runs first,
-/// and callers made ready by the same read from the network (keepalives, reads) have not yet
-/// joined; without the wait each of them pays a round of its own a moment later. Safe: the
-/// round has not started, so each caller that joins arrived before it
-/// (`consensus::queue::gather` does the same for proposals).
+/// Let the runtime run its ready tasks, turn after turn, while `added` (called after each
+/// turn) says the turn added work and there is room for more; at most [`GATHER_TURNS`] turns.
+///
+/// Why: a task that gathers work for a shared round (a proposal batch, a leadership
+/// confirmation) is woken by the first task that hands it work, and tokio runs a task woken
+/// that way next (its LIFO slot), ahead of the other tasks made ready by the same read from
+/// the network. Without this wait each of those pays a round of its own a moment later (on a
+/// node with one async worker, proposal batches of one or two: docs/write-path.md,
+/// thirty-third round). A yield puts the gatherer behind every ready task and a poll for I/O;
+/// a turn that adds nothing ends the wait, and there is no timer, so a lone caller waits one
+/// turn of an idle runtime.
+pub async fn while_ready_tasks_add(mut added: impl FnMut() -> bool) {
+    for _ in 0..GATHER_TURNS {
+        tokio::task::yield_now().await;
+        if !added() {
+            break;
+        }
+    }
+}
+
+/// Callers already on their way join the round about to start. Safe: the round has not
+/// started, so each caller that joins arrived before it.
 async fn gather_callers<T, E>(waiting: &Mutex<Waiting<T, E>>) {
     let count = || waiting.lock().unwrap_or_else(|p| p.into_inner()).next.len();
     let mut seen = count();
-    for _ in 0..GATHER_TURNS {
-        tokio::task::yield_now().await;
+    while_ready_tasks_add(|| {
         let now = count();
-        if now == seen {
-            break;
-        }
+        let grew = now > seen;
         seen = now;
-    }
+        grew
+    })
+    .await;
 }
 
 async fn run_rounds<T: Clone, E: Clone>(round: Round<T, E>, waiting: Arc<Mutex<Waiting<T, E>>>) {

@@ -4,18 +4,17 @@
 //! # Invariants
 //! - Proposals are batched and submitted in the order they were queued.
 //! - A batch holds at most [`MAX_BATCH_COMMANDS`] commands and about [`MAX_BATCH_BYTES`].
-//! - A batch waits for nothing but the runtime's other ready work, at most [`GATHER_TURNS`]
-//!   turns of it: no timer, so an idle node answers a lone proposal at once.
+//! - A batch waits for nothing but the runtime's other ready work, a few turns of it at most
+//!   ([`while_ready_tasks_add`]): no timer, so an idle node answers a lone proposal at once.
 
 use super::*;
+use crate::runtime::batch::while_ready_tasks_add;
 
 /// Batches in flight at once: while they commit, new proposals gather into the next batch.
 const BATCHES_IN_FLIGHT: usize = 4;
 /// The most commands, and the most bytes (estimated), in one batch.
 const MAX_BATCH_COMMANDS: usize = 1024;
 const MAX_BATCH_BYTES: usize = 1 << 20;
-/// The most turns of the runtime a batch waits for (see [`gather`]).
-const GATHER_TURNS: usize = 8;
 
 /// Feeds proposals into openraft in order, many per log entry (group commit).
 ///
@@ -79,31 +78,20 @@ impl ProposalQueue {
 }
 
 /// The batch that starts with `first`: what is queued now, and what the runtime's other
-/// ready tasks queue while it lets them run, turn after turn, until a turn adds nothing, the
-/// batch is full, or [`GATHER_TURNS`] turns have passed.
-///
-/// Why: a handler that queues a proposal wakes this task, and tokio runs a task woken that
-/// way next (its LIFO slot), before the other handlers made ready by the same read from the
-/// network have run. Taking only what was queued then made a batch of a proposal or two on
-/// a node with one async worker: at 64 connections about 10 puts per log entry, and each
-/// entry pays its own way through the Raft core, the log and its sync, replication and
-/// apply. Letting those handlers run first (a yield puts this task behind every task
-/// already ready, and behind a poll for I/O) made entries about twice as large and put
-/// 1.2-1.5x faster at 16 and 64 connections (docs/write-path.md, thirty-third round). A
-/// turn that adds nothing ends the wait, so a lone proposal waits one turn.
+/// ready tasks queue while it lets them run ([`while_ready_tasks_add`]: until a turn adds
+/// nothing, the batch is full, or a few turns have passed). Letting the handlers made ready
+/// by the same read from the network queue first made log entries about twice as large and
+/// put 1.2-1.5x faster at 16 and 64 connections (docs/write-path.md, thirty-third round).
 async fn gather(first: Proposal, queue: &mut mpsc::UnboundedReceiver<Proposal>) -> Vec<Proposal> {
     let mut gather = Gather::new(first);
     gather.drain(queue);
-    for _ in 0..GATHER_TURNS {
-        if gather.full() {
-            break;
-        }
-        let before = gather.batch.len();
-        tokio::task::yield_now().await;
-        gather.drain(queue);
-        if gather.batch.len() == before {
-            break;
-        }
+    if !gather.full() {
+        while_ready_tasks_add(|| {
+            let before = gather.batch.len();
+            gather.drain(queue);
+            gather.batch.len() > before && !gather.full()
+        })
+        .await;
     }
     gather.batch
 }
